@@ -1,0 +1,57 @@
+"""Headroom's planner: predict per-bucket GPU and host memory for a training run.
+
+Pure Python and pydantic (no torch, no web or database stack), so the CI gate runs anywhere::
+
+    import planner
+    budget = planner.estimate(planner.load_model("llama-3-8b"), planner.TrainSpec(),
+                              planner.gpu("H100-80GB"))
+    budget.gpu.peak_bytes, budget.peak_phase, budget.fits
+"""
+
+from planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget
+from planner.coefficients import Coefficients, default_coefficients, profiles
+from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
+from planner.estimate import estimate
+from planner.explain import Explanation, explain
+from planner.hardware import Hardware, gpu, gpu_names
+from planner.io import load_hardware, load_model, load_train, model_names
+from planner.model import MLASpec, ModelSpec, MoESpec
+from planner.params import ParamCount, count_params
+from planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
+from planner.units import format_bytes, parse_size
+
+__all__ = [
+    "GPU_BUCKETS",
+    "HOST_BUCKETS",
+    "PHASES",
+    "Budget",
+    "Coefficients",
+    "Explanation",
+    "Hardware",
+    "HeadroomError",
+    "InputFormatError",
+    "MLASpec",
+    "ModelSpec",
+    "MoESpec",
+    "Offload",
+    "Parallel",
+    "ParamCount",
+    "Precision",
+    "Recompute",
+    "SpecError",
+    "TrainSpec",
+    "UnknownPresetError",
+    "count_params",
+    "default_coefficients",
+    "estimate",
+    "explain",
+    "format_bytes",
+    "gpu",
+    "gpu_names",
+    "load_hardware",
+    "load_model",
+    "load_train",
+    "model_names",
+    "parse_size",
+    "profiles",
+]

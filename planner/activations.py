@@ -1,0 +1,105 @@
+"""Activation bytes one layer saves for backward, for one micro-batch on one rank.
+
+The terms generalise Korthikanti et al. 2022 to GQA, MLA, SwiGLU and MoE. For a GPT layer
+(MHA, 4h GeLU MLP, LayerNorm, dropout) with 16-bit activations they add up to exactly
+``s·b·h·(34 + 5·a·s/h)`` (see ``planner.buckets.korthikanti_layer_bytes``):
+
+    norm inputs 4sbh · attention: QKV input 2, Q 2, K 2, V 2, out-proj input 2, dropout mask 1
+    · MLP: input 2, GeLU input 8, GeLU output 8, dropout mask 1 · eager scores: softmax 2as²b,
+    dropout mask as²b, dropout output 2as²b.
+
+Tensor parallelism splits the head- and FFN-width tensors; sequence parallelism also the
+hidden-width ones. Coefficients scale each group per activation profile.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from planner.buckets import moe_capacity, moe_dispatch_bytes
+from planner.coefficients import Coefficients
+from planner.model import ModelSpec
+
+
+class LayerActivations(NamedTuple):
+    """Per-layer bytes for one micro-batch on one rank."""
+
+    dense: int  # saved by a dense layer with no recompute (attention scores included)
+    moe: int  # saved by an MoE layer with no recompute, dispatch buffers excluded
+    scores: int  # eager attention probabilities (part of both), dropped by selective recompute
+    dispatch: int  # moe_dispatch of one MoE layer
+    layer_input: int  # the checkpoint a recomputed layer keeps
+
+
+@lru_cache(maxsize=4096)
+def layer_activations(
+    model: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    act_bytes: int,
+    eager: bool,
+    tp: int,
+    cp: int,
+    ep: int,
+    sequence_parallel: bool,
+    capacity_factor: float,
+    imbalance: float,
+    coeffs: Coefficients,
+) -> LayerActivations:
+    """Saved-activation bytes of one dense and one MoE layer (see module docstring)."""
+    s_local = -(-seq_len // cp)
+    tokens = micro_batch * s_local
+    h, e = model.hidden_size, act_bytes
+    whole = tp if sequence_parallel else 1  # divisor of hidden-width tensors
+    mask = 1 if model.dropout else 0
+    heads = model.num_heads
+    hidden_tokens = tokens * h // whole
+
+    norms = 2 * hidden_tokens * e
+    mla = model.mla
+    if mla is None:
+        d, kv = model.dim_per_head, model.kv_heads
+        attn = (hidden_tokens * e
+                + tokens * (2 * heads * d + 2 * kv * d) * e // tp
+                + hidden_tokens * mask)
+    else:
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        q_lora = mla.q_lora_rank or 0
+        attn = (hidden_tokens * e
+                + tokens * (2 * q_lora + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim) * e
+                + tokens * heads * (2 * qk + 2 * mla.v_head_dim) * e // tp
+                + hidden_tokens * mask)
+    scores = 0
+    if eager:
+        per_score = e + (1 + e) * mask  # softmax output, dropout mask, dropout output
+        scores = micro_batch * heads * s_local * seq_len * per_score // tp
+    ffn_tensors = coeffs.swiglu_saved_ffn_tensors if model.ffn_kind == "swiglu" else 2.0
+    mlp_in = hidden_tokens * e + hidden_tokens * mask
+    dense_mlp = mlp_in + int(tokens * model.ffn_hidden_size * ffn_tensors) * e // tp
+
+    attention = coeffs.attention_scale * (attn + scores)
+    common = coeffs.norm_scale * norms + attention
+    dense = int(common + coeffs.mlp_scale * dense_mlp)
+
+    moe_bytes = dispatch = 0
+    moe = model.moe
+    if moe is not None:
+        route_tokens = tokens // whole
+        group_tokens = route_tokens * ep
+        local_experts = -(-moe.num_experts // ep)
+        cf = capacity_factor
+        capacity = moe_capacity(group_tokens, moe.top_k, moe.num_experts, cf, imbalance)
+        dispatch = moe_dispatch_bytes(route_tokens, moe.num_experts, local_experts, capacity,
+                                      h, e)
+        experts = int(local_experts * capacity * moe.expert_ffn_size * ffn_tensors) * e // tp
+        shared = int(moe.num_shared_experts * tokens * moe.shared_ffn * ffn_tensors) * e // tp
+        moe_bytes = int(common + coeffs.mlp_scale * mlp_in
+                        + coeffs.moe_scale * (experts + shared))
+    return LayerActivations(
+        dense=dense,
+        moe=moe_bytes,
+        scores=int(coeffs.attention_scale * scores),
+        dispatch=dispatch,
+        layer_input=hidden_tokens * e,
+    )

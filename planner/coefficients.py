@@ -1,0 +1,84 @@
+"""Coefficients: the estimator's tunable constants, per activation profile (and device).
+
+The ``textbook`` profile is the literature (Korthikanti et al. 2022 for activations); other
+profiles (``runtime`` for Headroom's trainer, ``hf`` for transformers) start from it and are
+refitted by calibration. The shipped sets live in ``planner/data/coefficients.json`` with their
+provenance; ``calibrated`` says whether measurements stand behind a set.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import SpecError
+
+
+class Coefficients(BaseModel):
+    """Multipliers and constants one activation profile applies."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str = Field(description="Activation profile these apply to.")
+    device: str | None = Field(default=None, description="GPU they were fitted on (None: any).")
+    calibrated: bool = Field(default=False, description="Fitted from measurements.")
+    source: str = Field(default="textbook", description="Provenance.")
+    num_records: int = Field(default=0, ge=0, description="Measurements behind a fitted set.")
+    attention_scale: float = Field(default=1.0, ge=0, description="x attention saved tensors.")
+    mlp_scale: float = Field(default=1.0, ge=0, description="x dense-FFN saved tensors.")
+    norm_scale: float = Field(default=1.0, ge=0, description="x norm inputs saved.")
+    moe_scale: float = Field(default=1.0, ge=0, description="x expert intermediates saved.")
+    swiglu_saved_ffn_tensors: float = Field(
+        default=3.0, ge=0, description="FFN-width tensors a SwiGLU MLP saves per token."
+    )
+    logits_bytes_per_element: float = Field(
+        default=6.0, ge=0, description="Forward: 16-bit logits + fp32 log-probs kept by the loss."
+    )
+    logits_backward_bytes_per_element: float = Field(
+        default=6.0, ge=0, description="Loss backward: fp32 grad of logits + its 16-bit cast."
+    )
+    allocator_overhead_fraction: float | None = Field(
+        default=None, ge=0, lt=1, description="Reserved minus allocated over allocated (None: GPU default)."
+    )
+    expandable_segments_overhead_fraction: float = Field(
+        default=0.02, ge=0, lt=1, description="The same with expandable_segments:True."
+    )
+    cuda_context_bytes: int | None = Field(
+        default=None, ge=0, description="Context outside the allocator (None: GPU default)."
+    )
+    margin_fraction: float = Field(
+        default=0.0, ge=0, lt=1, description="Safety margin added to the peak before the verdict."
+    )
+
+
+@cache
+def _shipped() -> tuple[Coefficients, ...]:
+    path = resources.files("planner") / "data" / "coefficients.json"
+    data = json.loads(path.read_text())
+    return tuple(Coefficients(**entry) for entry in data["coefficients"])
+
+
+def profiles() -> list[str]:
+    """Names of the activation profiles with shipped coefficients."""
+    return sorted({c.profile for c in _shipped()})
+
+
+def default_coefficients(profile: str, device: str | None = None) -> Coefficients:
+    """The shipped coefficients of ``profile``; a device-specific set wins over a generic one."""
+    generic: Coefficients | None = None
+    for c in _shipped():
+        if c.profile != profile:
+            continue
+        if device is not None and c.device == device:
+            return c
+        if c.device is None:
+            generic = c
+    if generic is None:
+        raise SpecError(
+            f"activation_profile: unknown profile {profile!r}; allowed: {', '.join(profiles())}",
+            field="activation_profile",
+        )
+    return generic

@@ -1,0 +1,32 @@
+"""Errors raised for user mistakes.
+
+    HeadroomError (ValueError)
+    ├── SpecError          a model, training or hardware spec is invalid
+    ├── UnknownPresetError a preset name matches no bundled file
+    └── InputFormatError   a file cannot be read or is not JSON/YAML/config.json
+
+Every message names the field (dotted path) and the allowed values, so the CLI can print it as
+one line with exit code 2 and the API can return it as a 422 problem+json.
+"""
+
+from __future__ import annotations
+
+
+class HeadroomError(ValueError):
+    """Base class of every user-facing error in Headroom."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class SpecError(HeadroomError):
+    """A model, training or hardware spec failed validation."""
+
+
+class UnknownPresetError(HeadroomError):
+    """A preset name did not match any bundled preset."""
+
+
+class InputFormatError(HeadroomError):
+    """A file could not be read or parsed."""

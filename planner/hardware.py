@@ -1,0 +1,65 @@
+"""Hardware: a GPU (memory, bf16 FLOP/s, host link) and the host it sits in.
+
+GPU presets are data files in ``planner/data/gpus/`` with their sources; custom hardware comes
+from a JSON/YAML file with the same fields.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.errors import UnknownPresetError
+
+
+class Hardware(BaseModel):
+    """One GPU and its share of the host."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    memory_bytes: int = Field(ge=1, description="Device memory as the driver reports it.")
+    bf16_flops: float = Field(gt=0, description="Dense bf16 tensor-core FLOP/s.")
+    memory_bandwidth_bytes_per_s: float = Field(gt=0)
+    host_link: str = Field(description="Host interconnect, e.g. 'PCIe Gen5 x16'.")
+    host_link_bytes_per_s: float = Field(gt=0, description="Per direction.")
+    cuda_context_bytes: int = Field(ge=0, description="Uncalibrated default context size.")
+    allocator_overhead_fraction: float = Field(
+        ge=0, lt=1, description="Uncalibrated default: reserved minus allocated, over allocated."
+    )
+    host_memory_bytes: int | None = Field(
+        default=None, ge=1, description="Host RAM available to the GPUs of one node."
+    )
+    gpus_per_node: int = Field(default=1, ge=1, description="GPUs sharing the host RAM.")
+    source: str = Field(default="custom", description="Where the numbers come from.")
+
+
+@cache
+def _presets() -> dict[str, Hardware]:
+    found: dict[str, Hardware] = {}
+    folder = resources.files("planner") / "data" / "gpus"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            hw = Hardware(**json.loads(entry.read_text()))
+            for key in (hw.name, *hw.aliases):
+                found[key.lower()] = hw
+    return found
+
+
+def gpu_names() -> list[str]:
+    """Canonical names of the bundled GPU presets."""
+    return sorted({hw.name for hw in _presets().values()})
+
+
+def gpu(name: str) -> Hardware:
+    """A bundled GPU preset by name or alias (case-insensitive)."""
+    hw = _presets().get(name.strip().lower())
+    if hw is None:
+        raise UnknownPresetError(
+            f"gpu: unknown preset {name!r}; allowed: {', '.join(gpu_names())}", field="gpu"
+        )
+    return hw

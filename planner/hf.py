@@ -1,0 +1,143 @@
+"""Read Hugging Face ``config.json`` files offline into a ModelSpec.
+
+Recognised by ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v3 (and
+deepseek_v2, which shares the layout). Nothing is downloaded; only the JSON is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from planner.errors import SpecError
+from planner.model import MLASpec, ModelSpec, MoESpec
+
+
+def _get(config: Mapping[str, Any], key: str, default: Any = None, *, required: bool = False) -> Any:
+    if key in config and config[key] is not None:
+        return config[key]
+    if required:
+        raise SpecError(
+            f"config.json ({config.get('model_type')}): missing required field '{key}'", field=key
+        )
+    return default
+
+
+def _ffn_kind(config: Mapping[str, Any]) -> str:
+    act = str(_get(config, "hidden_act", "silu"))
+    if act in ("silu", "swish"):
+        return "swiglu"
+    if act.startswith("gelu"):
+        return "gelu"
+    raise SpecError(f"config.json: hidden_act must be silu or gelu*, got {act!r}", field="hidden_act")
+
+
+def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    heads = _get(config, "num_attention_heads", required=True)
+    return {
+        "name": name,
+        "vocab_size": _get(config, "vocab_size", required=True),
+        "hidden_size": _get(config, "hidden_size", required=True),
+        "num_layers": _get(config, "num_hidden_layers", required=True),
+        "num_heads": heads,
+        "num_kv_heads": _get(config, "num_key_value_heads", heads),
+        "head_dim": _get(config, "head_dim"),
+        "ffn_hidden_size": _get(config, "intermediate_size", required=True),
+        "ffn_kind": _ffn_kind(config),
+        "norm": "rmsnorm",
+        "tied_embeddings": bool(_get(config, "tie_word_embeddings", False)),
+        "qkv_bias": bool(_get(config, "attention_bias", False)),
+    }
+
+
+def _llama(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return _common(config, name)
+
+
+def _mixtral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)
+    spec["moe"] = MoESpec(
+        num_experts=_get(config, "num_local_experts", required=True),
+        top_k=_get(config, "num_experts_per_tok", required=True),
+        expert_ffn_size=spec["ffn_hidden_size"],
+    )
+    return spec
+
+
+def _qwen2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)
+    spec["qkv_bias"] = True
+    return spec
+
+
+def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _qwen2(config, name)
+    step = int(_get(config, "decoder_sparse_step", 1))
+    shared = int(_get(config, "shared_expert_intermediate_size", 0))
+    spec["moe"] = MoESpec(
+        num_experts=_get(config, "num_experts", required=True),
+        top_k=_get(config, "num_experts_per_tok", required=True),
+        expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
+        num_shared_experts=1 if shared else 0,
+        shared_expert_ffn_size=shared or None,
+        shared_expert_gate=bool(shared),
+        dense_first_layers=step - 1,
+        layer_freq=step,
+        dense_layers=tuple(_get(config, "mlp_only_layers", ())),
+    )
+    return spec
+
+
+def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)
+    spec["num_kv_heads"] = spec["num_heads"]
+    spec["head_dim"] = None
+    spec["mla"] = MLASpec(
+        q_lora_rank=_get(config, "q_lora_rank"),
+        kv_lora_rank=_get(config, "kv_lora_rank", required=True),
+        qk_nope_head_dim=_get(config, "qk_nope_head_dim", required=True),
+        qk_rope_head_dim=_get(config, "qk_rope_head_dim", required=True),
+        v_head_dim=_get(config, "v_head_dim", required=True),
+    )
+    experts = _get(config, "n_routed_experts")
+    if experts:
+        spec["moe"] = MoESpec(
+            num_experts=experts,
+            top_k=_get(config, "num_experts_per_tok", required=True),
+            expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
+            num_shared_experts=int(_get(config, "n_shared_experts", 0)),
+            dense_first_layers=int(_get(config, "first_k_dense_replace", 0)),
+            layer_freq=int(_get(config, "moe_layer_freq", 1)),
+            router_bias=_get(config, "topk_method") == "noaux_tc",
+        )
+    spec["num_mtp_layers"] = int(_get(config, "num_nextn_predict_layers", 0))
+    return spec
+
+
+_READERS: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "mixtral": _mixtral,
+    "qwen2": _qwen2,
+    "qwen2_moe": _qwen2_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+}
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(_READERS))
+
+
+def from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
+    """Map a Hugging Face ``config.json`` dict onto a ModelSpec."""
+    model_type = config.get("model_type")
+    reader = _READERS.get(str(model_type))
+    if reader is None:
+        raise SpecError(
+            f"model_type: {model_type!r} is not supported; allowed: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}",
+            field="model_type",
+        )
+    display = name or str(config.get("_name_or_path") or model_type)
+    fields = reader(config, display)
+    fields["source"] = f"Hugging Face config.json (model_type={model_type})"
+    return ModelSpec(**fields)

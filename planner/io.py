@@ -1,0 +1,173 @@
+"""Loading specs: model presets, model files (ours or Hugging Face), training and hardware files.
+
+JSON is read with the standard library. YAML needs PyYAML, imported only when a YAML file is
+given, so the planner itself stays stdlib + pydantic. Validation errors become SpecError with
+the dotted field path and pydantic's statement of what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import InputFormatError, SpecError, UnknownPresetError
+from planner.hardware import Hardware, gpu
+from planner.hf import from_hf_config
+from planner.model import ModelSpec
+from planner.train import TrainSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validation_message(exc: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``field.path: what is wrong (allowed values)``."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        path = f"{prefix}.{path}" if prefix and path else (prefix or path)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{path}: {msg}" if path else msg)
+    return "; ".join(lines)
+
+
+def build(cls: type[M], data: Any, *, prefix: str = "") -> M:
+    """Validate ``data`` into ``cls``, raising SpecError with field paths on failure."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{prefix or cls.__name__}: expected an object, got {type(data).__name__}")
+    try:
+        return cls.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]["loc"]
+        field = ".".join(str(p) for p in first)
+        raise SpecError(validation_message(exc, prefix), field=field or None) from None
+
+
+def read_file(path: str | Path) -> Any:
+    """Parse a JSON or YAML file (by suffix; JSON is tried first for other suffixes)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise InputFormatError(f"{p}: cannot read file ({exc.strerror})") from None
+    if p.suffix.lower() in (".yaml", ".yml"):
+        try:
+            yaml = importlib.import_module("yaml")
+        except ImportError:
+            raise InputFormatError(f"{p}: reading YAML needs PyYAML (pip install pyyaml)") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InputFormatError(f"{p}: not valid YAML ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputFormatError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+@cache
+def _model_presets() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    base = resources.files("planner") / "data"
+    for folder in ("models", "hf"):
+        for entry in sorted((base / folder).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".json"):
+                found[entry.name.removesuffix(".json")] = json.loads(entry.read_text())
+    return found
+
+
+def model_names() -> list[str]:
+    """Names of the bundled model presets."""
+    return sorted(_model_presets())
+
+
+def model_from_dict(data: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
+    """Our model schema, or a Hugging Face config.json (recognised by ``model_type``)."""
+    if "model_type" in data:
+        try:
+            return from_hf_config(data, name=name)
+        except ValidationError as exc:
+            raise SpecError(validation_message(exc, "config.json")) from None
+    spec = dict(data)
+    if name and "name" not in spec:
+        spec["name"] = name
+    return build(ModelSpec, spec, prefix="model")
+
+
+def load_model(source: str | Path | Mapping[str, Any] | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a preset name, a JSON/YAML file, a config.json, or a dict."""
+    if isinstance(source, ModelSpec):
+        return source
+    if isinstance(source, Mapping):
+        return model_from_dict(source)
+    text = str(source)
+    presets = _model_presets()
+    if text in presets:
+        return model_from_dict(presets[text], name=text)
+    path = Path(text)
+    if path.exists():
+        data = read_file(path)
+        if not isinstance(data, Mapping):
+            raise InputFormatError(f"{path}: expected a JSON object describing a model")
+        return model_from_dict(data, name=path.stem if path.stem != "config" else None)
+    raise UnknownPresetError(
+        f"model: {text!r} is neither a file nor a preset; presets: {', '.join(model_names())}",
+        field="model",
+    )
+
+
+def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> TrainSpec:
+    """A TrainSpec from a JSON/YAML file, a dict, or the defaults (None)."""
+    if source is None:
+        return TrainSpec()
+    if isinstance(source, TrainSpec):
+        return source
+    if isinstance(source, Mapping):
+        return build(TrainSpec, source, prefix="train")
+    data = read_file(source)
+    return build(TrainSpec, data or {}, prefix="train")
+
+
+def load_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware:
+    """A GPU preset name, a hardware JSON/YAML file, or a dict with the Hardware fields."""
+    if isinstance(source, Hardware):
+        return source
+    if isinstance(source, Mapping):
+        return build(Hardware, source, prefix="gpu")
+    path = Path(str(source))
+    if path.suffix.lower() in (".json", ".yaml", ".yml") and path.exists():
+        return build(Hardware, read_file(path), prefix="gpu")
+    return gpu(str(source))
+
+
+def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as JSON, else kept as strings)."""
+    out = json.loads(json.dumps(data))
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SpecError(f"--set: expected key=value, got {item!r}", field="--set")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return out

@@ -1,0 +1,183 @@
+"""What one rank of one pipeline stage holds: local parameter counts after TP/EP/PP sharding.
+
+Everything here depends only on the model and the parallel layout, so it is computed once and
+cached; the per-estimate arithmetic in ``planner.estimate`` then costs a few microseconds.
+ZeRO sharding over data parallelism is applied later, per tensor class (dense or expert).
+"""
+
+from __future__ import annotations
+
+import bisect
+from functools import lru_cache
+from itertools import accumulate
+from typing import NamedTuple
+
+from planner.model import ModelSpec
+from planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
+
+
+class StageParams(NamedTuple):
+    """Local (per-rank) parameter facts of one pipeline stage."""
+
+    stage: int
+    num_layers: int
+    num_moe_layers: int
+    first_layer_is_moe: bool
+    last_layer_is_moe: bool
+    has_embedding: bool
+    has_head: bool
+    dense_numel: int
+    expert_numel: int
+    embedding_numel: int
+    first_layer_numel: int
+    head_unit_numel: int
+    max_unit_numel: int
+    largest_tensor_numel: int
+    largest_matrix_numel: int
+    matrix_dense_numel: int
+    matrix_expert_numel: int
+    adafactor_dense_numel: int
+    adafactor_expert_numel: int
+    adam8bit_dense_bytes: int
+    adam8bit_expert_bytes: int
+    order_numel: tuple[int, ...]
+    order_is_expert: tuple[bool, ...]
+
+
+def _local(t: Tensor, tp: int, ep: int) -> tuple[int, int]:
+    """Local (rows, cols x count) of a tensor: TP splits the larger dim, EP splits experts."""
+    rows, cols, count = t.rows, t.cols, t.count
+    if t.kind == "expert":
+        count = -(-count // ep)
+    if t.kind in TP_SHARDED_KINDS and tp > 1:
+        if rows >= cols:
+            rows = -(-rows // tp)
+        else:
+            cols = -(-cols // tp)
+    return rows, cols * count
+
+
+def stage_layer_ranges(num_layers: int, pp: int) -> list[range]:
+    """Layers of each stage: as even as possible, earlier stages take the remainder."""
+    base, extra = divmod(num_layers, pp)
+    ranges, start = [], 0
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        ranges.append(range(start, start + n))
+        start += n
+    return ranges
+
+
+@lru_cache(maxsize=1024)
+def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> StageParams:
+    """Local parameter facts of ``stage`` under the given TP/PP/EP degrees."""
+    all_units = units(model)
+    layer_range = stage_layer_ranges(model.num_layers, pp)[stage]
+    has_embedding = stage == 0
+    has_head = stage == pp - 1
+    chosen: list[Unit] = []
+    if has_embedding:
+        chosen.append(all_units[0])
+    chosen += [all_units[1 + i] for i in layer_range]
+    if has_head:
+        chosen.append(all_units[-1])
+    dense = expert = embed = head_unit = first_layer = 0
+    largest = largest_matrix = 0
+    matrix = [0, 0]
+    adafactor = [0, 0]
+    adam8 = [0, 0]
+    order_numel: list[int] = []
+    order_is_expert: list[bool] = []
+    unit_sizes = []
+    for unit in chosen:
+        unit_numel = 0
+        for t in unit.tensors:
+            rows, cols = _local(t, tp, ep)
+            numel = rows * cols
+            is_expert = t.kind == "expert"
+            k = 1 if is_expert else 0
+            unit_numel += numel
+            if is_expert:
+                expert += numel
+            else:
+                dense += numel
+            per_tensor = rows * (cols // max(t.count, 1)) if t.count > 1 else numel
+            largest = max(largest, per_tensor)
+            if t.is_matrix:
+                matrix[k] += numel
+                largest_matrix = max(largest_matrix, per_tensor)
+                copies = numel // per_tensor if per_tensor else 0
+                adafactor[k] += copies * (rows + per_tensor // rows)
+            else:
+                adafactor[k] += numel
+            copies = numel // per_tensor if per_tensor else 0
+            if per_tensor >= 4096:  # bitsandbytes keeps smaller tensors' states in fp32
+                adam8[k] += copies * (2 * per_tensor + 8 * -(-per_tensor // 2048))
+            else:
+                adam8[k] += 8 * numel
+            order_numel.append(numel)
+            order_is_expert.append(is_expert)
+        unit_sizes.append(unit_numel)
+        if unit.name == "embed_tokens":
+            embed = unit_numel
+        elif unit.name == "lm_head":
+            head_unit = unit_numel
+        elif not first_layer:
+            first_layer = unit_numel
+    # A tied head streams the embedding matrix again: the largest unit is at least that big.
+    if model.tied_embeddings and has_head:
+        tied = _local(all_units[0].tensors[0], tp, ep)
+        unit_sizes.append(head_unit + tied[0] * tied[1])
+    layer_ids = list(layer_range)
+    moe_flags = [model.is_moe_layer(i) for i in layer_ids]
+    return StageParams(
+        stage=stage,
+        num_layers=len(layer_ids),
+        num_moe_layers=sum(moe_flags),
+        first_layer_is_moe=bool(moe_flags) and moe_flags[0],
+        last_layer_is_moe=bool(moe_flags) and moe_flags[-1],
+        has_embedding=has_embedding,
+        has_head=has_head,
+        dense_numel=dense,
+        expert_numel=expert,
+        embedding_numel=embed,
+        first_layer_numel=first_layer,
+        head_unit_numel=head_unit,
+        max_unit_numel=max(unit_sizes) if unit_sizes else 0,
+        largest_tensor_numel=largest,
+        largest_matrix_numel=largest_matrix,
+        matrix_dense_numel=matrix[0],
+        matrix_expert_numel=matrix[1],
+        adafactor_dense_numel=adafactor[0],
+        adafactor_expert_numel=adafactor[1],
+        adam8bit_dense_bytes=adam8[0],
+        adam8bit_expert_bytes=adam8[1],
+        order_numel=tuple(order_numel),
+        order_is_expert=tuple(order_is_expert),
+    )
+
+
+@lru_cache(maxsize=4096)
+def offloaded_numel(sp: StageParams, zero_dense: int, zero_expert: int,
+                    fraction: float) -> tuple[int, int]:
+    """(dense, expert) numel whose optimizer state is offloaded at ``fraction``.
+
+    Megatron's HybridDeviceOptimizer semantics: walk the tensors in order and offload whole
+    tensors while the offloaded count is below ``fraction`` x total.
+    """
+    if fraction <= 0.0:
+        return 0, 0
+    sizes = [n // (zero_expert if e else zero_dense) for n, e in
+             zip(sp.order_numel, sp.order_is_expert, strict=True)]
+    total = sum(sizes)
+    if fraction >= 1.0:
+        cut = len(sizes)
+    else:
+        threshold = total * fraction
+        cumulative = list(accumulate(sizes))
+        # offload tensor i while the sum before it is < threshold
+        cut = bisect.bisect_left(cumulative, threshold) + 1
+        cut = min(cut, len(sizes))
+    dense = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if not e)
+    expert = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if e)
+    return dense, expert

@@ -1,0 +1,119 @@
+"""The training spec: batch shape, precision, optimizer, recompute, parallelism and placement.
+
+Key names are a contract shared by the CLI (``--train FILE``), the REST API and the runtime.
+Defaults are the common case: bf16 params and grads, fp32 master and moments, fused AdamW,
+flash attention, no recompute, no offload, every parallel degree 1, ZeRO 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
+OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
+
+#: bytes per element of each precision name
+BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "none": 0}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Precision(_Frozen):
+    """Storage precision of each model-state tensor (``none``: not kept)."""
+
+    params: Literal["fp32", "bf16", "fp16"] = "bf16"
+    grads: Literal["fp32", "bf16", "fp16"] = "bf16"
+    master: PrecisionName = "fp32"
+    optimizer_states: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+
+class Recompute(_Frozen):
+    """Block-wise recompute: keep a checkpoint every ``every_k`` layers."""
+
+    every_k: int = Field(ge=1, description="Layers per recomputed block.")
+
+
+RecomputePolicy = Literal["none", "selective", "full"] | Recompute
+
+
+class Parallel(_Frozen):
+    """Parallel degrees; the heaviest rank is reported."""
+
+    dp: int = Field(default=1, ge=1, description="Data-parallel replicas.")
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages.")
+    ep: int = Field(default=1, ge=1, description="Expert-parallel degree (carved from dp x cp).")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree (sequence split).")
+    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism.")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(
+                f"parallel.ep must divide parallel.dp x parallel.cp ({self.dp * self.cp}), "
+                f"got {self.ep}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+class Offload(_Frozen):
+    """Where persistent state lives: all on the GPU, part of the optimizer on the host, or all
+    of it on the host with layers streamed through the GPU."""
+
+    mode: Literal["none", "optimizer", "streaming"] = "none"
+    fraction: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="Optimizer mode: share of parameters offloaded."
+    )
+    checkpoint_every: int | None = Field(
+        default=None, ge=1, description="Streaming mode: layers per checkpointed block (default 1)."
+    )
+    num_buffers: int = Field(default=2, ge=2, description="Streaming mode: device weight buffers.")
+
+
+class TrainSpec(_Frozen):
+    """One training configuration."""
+
+    micro_batch_size: int = Field(default=1, ge=1)
+    seq_len: int = Field(default=4096, ge=1)
+    grad_accum_steps: int = Field(default=1, ge=1)
+    precision: Precision = Precision()
+    optimizer: OptimizerName = "adamw"
+    optimizer_impl: Literal["foreach", "fused", "for_loop"] = Field(
+        default="fused",
+        description="Optimizer kernel: fused/multi-tensor (Megatron, DeepSpeed; the default), "
+        "foreach (PyTorch's default on CUDA: whole-group temporaries) or for_loop.",
+    )
+    recompute: RecomputePolicy = "none"
+    attention: Literal["flash", "eager"] = "flash"
+    activation_profile: str = Field(default="textbook", min_length=1)
+    ema: Literal["none", "gpu", "host"] = "none"
+    parallel: Parallel = Parallel()
+    offload: Offload = Offload()
+    moe_capacity_factor: float | None = Field(
+        default=None, gt=0, description="Default: the model's, else 1.25."
+    )
+    moe_imbalance: float = Field(default=1.0, ge=1.0, description="Hottest expert load / mean.")
+    expandable_segments: bool = Field(
+        default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
+    )
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """Layers per recomputed block, or None when activations are not block-checkpointed."""
+        every_k = self.recompute.every_k if isinstance(self.recompute, Recompute) else None
+        if self.offload.mode == "streaming":
+            return self.offload.checkpoint_every or every_k or 1
+        return every_k

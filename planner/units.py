@@ -1,0 +1,59 @@
+"""Byte sizes: parse "1.5TiB" / "80GB" / "1e9", format for people.
+
+GiB means 2^30 and GB means 10^9, as everywhere in Headroom.
+"""
+
+from __future__ import annotations
+
+import re
+
+from planner.errors import SpecError
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+GIB = 2**30
+
+
+def parse_size(value: str | int | float, *, field: str = "size") -> int:
+    """Parse a byte size such as ``"1.5TiB"``, ``"80GB"`` or ``123456`` into integer bytes."""
+    if isinstance(value, bool):
+        raise SpecError(f"{field}: expected a size such as '80GiB' or '1.5TiB', got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise SpecError(f"{field}: must be >= 0 bytes, got {value!r}", field=field)
+        return int(value)
+    match = _SIZE_RE.match(value)
+    if match is None or match.group(2).lower() not in _UNITS:
+        allowed = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+        raise SpecError(
+            f"{field}: cannot read {value!r} as a size; use a number with one of {allowed}",
+            field=field,
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(num_bytes: int | float) -> str:
+    """Format bytes in binary units with two decimals, e.g. ``'14.96 GiB'``."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024.0:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024.0
+    return f"{value:.2f} TiB"
