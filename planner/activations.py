@@ -14,9 +14,9 @@ hidden-width ones. Coefficients scale each group per activation profile.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import NamedTuple
 
+from planner._memo import identity_memo
 from planner.buckets import moe_capacity, moe_dispatch_bytes
 from planner.coefficients import Coefficients
 from planner.model import ModelSpec
@@ -32,7 +32,7 @@ class LayerActivations(NamedTuple):
     layer_input: int  # the checkpoint a recomputed layer keeps
 
 
-@lru_cache(maxsize=4096)
+@identity_memo(4096)
 def layer_activations(
     model: ModelSpec,
     micro_batch: int,

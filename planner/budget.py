@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict
 
 #: GPU buckets, in the order of shared/DESIGN.md
@@ -44,6 +46,9 @@ PHASES: tuple[str, ...] = (
 
 class _Out(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+
+_M = TypeVar("_M", bound=_Out)
 
 
 class ModelSummary(_Out):
@@ -95,3 +100,18 @@ class Budget(_Out):
     margin_bytes: int
     coefficients: CoefficientsUsed
     warnings: list[str]
+
+
+def construct(cls: type[_M], **fields: object) -> _M:
+    """Build an output model from values the estimator computed itself, skipping validation.
+
+    ``model_construct`` walks every field's defaults; the estimator supplies all fields with
+    the right types, and building a Budget is most of an estimate's cost otherwise.
+    """
+    obj = cls.__new__(cls)
+    setattr_ = object.__setattr__
+    setattr_(obj, "__dict__", fields)
+    setattr_(obj, "__pydantic_fields_set__", set(fields))
+    setattr_(obj, "__pydantic_extra__", None)
+    setattr_(obj, "__pydantic_private__", None)
+    return obj

@@ -66,6 +66,7 @@ def profiles() -> list[str]:
     return sorted({c.profile for c in _shipped()})
 
 
+@cache
 def default_coefficients(profile: str, device: str | None = None) -> Coefficients:
     """The shipped coefficients of ``profile``; a device-specific set wins over a generic one."""
     generic: Coefficients | None = None

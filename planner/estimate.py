@@ -20,6 +20,7 @@ from planner.budget import (
     HOST_BUCKETS,
     Budget,
     CoefficientsUsed,
+    construct,
     GpuBudget,
     HostBudget,
     ModelSummary,
@@ -31,7 +32,7 @@ from planner.hardware import Hardware
 from planner.model import ModelSpec
 from planner.params import count_params
 from planner.stage import StageParams, offloaded_numel, stage_params
-from planner.train import BYTES_PER_ELEMENT, Recompute, TrainSpec
+from planner.train import BYTES_PER_ELEMENT, TrainSpec
 
 _DEFAULT_CAPACITY_FACTOR = 1.25
 
@@ -83,6 +84,10 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
     prec = train.precision
     bp = BYTES_PER_ELEMENT[prec.params]
     bg = BYTES_PER_ELEMENT[prec.grads]
+    if bg > bp:
+        # fp32 accumulation: autograd still produces working-precision grads, accumulated
+        # into an fp32 buffer (the seeds' 20 B/param case)
+        bg += bp
     bm = BYTES_PER_ELEMENT[prec.master]
     bo = BYTES_PER_ELEMENT[prec.optimizer_states]
     sp = stage_params(model, p.tp, p.pp, p.ep, stage)
@@ -176,7 +181,8 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
         blk_moe = min(blk, n_moe)
         saved = math.ceil(n / k) * acts.layer_input if n else 0
         disp = 0
-        block = blk_moe * acts.moe + (blk - blk_moe) * acts.dense
+        # the block's checkpoint is its first norm's saved input: count it once
+        block = max(0, blk_moe * acts.moe + (blk - blk_moe) * acts.dense - acts.layer_input)
         block_disp = blk_moe * acts.dispatch
         first_act = acts.layer_input if n else 0
         first_disp = 0
@@ -292,7 +298,7 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
     phase_out = {}
     for name, row in phases.items():
         buckets = full(row)
-        phase_out[name] = PhaseBudget.model_construct(total_bytes=sum(buckets.values()),
+        phase_out[name] = construct(PhaseBudget, total_bytes=sum(buckets.values()),
                                                       buckets=buckets)
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, train.parallel.world_size)
@@ -307,16 +313,16 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
-    return Budget.model_construct(
-        model=ModelSummary.model_construct(
+    return construct(Budget, 
+        model=construct(ModelSummary, 
             name=model.name, params_total=counts.total,
             params_active_per_token=counts.per_token_active,
             params_mtp_excluded=counts.mtp_excluded),
-        gpu=GpuBudget.model_construct(
+        gpu=construct(GpuBudget, 
             name=hardware.name, capacity_bytes=capacity, peak_bytes=peak,
             headroom_bytes=capacity - peak, buckets=phase_out[peak_phase].buckets,
             phases=phase_out),
-        host=HostBudget.model_construct(
+        host=construct(HostBudget, 
             capacity_bytes=host_cap, peak_bytes=host_peak,
             headroom_bytes=None if host_cap is None else host_cap - host_peak,
             ranks_sharing=ranks, buckets=host_buckets),
@@ -324,7 +330,7 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
         fits=fits,
         stage=stage,
         margin_bytes=margin,
-        coefficients=CoefficientsUsed.model_construct(
+        coefficients=construct(CoefficientsUsed, 
             profile=coeffs.profile, device=coeffs.device, calibrated=coeffs.calibrated,
             source=coeffs.source, margin_fraction=coeffs.margin_fraction),
         warnings=warnings,

@@ -26,15 +26,34 @@ from planner.train import TrainSpec
 M = TypeVar("M", bound=BaseModel)
 
 
+#: fields whose union type makes pydantic's own message unhelpful
+_ALLOWED_HINTS = {
+    "recompute": "must be 'none', 'selective', 'full' or {\"every_k\": K} with K >= 1",
+}
+
+
+def _is_union_tag(part: str | int) -> bool:
+    text = str(part)
+    return text.startswith(("function-", "literal[")) or text[:1].isupper()
+
+
 def validation_message(exc: ValidationError, prefix: str = "") -> str:
     """One line per problem: ``field.path: what is wrong (allowed values)``."""
-    lines = []
+    lines: list[str] = []
+    seen: set[str] = set()
     for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        parts = [str(p) for p in err["loc"] if not _is_union_tag(p)]
+        path = ".".join(parts)
         path = f"{prefix}.{path}" if prefix and path else (prefix or path)
+        if path in seen:
+            continue
+        seen.add(path)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        hint = _ALLOWED_HINTS.get(parts[-1]) if parts else None
+        if hint and len(err["loc"]) > len(parts):
+            msg = hint
         lines.append(f"{path}: {msg}" if path else msg)
     return "; ".join(lines)
 

@@ -7,9 +7,9 @@ tensor/expert parallelism shards it, and its 2-D shape, which factored optimizer
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import NamedTuple
 
+from planner._memo import identity_memo
 from planner.model import ModelSpec
 
 #: kinds whose tensors are split across tensor-parallel ranks; others stay whole on every rank
@@ -147,7 +147,7 @@ def _layer(model: ModelSpec, index: int, prefix: str) -> Unit:
     return Unit(prefix, tuple(tensors), is_moe)
 
 
-@lru_cache(maxsize=256)
+@identity_memo(256)
 def units(model: ModelSpec) -> tuple[Unit, ...]:
     """The model's streamable units in module order: embedding, layers, then norm + head.
 
@@ -178,7 +178,7 @@ def mtp_tensors(model: ModelSpec) -> tuple[Tensor, ...]:
     return tuple(tensors)
 
 
-@lru_cache(maxsize=256)
+@identity_memo(256)
 def count_params(model: ModelSpec) -> ParamCount:
     """Exact parameter totals; ``per_token_active`` counts only ``top_k`` routed experts."""
     all_units = units(model)

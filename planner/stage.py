@@ -8,10 +8,10 @@ ZeRO sharding over data parallelism is applied later, per tensor class (dense or
 from __future__ import annotations
 
 import bisect
-from functools import lru_cache
 from itertools import accumulate
 from typing import NamedTuple
 
+from planner._memo import identity_memo
 from planner.model import ModelSpec
 from planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
 
@@ -68,7 +68,7 @@ def stage_layer_ranges(num_layers: int, pp: int) -> list[range]:
     return ranges
 
 
-@lru_cache(maxsize=1024)
+@identity_memo(1024)
 def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> StageParams:
     """Local parameter facts of ``stage`` under the given TP/PP/EP degrees."""
     all_units = units(model)
@@ -157,7 +157,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
     )
 
 
-@lru_cache(maxsize=4096)
+@identity_memo(4096)
 def offloaded_numel(sp: StageParams, zero_dense: int, zero_expert: int,
                     fraction: float) -> tuple[int, int]:
     """(dense, expert) numel whose optimizer state is offloaded at ``fraction``.

@@ -1,0 +1,1 @@
+"""Headroom api package (see shared design)."""

@@ -1,0 +1,1 @@
+"""Headroom calibration package (see shared design)."""

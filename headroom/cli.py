@@ -1,0 +1,151 @@
+"""The ``headroom`` command line: estimate, presets (and, as they land, gate, fit, train, serve).
+
+User mistakes exit with code 2 and one line on stderr; tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import planner
+from planner.io import apply_overrides, read_file
+
+app = typer.Typer(
+    name="headroom",
+    help="Will this training run fit on the GPU, and where does every byte go?",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+class TextOrJson(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any]:
+    data: Any = read_file(train_file) if train_file is not None else {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise planner.InputFormatError(f"{train_file}: expected a JSON/YAML object")
+    return apply_overrides(data, assignments)
+
+
+def _hardware(gpu: str, host_memory: str | None, gpus_per_node: int | None) -> planner.Hardware:
+    hw = planner.load_hardware(gpu)
+    update: dict[str, Any] = {}
+    if host_memory is not None:
+        update["host_memory_bytes"] = planner.parse_size(host_memory, field="--host-memory")
+    if gpus_per_node is not None:
+        update["gpus_per_node"] = gpus_per_node
+    return hw.model_copy(update=update) if update else hw
+
+
+ModelArg = Annotated[str, typer.Argument(help="Preset name, model JSON/YAML, or config.json.")]
+TrainOpt = Annotated[
+    Path | None, typer.Option("--train", help="Training spec (JSON or YAML).", dir_okay=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a training key, e.g. --set offload.mode=optimizer."),
+]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset name or hardware file.")]
+HostOpt = Annotated[
+    str | None, typer.Option("--host-memory", help="Host RAM of the node, e.g. 1.5TiB.")
+]
+NodeOpt = Annotated[
+    int | None, typer.Option("--gpus-per-node", min=1, help="GPUs sharing the host RAM.")
+]
+FormatOpt = Annotated[TextOrJson, typer.Option("--format", help="Output format.")]
+
+
+@app.command()
+def estimate(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    format: FormatOpt = TextOrJson.text,
+    explain: Annotated[bool, typer.Option("--explain", help="Show each bucket's formula.")] = False,
+) -> None:
+    """Predict per-bucket GPU and host memory, the peak phase, and whether it fits."""
+    try:
+        spec = planner.load_model(model)
+        train_spec = planner.load_train(_train_dict(train, set_ or []))
+        hw = _hardware(gpu, host_memory, gpus_per_node)
+        budget = planner.estimate(spec, train_spec, hw)
+        explanations = planner.explain(spec, train_spec, hw) if explain else None
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    if format is TextOrJson.json:
+        out = budget.model_dump()
+        if explanations is not None:
+            out["explain"] = {k: v.model_dump() for k, v in explanations.items()}
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from headroom.render import render_budget, render_explanations
+
+    console = Console()
+    render_budget(budget, console)
+    if explanations is not None:
+        render_explanations(explanations, console)
+
+
+@app.command()
+def presets(format: FormatOpt = TextOrJson.text) -> None:
+    """List the bundled GPU and model presets."""
+    gpus = [planner.gpu(name) for name in planner.gpu_names()]
+    models = planner.model_names()
+    if format is TextOrJson.json:
+        payload = {
+            "gpus": [hw.model_dump() for hw in gpus],
+            "models": [
+                {"name": name, "params_total": planner.count_params(planner.load_model(name)).total}
+                for name in models
+            ],
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="GPU presets")
+    for column in ("name", "memory", "bf16 TFLOP/s", "host link", "aliases"):
+        table.add_column(column)
+    for hw in gpus:
+        table.add_row(hw.name, planner.format_bytes(hw.memory_bytes), f"{hw.bf16_flops / 1e12:g}",
+                      f"{hw.host_link} ({hw.host_link_bytes_per_s / 1e9:g} GB/s)",
+                      ", ".join(hw.aliases))
+    console.print(table)
+    table = Table(title="Model presets")
+    table.add_column("name")
+    table.add_column("parameters", justify="right")
+    for name in models:
+        count = planner.count_params(planner.load_model(name))
+        table.add_row(name, f"{count.total:,}")
+    console.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except planner.HeadroomError as exc:  # pragma: no cover - commands catch their own
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

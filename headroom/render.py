@@ -1,0 +1,67 @@
+"""Text rendering of budgets for people (rich tables)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.budget import GPU_BUCKETS, PHASES, Budget
+from planner.explain import Explanation
+from planner.units import format_bytes
+
+
+_GIB = 2**30
+_SHORT = {"step1_forward": "s1 fwd", "step1_backward": "s1 bwd", "forward": "fwd",
+          "backward": "bwd", "optimizer": "optim"}
+
+
+def _fmt(value: int | None) -> str:
+    return "—" if value is None else format_bytes(value)
+
+
+def _gib(value: int) -> str:
+    return f"{value / _GIB:.2f}"
+
+
+def render_budget(budget: Budget, console: Console) -> None:
+    """A per-phase table of GPU buckets, the host buckets, and the verdict."""
+    gpu, host = budget.gpu, budget.host
+    table = Table(title=f"{budget.model.name} on {gpu.name}, stage {budget.stage} "
+                        "(GiB per phase; * = peak)")
+    table.add_column("bucket", no_wrap=True)
+    for phase in PHASES:
+        mark = "*" if phase == budget.peak_phase else ""
+        table.add_column(_SHORT[phase] + mark, justify="right", no_wrap=True,
+                         style="bold" if mark else "")
+    table.add_column("host", justify="right", no_wrap=True)
+    for bucket in GPU_BUCKETS:
+        cells = [_gib(gpu.phases[p].buckets[bucket]) for p in PHASES]
+        host_value = host.buckets.get(bucket)
+        table.add_row(bucket, *cells, "" if host_value is None else _gib(host_value))
+    table.add_section()
+    table.add_row("total", *[_gib(gpu.phases[p].total_bytes) for p in PHASES],
+                  _gib(host.peak_bytes))
+    console.print(table)
+    verdict = "[green]fits[/green]" if budget.fits else "[red]does not fit[/red]"
+    console.print(
+        f"GPU peak {format_bytes(gpu.peak_bytes)} in {budget.peak_phase} "
+        f"of {format_bytes(gpu.capacity_bytes)} (headroom {format_bytes(gpu.headroom_bytes)}, "
+        f"margin {format_bytes(budget.margin_bytes)}); host {format_bytes(host.peak_bytes)} "
+        f"of {_fmt(host.capacity_bytes)} for {host.ranks_sharing} rank(s): {verdict}"
+    )
+    coeffs = budget.coefficients
+    state = "calibrated" if coeffs.calibrated else "uncalibrated"
+    console.print(f"coefficients: {coeffs.profile} ({state}; {coeffs.source})")
+    for warning in budget.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def render_explanations(explanations: dict[str, Explanation], console: Console) -> None:
+    """One block per bucket: bytes, formula, inputs, source."""
+    table = Table(title="How each bucket was computed (at the peak phase)", show_lines=True)
+    for column in ("bucket", "bytes", "formula", "inputs", "source"):
+        table.add_column(column, overflow="fold")
+    for name, e in explanations.items():
+        inputs = ", ".join(f"{k}={v}" for k, v in e.inputs.items())
+        table.add_row(name, format_bytes(e.bytes), e.formula, inputs, e.source)
+    console.print(table)

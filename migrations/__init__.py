@@ -1,0 +1,1 @@
+"""Headroom migrations package (see shared design)."""

@@ -1,0 +1,1 @@
+"""Headroom runtime package (see shared design)."""

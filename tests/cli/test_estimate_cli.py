@@ -1,0 +1,123 @@
+"""The ``headroom estimate`` / ``presets`` contract, through a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner
+
+HF = Path(planner.__file__).parent / "data" / "hf"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "headroom", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_estimate_json_contract(tmp_path: Path) -> None:
+    train = tmp_path / "train.yaml"
+    train.write_text("micro_batch_size: 2\nseq_len: 2048\nrecompute: full\n"
+                     "offload: {mode: optimizer, fraction: 0.5}\n")
+    proc = run("estimate", "llama-3-8b", "--train", str(train), "--gpu", "H100-80GB",
+               "--host-memory", "1.5TiB", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["gpu"]["buckets"]) == set(planner.GPU_BUCKETS)
+    assert set(out["host"]["buckets"]) == set(planner.HOST_BUCKETS)
+    for key in ("peak_bytes", "capacity_bytes"):
+        assert isinstance(out["gpu"][key], int)
+    assert out["host"]["capacity_bytes"] == int(1.5 * 2**40)
+    assert isinstance(out["host"]["peak_bytes"], int)
+    assert out["peak_phase"] in planner.PHASES
+    assert isinstance(out["fits"], bool)
+    # the same numbers as the Python API
+    spec = planner.TrainSpec(micro_batch_size=2, seq_len=2048, recompute="full",
+                             offload={"mode": "optimizer", "fraction": 0.5})
+    hw = planner.gpu("H100-80GB").model_copy(update={"host_memory_bytes": int(1.5 * 2**40)})
+    budget = planner.estimate(planner.load_model("llama-3-8b"), spec, hw)
+    assert out == json.loads(budget.model_dump_json())
+
+
+def test_estimate_reads_hf_config_file_and_set_overrides() -> None:
+    proc = run("estimate", str(HF / "mixtral-8x7b.json"), "--gpu", "h200", "--set",
+               "parallel.dp=8", "--set", "parallel.ep=8", "--set", "parallel.zero_stage=1",
+               "--set", "recompute=full", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["model"]["params_total"] == 46_702_792_704
+    assert out["gpu"]["buckets"]["moe_dispatch"] >= 0
+    assert out["gpu"]["name"] == "H200-141GB"
+
+
+def test_estimate_text_and_explain() -> None:
+    proc = run("estimate", "qwen1.5-moe-a2.7b", "--gpu", "A100-80GB", "--explain")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("moe_dispatch", "allocator_overhead", "Korthikanti", "B·T·E·4"):
+        assert word in proc.stdout.replace("\n", " ") or word in proc.stdout
+
+
+def test_explain_json_names_formula_inputs_source() -> None:
+    proc = run("estimate", "llama-3-8b", "--explain", "--format", "json")
+    out = json.loads(proc.stdout)
+    assert set(out["explain"]) == set(planner.GPU_BUCKETS)
+    for entry in out["explain"].values():
+        assert entry["formula"] and entry["source"] and isinstance(entry["inputs"], dict)
+        assert entry["bytes"] == out["gpu"]["buckets"][entry["bucket"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "no-such-model"], "model: 'no-such-model' is neither a file nor a preset"),
+        (["estimate", "llama-3-8b", "--gpu", "B999"], "gpu: unknown preset 'B999'; allowed:"),
+        (["estimate", "llama-3-8b", "--set", "micro_batch_size=0"],
+         "train.micro_batch_size: Input should be greater than or equal to 1"),
+        (["estimate", "llama-3-8b", "--set", "recompute=sometimes"],
+         "train.recompute: must be 'none', 'selective', 'full' or {\"every_k\": K}"),
+        (["estimate", "llama-3-8b", "--set", "optimizer=lion"], "train.optimizer: Input should be"),
+        (["estimate", "llama-3-8b", "--set", "parallel.dp=3", "--set", "parallel.ep=2"],
+         "parallel.ep must divide parallel.dp x parallel.cp (3), got 2"),
+        (["estimate", "llama-3-8b", "--set", "offload.mode=streaming", "--set", "parallel.tp=2"],
+         "offload.mode: streaming runs one layer stream per GPU"),
+        (["estimate", "llama-3-8b", "--host-memory", "lots"], "--host-memory: cannot read 'lots'"),
+        (["estimate", "llama-3-8b", "--set", "unknown_key=1"], "train.unknown_key: unknown field"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(args: list[str], needle: str) -> None:
+    proc = run(*args)
+    assert proc.returncode == 2
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bad_files_exit_2(tmp_path: Path) -> None:
+    broken = tmp_path / "model.json"
+    broken.write_text("{not json")
+    proc = run("estimate", str(broken))
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr
+    wrong = tmp_path / "config.json"
+    wrong.write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    proc = run("estimate", str(wrong))
+    assert proc.returncode == 2 and "model_type: 'bert' is not supported" in proc.stderr
+    missing = run("estimate", "llama-3-8b", "--train", str(tmp_path / "absent.json"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_presets_lists_gpus_and_models() -> None:
+    proc = run("presets", "--format", "json")
+    assert proc.returncode == 0
+    out = json.loads(proc.stdout)
+    names = {g["name"] for g in out["gpus"]}
+    assert {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "GH200", "L40S", "RTX-3090",
+            "RTX-4090"} <= names
+    assert all(g["source"] for g in out["gpus"])
+    models = {m["name"]: m["params_total"] for m in out["models"]}
+    assert models["llama-3-8b"] == 8_030_261_248
+    text = run("presets")
+    assert text.returncode == 0 and "H200-141GB" in text.stdout

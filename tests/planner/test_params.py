@@ -1,0 +1,120 @@
+"""Exact parameter counts of the bundled Hugging Face configs, and how counting treats ties,
+raw config.json dicts and unsupported architectures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import planner
+
+HF_DIR = Path(planner.__file__).parent / "data" / "hf"
+
+# Published totals (main model; DeepSeek-V3's MTP module is reported separately).
+TOTALS = {
+    "llama-3-8b": 8_030_261_248,
+    "llama-3-70b": 70_553_706_496,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2-7b": 7_615_616_512,
+    "qwen2-57b-a14b": 57_408_658_944,
+    "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "deepseek-v3": 671_026_419_200,
+}
+
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek_v2", "deepseek_v3",
+)
+
+
+def test_every_hf_fixture_has_an_expected_total() -> None:
+    fixtures = {p.stem for p in HF_DIR.glob("*.json")}
+    assert fixtures == set(TOTALS)
+    assert set(TOTALS) <= set(planner.model_names())
+
+
+@pytest.mark.parametrize(("name", "total"), sorted(TOTALS.items()))
+def test_total_params_exact(name: str, total: int) -> None:
+    assert planner.count_params(planner.load_model(name)).total == total
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "llama-3-70b", "mistral-7b", "qwen2-7b"])
+def test_dense_models_are_fully_active(name: str) -> None:
+    counts = planner.count_params(planner.load_model(name))
+    assert counts.per_token_active == counts.total
+    assert counts.mtp_excluded == 0
+
+
+def test_deepseek_v3_mtp_and_active() -> None:
+    counts = planner.count_params(planner.load_model("deepseek-v3"))
+    assert counts.total == 671_026_419_200
+    assert counts.mtp_excluded == 11_610_068_224
+    assert counts.per_token_active == 37_552_297_472
+    assert counts.per_token_active < counts.total
+
+
+def test_mixtral_active_per_token() -> None:
+    counts = planner.count_params(planner.load_model("mixtral-8x7b"))
+    assert counts.per_token_active == 12_879_925_248
+    assert counts.mtp_excluded == 0
+
+
+@pytest.mark.parametrize("name", sorted(TOTALS))
+def test_config_dict_matches_preset(name: str) -> None:
+    data = json.loads((HF_DIR / f"{name}.json").read_text())
+    from_dict = planner.load_model(data)
+    preset = planner.load_model(name)
+    assert isinstance(from_dict, planner.ModelSpec)
+    # Only the display name may differ (the preset is named after its file).
+    assert preset.name == name
+    assert from_dict.model_copy(update={"name": name}) == preset
+    assert planner.count_params(from_dict) == planner.count_params(preset)
+
+
+def _small(tied: bool, **extra: object) -> planner.ModelSpec:
+    return planner.ModelSpec(
+        vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        ffn_hidden_size=192, tied_embeddings=tied, **extra,
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"norm": "layernorm", "ffn_kind": "gelu", "linear_bias": True},
+        {"moe": planner.MoESpec(num_experts=4, top_k=2, expert_ffn_size=96)},
+    ],
+    ids=["dense", "gpt-style", "moe"],
+)
+def test_tied_embeddings_counted_once(extra: dict[str, object]) -> None:
+    untied = planner.count_params(_small(False, **extra))
+    tied = planner.count_params(_small(True, **extra))
+    assert untied.total - tied.total == 1000 * 64
+    assert untied.per_token_active - tied.per_token_active == 1000 * 64
+    assert tied.embedding == untied.embedding == 1000 * 64
+    assert tied.head == 0
+    assert untied.head == 1000 * 64
+
+
+def test_small_dense_count_by_hand() -> None:
+    # embed 1000x64, per layer: 2 norms, q 64x64, k/v 32x64 each, o 64x64, swiglu 3x 64x192;
+    # final norm, head 1000x64.
+    per_layer = 2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 64 * 192
+    expected = 1000 * 64 + 2 * per_layer + 64 + 1000 * 64
+    assert planner.count_params(_small(False)).total == expected
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "bert", None])
+def test_unsupported_model_type(model_type: str | None) -> None:
+    data = json.loads((HF_DIR / "llama-3-8b.json").read_text())
+    data["model_type"] = model_type
+    with pytest.raises(planner.SpecError) as info:
+        planner.load_model(data)
+    message = str(info.value)
+    assert "model_type" in message
+    for allowed in SUPPORTED_MODEL_TYPES:
+        assert allowed in message
+    assert info.value.field == "model_type"

@@ -1,0 +1,269 @@
+"""Property tests of the estimator over generated dense and MoE models and training specs.
+
+Invariants: every bucket is a non-negative int in every phase, the peak is the largest phase
+total and equals the sum of the reported buckets, and ``fits`` never holds above capacity.
+Monotonicity: the GPU peak grows with micro-batch size and sequence length, and shrinks with
+offloaded optimizer fraction, stronger recompute and higher ZeRO stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import planner
+
+SETTINGS = settings(max_examples=60, deadline=None)
+GPU_NAMES = planner.gpu_names()
+PROFILES = planner.profiles()
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+
+
+@st.composite
+def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpec:
+    """Small-to-medium decoder-only transformers, dense or MoE (optionally MLA)."""
+    hidden = 64 * draw(st.integers(1, 64))
+    heads = draw(st.sampled_from(_divisors(hidden, limit=min(hidden, 128))))
+    kv_heads = draw(st.none() | st.sampled_from(_divisors(heads)))
+    layers = draw(st.integers(1, 48))
+    fields: dict[str, Any] = {
+        "vocab_size": draw(st.integers(1000, 200_000)),
+        "hidden_size": hidden,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "ffn_hidden_size": draw(st.integers(1, 64)) * 64,
+        "ffn_kind": draw(st.sampled_from(["swiglu", "gelu"])),
+        "norm": draw(st.sampled_from(["rmsnorm", "layernorm"])),
+        "tied_embeddings": draw(st.booleans()),
+        "qkv_bias": draw(st.booleans()),
+        "linear_bias": draw(st.booleans()),
+        "dropout": draw(st.booleans()),
+    }
+    if moe is None:
+        moe = draw(st.booleans())
+    if moe:
+        experts = draw(st.integers(2, 64))
+        shared = draw(st.integers(0, 2))
+        fields["moe"] = planner.MoESpec(
+            num_experts=experts,
+            top_k=draw(st.integers(1, experts)),
+            expert_ffn_size=draw(st.integers(1, 32)) * 64,
+            num_shared_experts=shared,
+            shared_expert_ffn_size=draw(st.none() | st.integers(1, 32).map(lambda k: 64 * k)),
+            shared_expert_gate=bool(shared) and draw(st.booleans()),
+            dense_first_layers=draw(st.integers(0, min(layers, 3))),
+            layer_freq=draw(st.integers(1, 3)),
+            router_bias=draw(st.booleans()),
+        )
+    if draw(st.integers(0, 4)) == 0:  # now and then, DeepSeek-style latent attention
+        fields["num_kv_heads"] = None
+        fields["mla"] = planner.MLASpec(
+            q_lora_rank=draw(st.none() | st.integers(1, 16).map(lambda k: 64 * k)),
+            kv_lora_rank=draw(st.integers(1, 8)) * 64,
+            qk_nope_head_dim=draw(st.sampled_from([32, 64, 128])),
+            qk_rope_head_dim=draw(st.sampled_from([0, 32, 64])),
+            v_head_dim=draw(st.sampled_from([32, 64, 128])),
+        )
+    return planner.ModelSpec(**fields)
+
+
+@st.composite
+def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
+    """Any valid training spec: precision, optimizer, recompute, parallelism, offload."""
+    mode = draw(st.sampled_from(["none", "optimizer", "streaming"]))
+    streaming = mode == "streaming"
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    cp = draw(st.sampled_from([1, 2]))
+    parallel = planner.Parallel(
+        dp=dp,
+        cp=cp,
+        tp=1 if streaming else draw(st.sampled_from([1, 2, 4])),
+        pp=1 if streaming else draw(st.sampled_from([1, 2, 4])),
+        ep=draw(st.sampled_from(_divisors(dp * cp))),
+        sequence_parallel=draw(st.booleans()),
+        zero_stage=draw(st.integers(0, 3)),
+    )
+    offload = planner.Offload(
+        mode=mode,
+        fraction=draw(st.floats(0.0, 1.0)),
+        checkpoint_every=draw(st.none() | st.integers(1, 6)),
+        num_buffers=draw(st.integers(2, 3)),
+    )
+    precision = planner.Precision(
+        params=draw(st.sampled_from(["fp32", "bf16", "fp16"])),
+        grads=draw(st.sampled_from(["fp32", "bf16", "fp16"])),
+        master=draw(st.sampled_from(["fp32", "bf16", "fp16", "none"])),
+        optimizer_states=draw(st.sampled_from(["fp32", "bf16", "fp16"])),
+    )
+    recompute = draw(
+        st.sampled_from(["none", "selective", "full"])
+        | st.integers(1, 8).map(lambda k: planner.Recompute(every_k=k))
+    )
+    return planner.TrainSpec(
+        micro_batch_size=draw(st.integers(1, 8)),
+        seq_len=draw(st.integers(1, 8192)),
+        grad_accum_steps=draw(st.integers(1, 4)),
+        precision=precision,
+        optimizer=draw(st.sampled_from(
+            ["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"])),
+        optimizer_impl=draw(st.sampled_from(["foreach", "fused", "for_loop"])),
+        recompute=recompute,
+        attention=draw(st.sampled_from(["flash", "eager"])),
+        activation_profile=draw(st.sampled_from(PROFILES)),
+        ema=draw(st.sampled_from(["none", "gpu", "host"])),
+        parallel=parallel,
+        offload=offload,
+        moe_capacity_factor=draw(st.none() | st.floats(0.5, 2.0)),
+        moe_imbalance=draw(st.floats(1.0, 2.0)),
+        expandable_segments=draw(st.booleans()),
+    )
+
+
+hardware = st.sampled_from(GPU_NAMES).map(planner.gpu)
+
+
+def _with(train: planner.TrainSpec, **update: Any) -> planner.TrainSpec:
+    """A copy of ``train`` with fields replaced, validated again."""
+    return planner.TrainSpec.model_validate({**train.model_dump(), **update})
+
+
+def _with_parallel(train: planner.TrainSpec, **update: Any) -> planner.TrainSpec:
+    return _with(train, parallel={**train.parallel.model_dump(), **update})
+
+
+def _peak(model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware) -> int:
+    return planner.estimate(model, train, hw).gpu.peak_bytes
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+# --- invariants --------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware)
+def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
+) -> None:
+    budget = planner.estimate(model, train, hw)
+    gpu = budget.gpu
+
+    assert set(gpu.phases) == set(planner.PHASES)
+    for name, phase in gpu.phases.items():
+        assert list(phase.buckets) == list(planner.GPU_BUCKETS), name
+        for bucket, value in phase.buckets.items():
+            assert _is_count(value), (name, bucket, value)
+        assert _is_count(phase.total_bytes), name
+        assert phase.total_bytes == sum(phase.buckets.values()), name
+
+    assert list(budget.host.buckets) == list(planner.HOST_BUCKETS)
+    for bucket, value in budget.host.buckets.items():
+        assert _is_count(value), ("host", bucket, value)
+    assert budget.host.peak_bytes == sum(budget.host.buckets.values())
+
+    assert _is_count(gpu.peak_bytes)
+    assert gpu.peak_bytes == sum(gpu.buckets.values())
+    assert gpu.peak_bytes == max(p.total_bytes for p in gpu.phases.values())
+    assert budget.peak_phase in planner.PHASES
+    assert gpu.buckets == gpu.phases[budget.peak_phase].buckets
+    assert gpu.headroom_bytes == gpu.capacity_bytes - gpu.peak_bytes
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware,
+       factor=st.floats(0.25, 4.0))
+def test_never_fits_above_capacity(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, factor: float
+) -> None:
+    peak = _peak(model, train, hw)
+    # Capacities around the peak, so both verdicts occur.
+    sized = hw.model_copy(update={"memory_bytes": max(1, int(peak * factor))})
+    budget = planner.estimate(model, train, sized)
+    assert budget.gpu.peak_bytes == peak
+    if budget.gpu.peak_bytes > budget.gpu.capacity_bytes:
+        assert budget.fits is False
+    if budget.fits:
+        assert budget.gpu.peak_bytes + budget.margin_bytes <= budget.gpu.capacity_bytes
+    # the preset itself
+    real = planner.estimate(model, train, hw)
+    if real.gpu.peak_bytes > hw.memory_bytes:
+        assert real.fits is False
+
+
+# --- monotonicity ------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware,
+       sizes=st.lists(st.integers(1, 16), min_size=2, max_size=2, unique=True).map(sorted))
+def test_peak_nondecreasing_in_micro_batch_size(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, sizes: list[int]
+) -> None:
+    small, large = sizes
+    assert (_peak(model, _with(train, micro_batch_size=small), hw)
+            <= _peak(model, _with(train, micro_batch_size=large), hw))
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware,
+       lengths=st.lists(st.integers(1, 16384), min_size=2, max_size=2, unique=True).map(sorted))
+def test_peak_nondecreasing_in_seq_len(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, lengths: list[int]
+) -> None:
+    short, long = lengths
+    assert (_peak(model, _with(train, seq_len=short), hw)
+            <= _peak(model, _with(train, seq_len=long), hw))
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware,
+       fractions=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2).map(sorted))
+def test_peak_nonincreasing_in_offload_fraction(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware,
+    fractions: list[float],
+) -> None:
+    low, high = fractions
+    peaks = [
+        _peak(model, _with(train, offload={"mode": "optimizer", "fraction": f}), hw)
+        for f in (0.0, low, high, 1.0)
+    ]
+    assert peaks == sorted(peaks, reverse=True), (fractions, peaks)
+
+
+@st.composite
+def non_streaming_train_specs(draw: st.DrawFn) -> planner.TrainSpec:
+    train = draw(train_specs())
+    if train.offload.mode == "streaming":  # streaming checkpoints every layer regardless
+        train = _with(train, offload={"mode": "none"})
+    return train
+
+
+@SETTINGS
+@given(model=model_specs(), train=non_streaming_train_specs(), hw=hardware)
+def test_peak_nonincreasing_in_recompute_strength(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
+) -> None:
+    none, selective, full = (_peak(model, _with(train, recompute=r), hw)
+                             for r in ("none", "selective", "full"))
+    assert none >= selective >= full, (none, selective, full)
+    # block-wise recompute with one layer per block is full recompute
+    assert _peak(model, _with(train, recompute={"every_k": 1}), hw) == full
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware,
+       dp=st.sampled_from([2, 4, 8]))
+def test_peak_nonincreasing_in_zero_stage(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, dp: int
+) -> None:
+    base = _with_parallel(train, dp=dp, cp=1, ep=1)
+    peaks = [_peak(model, _with_parallel(base, zero_stage=z), hw) for z in range(4)]
+    assert peaks == sorted(peaks, reverse=True), peaks
