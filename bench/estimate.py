@@ -15,22 +15,35 @@ import planner
 
 CASES = {
     "llama-3-8b default": ("llama-3-8b", {}),
-    "llama-3-70b tp8 pp4 zero1": ("llama-3-70b", {"parallel": {"dp": 8, "tp": 8, "pp": 4,
-                                                               "zero_stage": 1}}),
-    "mixtral ep8 optimizer-offload 0.5": ("mixtral-8x7b", {
-        "parallel": {"dp": 8, "ep": 8, "zero_stage": 1}, "recompute": "full",
-        "offload": {"mode": "optimizer", "fraction": 0.5}}),
-    "deepseek-v3 pp16 dp64 ep64": ("deepseek-v3", {"parallel": {"dp": 64, "pp": 16, "ep": 64,
-                                                                "zero_stage": 1}}),
-    "llama-3-8b streaming k=4": ("llama-3-8b", {"offload": {"mode": "streaming",
-                                                            "checkpoint_every": 4}}),
+    "llama-3-70b tp8 pp4 zero1": (
+        "llama-3-70b",
+        {"parallel": {"dp": 8, "tp": 8, "pp": 4, "zero_stage": 1}},
+    ),
+    "mixtral ep8 optimizer-offload 0.5": (
+        "mixtral-8x7b",
+        {
+            "parallel": {"dp": 8, "ep": 8, "zero_stage": 1},
+            "recompute": "full",
+            "offload": {"mode": "optimizer", "fraction": 0.5},
+        },
+    ),
+    "deepseek-v3 pp16 dp64 ep64": (
+        "deepseek-v3",
+        {"parallel": {"dp": 64, "pp": 16, "ep": 64, "zero_stage": 1}},
+    ),
+    "llama-3-8b streaming k=4": (
+        "llama-3-8b",
+        {"offload": {"mode": "streaming", "checkpoint_every": 4}},
+    ),
 }
 
 
 def bench(seconds: float) -> None:
     hw = planner.gpu("H200-141GB")
-    print(f"python {platform.python_version()} on {platform.machine()}, "
-          f"{platform.processor() or 'cpu'}")
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, "
+        f"{platform.processor() or 'cpu'}"
+    )
     print(f"{'case':40s} {'µs/estimate':>12s} {'estimates/s':>12s}")
     for name, (model_name, train) in CASES.items():
         model = planner.load_model(model_name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +26,7 @@ app = typer.Typer(
 )
 
 
-class TextOrJson(str, Enum):
+class TextOrJson(StrEnum):
     text = "text"
     json = "json"
 
@@ -129,9 +129,13 @@ def presets(format: FormatOpt = TextOrJson.text) -> None:
     for column in ("name", "memory", "bf16 TFLOP/s", "host link", "aliases"):
         table.add_column(column)
     for hw in gpus:
-        table.add_row(hw.name, planner.format_bytes(hw.memory_bytes), f"{hw.bf16_flops / 1e12:g}",
-                      f"{hw.host_link} ({hw.host_link_bytes_per_s / 1e9:g} GB/s)",
-                      ", ".join(hw.aliases))
+        table.add_row(
+            hw.name,
+            planner.format_bytes(hw.memory_bytes),
+            f"{hw.bf16_flops / 1e12:g}",
+            f"{hw.host_link} ({hw.host_link_bytes_per_s / 1e9:g} GB/s)",
+            ", ".join(hw.aliases),
+        )
     console.print(table)
     table = Table(title="Model presets")
     table.add_column("name")
@@ -140,6 +144,17 @@ def presets(format: FormatOpt = TextOrJson.text) -> None:
         count = planner.count_params(planner.load_model(name))
         table.add_row(name, f"{count.total:,}")
     console.print(table)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
+) -> None:
+    """Serve the REST API (under /api/v1)."""
+    import uvicorn
+
+    uvicorn.run("api.main:app", host=host, port=port, log_level="info")
 
 
 def main() -> None:

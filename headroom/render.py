@@ -9,10 +9,14 @@ from planner.budget import GPU_BUCKETS, PHASES, Budget
 from planner.explain import Explanation
 from planner.units import format_bytes
 
-
 _GIB = 2**30
-_SHORT = {"step1_forward": "s1 fwd", "step1_backward": "s1 bwd", "forward": "fwd",
-          "backward": "bwd", "optimizer": "optim"}
+_SHORT = {
+    "step1_forward": "s1 fwd",
+    "step1_backward": "s1 bwd",
+    "forward": "fwd",
+    "backward": "bwd",
+    "optimizer": "optim",
+}
 
 
 def _fmt(value: int | None) -> str:
@@ -26,21 +30,24 @@ def _gib(value: int) -> str:
 def render_budget(budget: Budget, console: Console) -> None:
     """A per-phase table of GPU buckets, the host buckets, and the verdict."""
     gpu, host = budget.gpu, budget.host
-    table = Table(title=f"{budget.model.name} on {gpu.name}, stage {budget.stage} "
-                        "(GiB per phase; * = peak)")
+    table = Table(
+        title=f"{budget.model.name} on {gpu.name}, stage {budget.stage} (GiB per phase; * = peak)"
+    )
     table.add_column("bucket", no_wrap=True)
     for phase in PHASES:
         mark = "*" if phase == budget.peak_phase else ""
-        table.add_column(_SHORT[phase] + mark, justify="right", no_wrap=True,
-                         style="bold" if mark else "")
+        table.add_column(
+            _SHORT[phase] + mark, justify="right", no_wrap=True, style="bold" if mark else ""
+        )
     table.add_column("host", justify="right", no_wrap=True)
     for bucket in GPU_BUCKETS:
         cells = [_gib(gpu.phases[p].buckets[bucket]) for p in PHASES]
         host_value = host.buckets.get(bucket)
         table.add_row(bucket, *cells, "" if host_value is None else _gib(host_value))
     table.add_section()
-    table.add_row("total", *[_gib(gpu.phases[p].total_bytes) for p in PHASES],
-                  _gib(host.peak_bytes))
+    table.add_row(
+        "total", *[_gib(gpu.phases[p].total_bytes) for p in PHASES], _gib(host.peak_bytes)
+    )
     console.print(table)
     verdict = "[green]fits[/green]" if budget.fits else "[red]does not fit[/red]"
     console.print(

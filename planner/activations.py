@@ -60,16 +60,20 @@ def layer_activations(
     mla = model.mla
     if mla is None:
         d, kv = model.dim_per_head, model.kv_heads
-        attn = (hidden_tokens * e
-                + tokens * (2 * heads * d + 2 * kv * d) * e // tp
-                + hidden_tokens * mask)
+        attn = (
+            hidden_tokens * e
+            + tokens * (2 * heads * d + 2 * kv * d) * e // tp
+            + hidden_tokens * mask
+        )
     else:
         qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         q_lora = mla.q_lora_rank or 0
-        attn = (hidden_tokens * e
-                + tokens * (2 * q_lora + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim) * e
-                + tokens * heads * (2 * qk + 2 * mla.v_head_dim) * e // tp
-                + hidden_tokens * mask)
+        attn = (
+            hidden_tokens * e
+            + tokens * (2 * q_lora + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim) * e
+            + tokens * heads * (2 * qk + 2 * mla.v_head_dim) * e // tp
+            + hidden_tokens * mask
+        )
     scores = 0
     if eager:
         per_score = e + (1 + e) * mask  # softmax output, dropout mask, dropout output
@@ -90,12 +94,10 @@ def layer_activations(
         local_experts = -(-moe.num_experts // ep)
         cf = capacity_factor
         capacity = moe_capacity(group_tokens, moe.top_k, moe.num_experts, cf, imbalance)
-        dispatch = moe_dispatch_bytes(route_tokens, moe.num_experts, local_experts, capacity,
-                                      h, e)
+        dispatch = moe_dispatch_bytes(route_tokens, moe.num_experts, local_experts, capacity, h, e)
         experts = int(local_experts * capacity * moe.expert_ffn_size * ffn_tensors) * e // tp
         shared = int(moe.num_shared_experts * tokens * moe.shared_ffn * ffn_tensors) * e // tp
-        moe_bytes = int(common + coeffs.mlp_scale * mlp_in
-                        + coeffs.moe_scale * (experts + shared))
+        moe_bytes = int(common + coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
     return LayerActivations(
         dense=dense,
         moe=moe_bytes,

@@ -91,8 +91,9 @@ def ema_bytes(numel: int, zero1_shards: int = 1, bytes_per_value: int = 4) -> in
     return -(-numel // zero1_shards) * bytes_per_value
 
 
-def moe_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float,
-                 imbalance: float = 1.0) -> int:
+def moe_capacity(
+    tokens: int, top_k: int, num_experts: int, capacity_factor: float, imbalance: float = 1.0
+) -> int:
     """Slots per expert: ``C = ceil(CF x tokens x top_k / E)`` (x the hottest-expert factor)."""
     return math.ceil(capacity_factor * imbalance * tokens * top_k / num_experts)
 
@@ -115,8 +116,16 @@ def logits_bytes(tokens: int, vocab_local: int, bytes_per_element: float) -> int
     return int(tokens * vocab_local * bytes_per_element)
 
 
-def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, flash: bool = False,
-                            tp: int = 1, sequence_parallel: bool = False) -> int:
+def korthikanti_layer_bytes(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    *,
+    flash: bool = False,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+) -> int:
     """Korthikanti et al. 2022, bytes saved by one GPT layer in 16-bit activations:
     ``s·b·h·(34 + 5·a·s/h)``; flash attention drops the ``5·a·s/h`` term; with tensor
     parallelism ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``, and sequence parallelism divides all by t.
@@ -127,8 +136,9 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, flash: bool = Fal
     return 10 * s * b * h + 24 * s * b * h // tp + scores
 
 
-def checkpoint_bytes(num_checkpoints: int, tokens: int, hidden_size: int,
-                     bytes_per_element: int) -> int:
+def checkpoint_bytes(
+    num_checkpoints: int, tokens: int, hidden_size: int, bytes_per_element: int
+) -> int:
     """Layer inputs kept at checkpoint boundaries (full or block-wise recompute)."""
     return num_checkpoints * tokens * hidden_size * bytes_per_element
 

@@ -41,7 +41,10 @@ class Coefficients(BaseModel):
         default=6.0, ge=0, description="Loss backward: fp32 grad of logits + its 16-bit cast."
     )
     allocator_overhead_fraction: float | None = Field(
-        default=None, ge=0, lt=1, description="Reserved minus allocated over allocated (None: GPU default)."
+        default=None,
+        ge=0,
+        lt=1,
+        description="Reserved minus allocated over allocated (None: GPU default).",
     )
     expandable_segments_overhead_fraction: float = Field(
         default=0.02, ge=0, lt=1, description="The same with expandable_segments:True."

@@ -20,11 +20,11 @@ from planner.budget import (
     HOST_BUCKETS,
     Budget,
     CoefficientsUsed,
-    construct,
     GpuBudget,
     HostBudget,
     ModelSummary,
     PhaseBudget,
+    construct,
 )
 from planner.coefficients import Coefficients, default_coefficients
 from planner.errors import SpecError
@@ -78,8 +78,9 @@ def _check(train: TrainSpec) -> None:
         )
 
 
-def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
-                 stage: int) -> StageTerms:
+def _stage_terms(
+    model: ModelSpec, train: TrainSpec, coeffs: Coefficients, stage: int
+) -> StageTerms:
     p = train.parallel
     prec = train.precision
     bp = BYTES_PER_ELEMENT[prec.params]
@@ -94,9 +95,18 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
     moe = model.moe
     cf = train.moe_capacity_factor or (moe.capacity_factor if moe else None)
     acts = layer_activations(
-        model, train.micro_batch_size, train.seq_len, bp, train.attention == "eager",
-        p.tp, p.cp, p.ep, p.sequence_parallel, cf or _DEFAULT_CAPACITY_FACTOR,
-        train.moe_imbalance, coeffs,
+        model,
+        train.micro_batch_size,
+        train.seq_len,
+        bp,
+        train.attention == "eager",
+        p.tp,
+        p.cp,
+        p.ep,
+        p.sequence_parallel,
+        cf or _DEFAULT_CAPACITY_FACTOR,
+        train.moe_imbalance,
+        coeffs,
     )
     streaming = train.offload.mode == "streaming"
     dp = p.dp * p.cp
@@ -110,19 +120,29 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
 
     # Model states, local shard, before placement.
     opt_dense = b.optimizer_state_bytes(
-        train.optimizer, dense, bo, matrix_numel=sp.matrix_dense_numel,
-        adafactor_numel=sp.adafactor_dense_numel, adam8bit_bytes=sp.adam8bit_dense_bytes,
-        zero1_shards=zd[2])
+        train.optimizer,
+        dense,
+        bo,
+        matrix_numel=sp.matrix_dense_numel,
+        adafactor_numel=sp.adafactor_dense_numel,
+        adam8bit_bytes=sp.adam8bit_dense_bytes,
+        zero1_shards=zd[2],
+    )
     opt_expert = b.optimizer_state_bytes(
-        train.optimizer, expert, bo, matrix_numel=sp.matrix_expert_numel,
-        adafactor_numel=sp.adafactor_expert_numel, adam8bit_bytes=sp.adam8bit_expert_bytes,
-        zero1_shards=ze[2])
+        train.optimizer,
+        expert,
+        bo,
+        matrix_numel=sp.matrix_expert_numel,
+        adafactor_numel=sp.adafactor_expert_numel,
+        adam8bit_bytes=sp.adam8bit_expert_bytes,
+        zero1_shards=ze[2],
+    )
     local_opt_numel = -(-dense // zd[2]) + -(-expert // ze[2])
     opt_total = opt_dense + opt_expert
-    master_total = b.master_params_bytes(dense, bm, zd[2]) + b.master_params_bytes(expert, bm,
-                                                                                    ze[2])
-    ema_total = (b.ema_bytes(dense, zd[2]) + b.ema_bytes(expert, ze[2])
-                 if train.ema != "none" else 0)
+    master_total = b.master_params_bytes(dense, bm, zd[2]) + b.master_params_bytes(
+        expert, bm, ze[2]
+    )
+    ema_total = b.ema_bytes(dense, zd[2]) + b.ema_bytes(expert, ze[2]) if train.ema != "none" else 0
     upcast = 4 if (bm == 4 and bg < 4) else 0
 
     if streaming:
@@ -147,9 +167,19 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
         share = gpu_updated / local_opt_numel if local_opt_numel else 0.0
         opt = int(opt_total * share)
         master = gpu_updated * bm
-        opt_temp = b.optimizer_temporary_bytes(
-            train.optimizer, train.optimizer_impl, gpu_updated, sp.largest_tensor_numel,
-            sp.largest_matrix_numel, bo, upcast) if gpu_updated else 0
+        opt_temp = (
+            b.optimizer_temporary_bytes(
+                train.optimizer,
+                train.optimizer_impl,
+                gpu_updated,
+                sp.largest_tensor_numel,
+                sp.largest_matrix_numel,
+                bo,
+                upcast,
+            )
+            if gpu_updated
+            else 0
+        )
         ema_gpu = ema_total if train.ema == "gpu" else 0
         ema_host = ema_total if train.ema == "host" else 0
         # ZeRO-3 gathers full layers around compute: the layer in use and the one prefetched.
@@ -196,14 +226,32 @@ def _stage_terms(model: ModelSpec, train: TrainSpec, coeffs: Coefficients,
         logits_b = b.logits_bytes(tokens, vocab_local, coeffs.logits_backward_bytes_per_element)
 
     return StageTerms(
-        sp=sp, acts=acts, in_flight=in_flight, checkpoint_every=k, zero_dense=zd,
-        zero_expert=ze, offloaded_numel=off, gpu_updated_numel=gpu_updated, params=params,
-        grads_total=grads_total, grads_start=grads_start, grads_end=grads_end,
-        master_params=master, optimizer_states=opt, optimizer_temporaries=opt_temp,
-        ema=ema_gpu, transfer_buffers=transfer, activations_saved=saved,
-        dispatch_saved=disp, recompute_block=block, recompute_dispatch=block_disp,
-        first_layer_saved=first_act, first_layer_dispatch=first_disp,
-        logits_forward=logits_f, logits_backward=logits_b, host=host,
+        sp=sp,
+        acts=acts,
+        in_flight=in_flight,
+        checkpoint_every=k,
+        zero_dense=zd,
+        zero_expert=ze,
+        offloaded_numel=off,
+        gpu_updated_numel=gpu_updated,
+        params=params,
+        grads_total=grads_total,
+        grads_start=grads_start,
+        grads_end=grads_end,
+        master_params=master,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_gpu,
+        transfer_buffers=transfer,
+        activations_saved=saved,
+        dispatch_saved=disp,
+        recompute_block=block,
+        recompute_dispatch=block_disp,
+        first_layer_saved=first_act,
+        first_layer_dispatch=first_disp,
+        logits_forward=logits_f,
+        logits_backward=logits_b,
+        host=host,
     )
 
 
@@ -212,8 +260,9 @@ def _phase_buckets(t: StageTerms, train: TrainSpec) -> dict[str, tuple[int, ...]
     m = t.in_flight
     acts_all = m * t.activations_saved
     disp_all = m * t.dispatch_saved
-    g_fwd = t.grads_total if (train.grad_accum_steps > 1 or train.offload.mode == "streaming") \
-        else 0
+    g_fwd = (
+        t.grads_total if (train.grad_accum_steps > 1 or train.offload.mode == "streaming") else 0
+    )
     base = (t.params, t.master_params, t.ema, t.transfer_buffers)
 
     def row(grads: int, opt: int, acts: int, logits: int, disp: int) -> tuple[int, ...]:
@@ -221,15 +270,21 @@ def _phase_buckets(t: StageTerms, train: TrainSpec) -> dict[str, tuple[int, ...]
 
     def backward(opt: int) -> tuple[int, ...]:
         points = [
-            row(t.grads_start, opt, acts_all + t.recompute_block, 0,
-                disp_all + t.recompute_dispatch),
-            row(t.grads_end, opt,
-                (m - 1) * t.activations_saved + t.first_layer_saved + t.recompute_block, 0,
-                (m - 1) * t.dispatch_saved + t.first_layer_dispatch + t.recompute_dispatch),
+            row(
+                t.grads_start, opt, acts_all + t.recompute_block, 0, disp_all + t.recompute_dispatch
+            ),
+            row(
+                t.grads_end,
+                opt,
+                (m - 1) * t.activations_saved + t.first_layer_saved + t.recompute_block,
+                0,
+                (m - 1) * t.dispatch_saved + t.first_layer_dispatch + t.recompute_dispatch,
+            ),
         ]
         if t.logits_forward:
-            points.append(row(t.grads_start, opt, acts_all,
-                              t.logits_forward + t.logits_backward, disp_all))
+            points.append(
+                row(t.grads_start, opt, acts_all, t.logits_forward + t.logits_backward, disp_all)
+            )
         return max(points, key=sum)
 
     opt = t.optimizer_states
@@ -238,8 +293,9 @@ def _phase_buckets(t: StageTerms, train: TrainSpec) -> dict[str, tuple[int, ...]
     else:
         optimizer = row(t.grads_total, opt + t.optimizer_temporaries, 0, 0, 0)
     return {
-        "step1_forward": row(g_fwd if train.grad_accum_steps > 1 else 0, 0, acts_all,
-                             t.logits_forward, disp_all),
+        "step1_forward": row(
+            g_fwd if train.grad_accum_steps > 1 else 0, 0, acts_all, t.logits_forward, disp_all
+        ),
         "step1_backward": backward(0),
         "forward": row(g_fwd, opt, acts_all, t.logits_forward, disp_all),
         "backward": backward(opt),
@@ -260,16 +316,18 @@ def _overheads(coeffs: Coefficients, hw: Hardware, train: TrainSpec) -> tuple[in
     return context, fraction
 
 
-def stage_terms(model: ModelSpec, train: TrainSpec, hardware: Hardware,
-                coefficients: Coefficients | None = None) -> tuple[StageTerms, Coefficients]:
+def stage_terms(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> tuple[StageTerms, Coefficients]:
     """The heaviest stage's terms (for ``explain``) and the coefficients used."""
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
     budget = estimate(model, train, hardware, coeffs)
     return _stage_terms(model, train, coeffs, budget.stage), coeffs
 
 
-def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
-             coefficients: Coefficients | None = None) -> Budget:
+def estimate(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
     """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
     _check(train)
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
@@ -277,7 +335,7 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
     pp = train.parallel.pp
     best: tuple[int, int, str, tuple[int, ...], dict[str, tuple[int, ...]], StageTerms] | None
     best = None
-    for stage in ((0, pp - 1) if pp > 1 else (0,)):
+    for stage in (0, pp - 1) if pp > 1 else (0,):
         terms = _stage_terms(model, train, coeffs, stage)
         phases = _phase_buckets(terms, train)
         peak_phase, peak_row = max(phases.items(), key=lambda kv: sum(kv[1]))
@@ -298,8 +356,7 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
     phase_out = {}
     for name, row in phases.items():
         buckets = full(row)
-        phase_out[name] = construct(PhaseBudget, total_bytes=sum(buckets.values()),
-                                                      buckets=buckets)
+        phase_out[name] = construct(PhaseBudget, total_bytes=sum(buckets.values()), buckets=buckets)
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, train.parallel.world_size)
     host_buckets = {name: v * ranks for name, v in zip(HOST_BUCKETS, terms.host, strict=True)}
@@ -313,25 +370,43 @@ def estimate(model: ModelSpec, train: TrainSpec, hardware: Hardware,
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
-    return construct(Budget, 
-        model=construct(ModelSummary, 
-            name=model.name, params_total=counts.total,
+    return construct(
+        Budget,
+        model=construct(
+            ModelSummary,
+            name=model.name,
+            params_total=counts.total,
             params_active_per_token=counts.per_token_active,
-            params_mtp_excluded=counts.mtp_excluded),
-        gpu=construct(GpuBudget, 
-            name=hardware.name, capacity_bytes=capacity, peak_bytes=peak,
-            headroom_bytes=capacity - peak, buckets=phase_out[peak_phase].buckets,
-            phases=phase_out),
-        host=construct(HostBudget, 
-            capacity_bytes=host_cap, peak_bytes=host_peak,
+            params_mtp_excluded=counts.mtp_excluded,
+        ),
+        gpu=construct(
+            GpuBudget,
+            name=hardware.name,
+            capacity_bytes=capacity,
+            peak_bytes=peak,
+            headroom_bytes=capacity - peak,
+            buckets=phase_out[peak_phase].buckets,
+            phases=phase_out,
+        ),
+        host=construct(
+            HostBudget,
+            capacity_bytes=host_cap,
+            peak_bytes=host_peak,
             headroom_bytes=None if host_cap is None else host_cap - host_peak,
-            ranks_sharing=ranks, buckets=host_buckets),
+            ranks_sharing=ranks,
+            buckets=host_buckets,
+        ),
         peak_phase=peak_phase,
         fits=fits,
         stage=stage,
         margin_bytes=margin,
-        coefficients=construct(CoefficientsUsed, 
-            profile=coeffs.profile, device=coeffs.device, calibrated=coeffs.calibrated,
-            source=coeffs.source, margin_fraction=coeffs.margin_fraction),
+        coefficients=construct(
+            CoefficientsUsed,
+            profile=coeffs.profile,
+            device=coeffs.device,
+            calibrated=coeffs.calibrated,
+            source=coeffs.source,
+            margin_fraction=coeffs.margin_fraction,
+        ),
         warnings=warnings,
     )

@@ -26,8 +26,9 @@ class Explanation(BaseModel):
     source: str
 
 
-def explain(model: ModelSpec, train: TrainSpec, hardware: Hardware,
-            coefficients: Coefficients | None = None) -> dict[str, Explanation]:
+def explain(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> dict[str, Explanation]:
     """Explain every GPU bucket of the estimate (values at the peak phase)."""
     budget = estimate(model, train, hardware, coefficients)
     t, coeffs = stage_terms(model, train, hardware, coefficients)
@@ -37,73 +38,128 @@ def explain(model: ModelSpec, train: TrainSpec, hardware: Hardware,
     sp, a = t.sp, t.acts
     common = {"stage": budget.stage, "peak_phase": budget.peak_phase}
     local = {"local_dense_params": sp.dense_numel, "local_expert_params": sp.expert_numel}
-    zero = {"zero_stage": train.parallel.zero_stage, "zero_shards_dense": t.zero_dense,
-            "zero_shards_expert": t.zero_expert}
+    zero = {
+        "zero_stage": train.parallel.zero_stage,
+        "zero_shards_dense": t.zero_dense,
+        "zero_shards_expert": t.zero_expert,
+    }
     rows: dict[str, tuple[str, dict[str, object], str]] = {}
     if streaming:
         rows["params"] = (
             "num_buffers x largest_unit_params x bytes(params)",
-            {"num_buffers": train.offload.num_buffers, "largest_unit_params": sp.max_unit_numel,
-             "bytes_params": BYTES_PER_ELEMENT[prec.params]},
-            "seeds/megatrain-streaming-offload.txt (double-buffered layer streaming)")
-        rows["grads"] = ("largest_unit_params x bytes(grads): the unit in backward",
-                         {"largest_unit_params": sp.max_unit_numel}, "runtime design")
+            {
+                "num_buffers": train.offload.num_buffers,
+                "largest_unit_params": sp.max_unit_numel,
+                "bytes_params": BYTES_PER_ELEMENT[prec.params],
+            },
+            "seeds/megatrain-streaming-offload.txt (double-buffered layer streaming)",
+        )
+        rows["grads"] = (
+            "largest_unit_params x bytes(grads): the unit in backward",
+            {"largest_unit_params": sp.max_unit_numel},
+            "runtime design",
+        )
         rows["transfer_buffers"] = (
             "2 gradient slabs x largest_unit_params x bytes(grads)",
-            {"largest_unit_params": sp.max_unit_numel}, "seeds/megatrain-streaming-offload.txt")
+            {"largest_unit_params": sp.max_unit_numel},
+            "seeds/megatrain-streaming-offload.txt",
+        )
     else:
-        rows["params"] = ("local_params / zero3_shards x bytes(params)",
-                          {**local, **zero, "precision": prec.params}, _FOUNDATIONS)
-        rows["grads"] = ("local_params / zero2_shards x bytes(grads); at backward start only "
-                         "the head's unless gradients accumulate",
-                         {**local, **zero, "precision": prec.grads}, _FOUNDATIONS)
+        rows["params"] = (
+            "local_params / zero3_shards x bytes(params)",
+            {**local, **zero, "precision": prec.params},
+            _FOUNDATIONS,
+        )
+        rows["grads"] = (
+            "local_params / zero2_shards x bytes(grads); at backward start only "
+            "the head's unless gradients accumulate",
+            {**local, **zero, "precision": prec.grads},
+            _FOUNDATIONS,
+        )
         rows["transfer_buffers"] = (
             "ZeRO-3: 2 gathered units x bytes(params); else 0",
             {"largest_unit_params": sp.max_unit_numel, **zero},
-            "seeds/h200-memory-budget-and-autofit.txt (FSDP residency)")
-    opt_inputs = {"optimizer": train.optimizer, "impl": train.optimizer_impl,
-                  "gpu_updated_params": t.gpu_updated_numel,
-                  "offloaded_params": t.offloaded_numel, "precision": prec.optimizer_states,
-                  "temporaries": t.optimizer_temporaries}
-    rows["master_params"] = ("gpu_updated_params x bytes(master)",
-                             {"gpu_updated_params": t.gpu_updated_numel, "precision": prec.master,
-                              **zero}, _FOUNDATIONS)
+            "seeds/h200-memory-budget-and-autofit.txt (FSDP residency)",
+        )
+    opt_inputs: dict[str, object] = {
+        "optimizer": train.optimizer,
+        "impl": train.optimizer_impl,
+        "gpu_updated_params": t.gpu_updated_numel,
+        "offloaded_params": t.offloaded_numel,
+        "precision": prec.optimizer_states,
+        "temporaries": t.optimizer_temporaries,
+    }
+    rows["master_params"] = (
+        "gpu_updated_params x bytes(master)",
+        {"gpu_updated_params": t.gpu_updated_numel, "precision": prec.master, **zero},
+        _FOUNDATIONS,
+    )
     rows["optimizer_states"] = (
         "moments of gpu_updated_params (adam: 2 x bytes(state)); + step temporaries in the "
-        "optimizer phase", opt_inputs,
-        "seeds/cpu-offloading-hybrid-optimizer.txt: GPU = P + G + O x (1 - f)")
-    rows["ema"] = ("4 x local_params / zero1_shards when ema=gpu", {"ema": train.ema, **zero},
-                   "seeds/deepseek-v3-memory-tricks.txt")
+        "optimizer phase",
+        opt_inputs,
+        "seeds/cpu-offloading-hybrid-optimizer.txt: GPU = P + G + O x (1 - f)",
+    )
+    rows["ema"] = (
+        "4 x local_params / zero1_shards when ema=gpu",
+        {"ema": train.ema, **zero},
+        "seeds/deepseek-v3-memory-tricks.txt",
+    )
     rows["activations"] = (
         "in_flight x saved_per_micro_batch (+ one recomputed block in backward); per layer "
         "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/SwiGLU/MoE",
-        {"in_flight_micro_batches": t.in_flight, "layers": sp.num_layers,
-         "moe_layers": sp.num_moe_layers, "dense_layer_bytes": a.dense, "moe_layer_bytes": a.moe,
-         "attention_scores_bytes": a.scores, "checkpoint_every": t.checkpoint_every,
-         "checkpoint_bytes": a.layer_input, "recompute": str(train.recompute),
-         "attention": train.attention, "profile": coeffs.profile},
-        _KORTHIKANTI)
-    rows["logits"] = ("tokens x vocab/tp x bytes_per_element (forward) (+ loss backward)",
-                      {"vocab_size": model.vocab_size,
-                       "bytes_per_element": coeffs.logits_bytes_per_element,
-                       "backward_bytes_per_element": coeffs.logits_backward_bytes_per_element},
-                      "coefficients." + coeffs.profile)
+        {
+            "in_flight_micro_batches": t.in_flight,
+            "layers": sp.num_layers,
+            "moe_layers": sp.num_moe_layers,
+            "dense_layer_bytes": a.dense,
+            "moe_layer_bytes": a.moe,
+            "attention_scores_bytes": a.scores,
+            "checkpoint_every": t.checkpoint_every,
+            "checkpoint_bytes": a.layer_input,
+            "recompute": str(train.recompute),
+            "attention": train.attention,
+            "profile": coeffs.profile,
+        },
+        _KORTHIKANTI,
+    )
+    rows["logits"] = (
+        "tokens x vocab/tp x bytes_per_element (forward) (+ loss backward)",
+        {
+            "vocab_size": model.vocab_size,
+            "bytes_per_element": coeffs.logits_bytes_per_element,
+            "backward_bytes_per_element": coeffs.logits_backward_bytes_per_element,
+        },
+        "coefficients." + coeffs.profile,
+    )
     rows["moe_dispatch"] = (
         "per MoE layer: B·T·E·4 + 2·local_experts·C·D·bpe, C = ceil(CF·B·T·top_k/E)",
-        {"per_layer_bytes": a.dispatch, "moe_layers": sp.num_moe_layers,
-         "capacity_factor": train.moe_capacity_factor, "imbalance": train.moe_imbalance},
-        "seeds/h200-memory-budget-and-autofit.txt")
-    rows["cuda_context"] = ("constant", {"bytes": context, "calibrated": coeffs.calibrated},
-                            "coefficients or GPU preset default (uncalibrated)")
-    rows["allocator_overhead"] = ("fraction x allocated at the peak phase",
-                                  {"fraction": fraction,
-                                   "expandable_segments": train.expandable_segments},
-                                  "seeds/h200-memory-budget-and-autofit.txt (5-10% of peak)")
+        {
+            "per_layer_bytes": a.dispatch,
+            "moe_layers": sp.num_moe_layers,
+            "capacity_factor": train.moe_capacity_factor,
+            "imbalance": train.moe_imbalance,
+        },
+        "seeds/h200-memory-budget-and-autofit.txt",
+    )
+    rows["cuda_context"] = (
+        "constant",
+        {"bytes": context, "calibrated": coeffs.calibrated},
+        "coefficients or GPU preset default (uncalibrated)",
+    )
+    rows["allocator_overhead"] = (
+        "fraction x allocated at the peak phase",
+        {"fraction": fraction, "expandable_segments": train.expandable_segments},
+        "seeds/h200-memory-budget-and-autofit.txt (5-10% of peak)",
+    )
     out = {}
     for bucket, value in budget.gpu.buckets.items():
         formula, inputs, source = rows[bucket]
-        clean = {k: (v if isinstance(v, int | float | str) or v is None else str(v))
-                 for k, v in {**common, **inputs}.items()}
-        out[bucket] = Explanation(bucket=bucket, bytes=value, formula=formula, inputs=clean,
-                                  source=source)
+        clean = {
+            k: (v if isinstance(v, int | float | str) or v is None else str(v))
+            for k, v in {**common, **inputs}.items()
+        }
+        out[bucket] = Explanation(
+            bucket=bucket, bytes=value, formula=formula, inputs=clean, source=source
+        )
     return out

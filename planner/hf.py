@@ -13,7 +13,9 @@ from planner.errors import SpecError
 from planner.model import MLASpec, ModelSpec, MoESpec
 
 
-def _get(config: Mapping[str, Any], key: str, default: Any = None, *, required: bool = False) -> Any:
+def _get(
+    config: Mapping[str, Any], key: str, default: Any = None, *, required: bool = False
+) -> Any:
     if key in config and config[key] is not None:
         return config[key]
     if required:
@@ -29,7 +31,9 @@ def _ffn_kind(config: Mapping[str, Any]) -> str:
         return "swiglu"
     if act.startswith("gelu"):
         return "gelu"
-    raise SpecError(f"config.json: hidden_act must be silu or gelu*, got {act!r}", field="hidden_act")
+    raise SpecError(
+        f"config.json: hidden_act must be silu or gelu*, got {act!r}", field="hidden_act"
+    )
 
 
 def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:

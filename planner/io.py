@@ -171,7 +171,7 @@ def load_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware
 
 def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """Apply ``key.path=value`` overrides (values parsed as JSON, else kept as strings)."""
-    out = json.loads(json.dumps(data))
+    out: dict[str, Any] = json.loads(json.dumps(data))
     for item in assignments:
         key, sep, raw = item.partition("=")
         if not sep or not key:

@@ -17,17 +17,17 @@ TP_SHARDED_KINDS = frozenset({"embedding", "head", "attention", "mlp", "shared_e
 
 
 class Tensor(NamedTuple):
-    """``count`` identical tensors of shape ``rows x cols`` (``cols == 1`` for vectors)."""
+    """``copies`` identical tensors of shape ``rows x cols`` (``cols == 1`` for vectors)."""
 
     name: str
     rows: int
     cols: int
-    count: int
+    copies: int
     kind: str
 
     @property
     def numel(self) -> int:
-        return self.rows * self.cols * self.count
+        return self.rows * self.cols * self.copies
 
     @property
     def is_matrix(self) -> bool:
@@ -63,8 +63,16 @@ def _norm(name: str, model: ModelSpec, width: int) -> list[Tensor]:
     return tensors
 
 
-def _linear(name: str, model: ModelSpec, out: int, inp: int, kind: str, *, bias: bool = False,
-            count: int = 1) -> list[Tensor]:
+def _linear(
+    name: str,
+    model: ModelSpec,
+    out: int,
+    inp: int,
+    kind: str,
+    *,
+    bias: bool = False,
+    count: int = 1,
+) -> list[Tensor]:
     tensors = [Tensor(f"{name}.weight", out, inp, count, kind)]
     if bias or model.linear_bias:
         tensors.append(Tensor(f"{name}.bias", out, 1, count, kind))
@@ -121,12 +129,18 @@ def _moe_ffn(model: ModelSpec, prefix: str) -> list[Tensor]:
     h = model.hidden_size
     tensors = [Tensor(f"{prefix}.gate.weight", moe.num_experts, h, 1, "router")]
     if moe.router_bias:
-        tensors.append(Tensor(f"{prefix}.gate.e_score_correction_bias", moe.num_experts, 1, 1,
-                              "router"))
+        tensors.append(
+            Tensor(f"{prefix}.gate.e_score_correction_bias", moe.num_experts, 1, 1, "router")
+        )
     tensors += _ffn(model, f"{prefix}.experts", moe.expert_ffn_size, "expert", moe.num_experts)
     if moe.num_shared_experts:
-        tensors += _ffn(model, f"{prefix}.shared_experts", moe.shared_ffn, "shared_expert",
-                        moe.num_shared_experts)
+        tensors += _ffn(
+            model,
+            f"{prefix}.shared_experts",
+            moe.shared_ffn,
+            "shared_expert",
+            moe.num_shared_experts,
+        )
     if moe.shared_expert_gate:
         tensors.append(Tensor(f"{prefix}.shared_expert_gate.weight", 1, h, 1, "router"))
     return tensors

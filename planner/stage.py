@@ -46,7 +46,7 @@ class StageParams(NamedTuple):
 
 def _local(t: Tensor, tp: int, ep: int) -> tuple[int, int]:
     """Local (rows, cols x count) of a tensor: TP splits the larger dim, EP splits experts."""
-    rows, cols, count = t.rows, t.cols, t.count
+    rows, cols, count = t.rows, t.cols, t.copies
     if t.kind == "expert":
         count = -(-count // ep)
     if t.kind in TP_SHARDED_KINDS and tp > 1:
@@ -101,7 +101,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
                 expert += numel
             else:
                 dense += numel
-            per_tensor = rows * (cols // max(t.count, 1)) if t.count > 1 else numel
+            per_tensor = rows * (cols // max(t.copies, 1)) if t.copies > 1 else numel
             largest = max(largest, per_tensor)
             if t.is_matrix:
                 matrix[k] += numel
@@ -158,8 +158,9 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
 
 
 @identity_memo(4096)
-def offloaded_numel(sp: StageParams, zero_dense: int, zero_expert: int,
-                    fraction: float) -> tuple[int, int]:
+def offloaded_numel(
+    sp: StageParams, zero_dense: int, zero_expert: int, fraction: float
+) -> tuple[int, int]:
     """(dense, expert) numel whose optimizer state is offloaded at ``fraction``.
 
     Megatron's HybridDeviceOptimizer semantics: walk the tensors in order and offload whole
@@ -167,8 +168,10 @@ def offloaded_numel(sp: StageParams, zero_dense: int, zero_expert: int,
     """
     if fraction <= 0.0:
         return 0, 0
-    sizes = [n // (zero_expert if e else zero_dense) for n, e in
-             zip(sp.order_numel, sp.order_is_expert, strict=True)]
+    sizes = [
+        n // (zero_expert if e else zero_dense)
+        for n, e in zip(sp.order_numel, sp.order_is_expert, strict=True)
+    ]
     total = sum(sizes)
     if fraction >= 1.0:
         cut = len(sizes)

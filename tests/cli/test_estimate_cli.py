@@ -15,16 +15,29 @@ HF = Path(planner.__file__).parent / "data" / "hf"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "headroom", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "headroom", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_estimate_json_contract(tmp_path: Path) -> None:
     train = tmp_path / "train.yaml"
-    train.write_text("micro_batch_size: 2\nseq_len: 2048\nrecompute: full\n"
-                     "offload: {mode: optimizer, fraction: 0.5}\n")
-    proc = run("estimate", "llama-3-8b", "--train", str(train), "--gpu", "H100-80GB",
-               "--host-memory", "1.5TiB", "--format", "json")
+    train.write_text(
+        "micro_batch_size: 2\nseq_len: 2048\nrecompute: full\n"
+        "offload: {mode: optimizer, fraction: 0.5}\n"
+    )
+    proc = run(
+        "estimate",
+        "llama-3-8b",
+        "--train",
+        str(train),
+        "--gpu",
+        "H100-80GB",
+        "--host-memory",
+        "1.5TiB",
+        "--format",
+        "json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert set(out["gpu"]["buckets"]) == set(planner.GPU_BUCKETS)
@@ -36,17 +49,34 @@ def test_estimate_json_contract(tmp_path: Path) -> None:
     assert out["peak_phase"] in planner.PHASES
     assert isinstance(out["fits"], bool)
     # the same numbers as the Python API
-    spec = planner.TrainSpec(micro_batch_size=2, seq_len=2048, recompute="full",
-                             offload={"mode": "optimizer", "fraction": 0.5})
+    spec = planner.TrainSpec(
+        micro_batch_size=2,
+        seq_len=2048,
+        recompute="full",
+        offload={"mode": "optimizer", "fraction": 0.5},
+    )
     hw = planner.gpu("H100-80GB").model_copy(update={"host_memory_bytes": int(1.5 * 2**40)})
     budget = planner.estimate(planner.load_model("llama-3-8b"), spec, hw)
     assert out == json.loads(budget.model_dump_json())
 
 
 def test_estimate_reads_hf_config_file_and_set_overrides() -> None:
-    proc = run("estimate", str(HF / "mixtral-8x7b.json"), "--gpu", "h200", "--set",
-               "parallel.dp=8", "--set", "parallel.ep=8", "--set", "parallel.zero_stage=1",
-               "--set", "recompute=full", "--format", "json")
+    proc = run(
+        "estimate",
+        str(HF / "mixtral-8x7b.json"),
+        "--gpu",
+        "h200",
+        "--set",
+        "parallel.dp=8",
+        "--set",
+        "parallel.ep=8",
+        "--set",
+        "parallel.zero_stage=1",
+        "--set",
+        "recompute=full",
+        "--format",
+        "json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["model"]["params_total"] == 46_702_792_704
@@ -75,15 +105,23 @@ def test_explain_json_names_formula_inputs_source() -> None:
     [
         (["estimate", "no-such-model"], "model: 'no-such-model' is neither a file nor a preset"),
         (["estimate", "llama-3-8b", "--gpu", "B999"], "gpu: unknown preset 'B999'; allowed:"),
-        (["estimate", "llama-3-8b", "--set", "micro_batch_size=0"],
-         "train.micro_batch_size: Input should be greater than or equal to 1"),
-        (["estimate", "llama-3-8b", "--set", "recompute=sometimes"],
-         "train.recompute: must be 'none', 'selective', 'full' or {\"every_k\": K}"),
+        (
+            ["estimate", "llama-3-8b", "--set", "micro_batch_size=0"],
+            "train.micro_batch_size: Input should be greater than or equal to 1",
+        ),
+        (
+            ["estimate", "llama-3-8b", "--set", "recompute=sometimes"],
+            "train.recompute: must be 'none', 'selective', 'full' or {\"every_k\": K}",
+        ),
         (["estimate", "llama-3-8b", "--set", "optimizer=lion"], "train.optimizer: Input should be"),
-        (["estimate", "llama-3-8b", "--set", "parallel.dp=3", "--set", "parallel.ep=2"],
-         "parallel.ep must divide parallel.dp x parallel.cp (3), got 2"),
-        (["estimate", "llama-3-8b", "--set", "offload.mode=streaming", "--set", "parallel.tp=2"],
-         "offload.mode: streaming runs one layer stream per GPU"),
+        (
+            ["estimate", "llama-3-8b", "--set", "parallel.dp=3", "--set", "parallel.ep=2"],
+            "parallel.ep must divide parallel.dp x parallel.cp (3), got 2",
+        ),
+        (
+            ["estimate", "llama-3-8b", "--set", "offload.mode=streaming", "--set", "parallel.tp=2"],
+            "offload.mode: streaming runs one layer stream per GPU",
+        ),
         (["estimate", "llama-3-8b", "--host-memory", "lots"], "--host-memory: cannot read 'lots'"),
         (["estimate", "llama-3-8b", "--set", "unknown_key=1"], "train.unknown_key: unknown field"),
     ],
@@ -114,8 +152,16 @@ def test_presets_lists_gpus_and_models() -> None:
     assert proc.returncode == 0
     out = json.loads(proc.stdout)
     names = {g["name"] for g in out["gpus"]}
-    assert {"A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "GH200", "L40S", "RTX-3090",
-            "RTX-4090"} <= names
+    assert {
+        "A100-40GB",
+        "A100-80GB",
+        "H100-80GB",
+        "H200-141GB",
+        "GH200",
+        "L40S",
+        "RTX-3090",
+        "RTX-4090",
+    } <= names
     assert all(g["source"] for g in out["gpus"])
     models = {m["name"]: m["params_total"] for m in out["models"]}
     assert models["llama-3-8b"] == 8_030_261_248

@@ -13,7 +13,11 @@ import planner
 
 FORBIDDEN = ("torch", "sqlalchemy", "fastapi", "numpy")
 ALLOWED_THIRD_PARTY = {
-    "pydantic", "planner", "pydantic_core", "typing_extensions", "annotated_types",
+    "pydantic",
+    "planner",
+    "pydantic_core",
+    "typing_extensions",
+    "annotated_types",
 }
 PLANNER_DIR = Path(planner.__file__).resolve().parent
 
@@ -33,7 +37,10 @@ print(json.dumps({{"after_import": after_import, "after_estimate": after_estimat
 def test_import_and_estimate_load_no_heavy_modules() -> None:
     code = _SCRIPT.format(forbidden=FORBIDDEN)
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
         cwd=PLANNER_DIR.parent,
     )
     assert proc.returncode == 0, proc.stderr
@@ -62,9 +69,7 @@ def test_source_imports_only_stdlib_and_pydantic() -> None:
     assert files, PLANNER_DIR
     allowed = set(sys.stdlib_module_names) | ALLOWED_THIRD_PARTY
     offenders = {
-        path.name: sorted(extra)
-        for path in files
-        if (extra := _imported_top_level(path) - allowed)
+        path.name: sorted(extra) for path in files if (extra := _imported_top_level(path) - allowed)
     }
     assert offenders == {}
 

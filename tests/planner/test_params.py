@@ -25,7 +25,13 @@ TOTALS = {
 }
 
 SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek_v2", "deepseek_v3",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "deepseek_v2",
+    "deepseek_v3",
 )
 
 
@@ -75,8 +81,14 @@ def test_config_dict_matches_preset(name: str) -> None:
 
 def _small(tied: bool, **extra: object) -> planner.ModelSpec:
     return planner.ModelSpec(
-        vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        ffn_hidden_size=192, tied_embeddings=tied, **extra,
+        vocab_size=1000,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=192,
+        tied_embeddings=tied,
+        **extra,
     )
 
 

@@ -110,8 +110,11 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         seq_len=draw(st.integers(1, 8192)),
         grad_accum_steps=draw(st.integers(1, 4)),
         precision=precision,
-        optimizer=draw(st.sampled_from(
-            ["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"])),
+        optimizer=draw(
+            st.sampled_from(
+                ["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
+            )
+        ),
         optimizer_impl=draw(st.sampled_from(["foreach", "fused", "for_loop"])),
         recompute=recompute,
         attention=draw(st.sampled_from(["flash", "eager"])),
@@ -178,8 +181,7 @@ def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
 
 
 @SETTINGS
-@given(model=model_specs(), train=train_specs(), hw=hardware,
-       factor=st.floats(0.25, 4.0))
+@given(model=model_specs(), train=train_specs(), hw=hardware, factor=st.floats(0.25, 4.0))
 def test_never_fits_above_capacity(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, factor: float
 ) -> None:
@@ -202,32 +204,48 @@ def test_never_fits_above_capacity(
 
 
 @SETTINGS
-@given(model=model_specs(), train=train_specs(), hw=hardware,
-       sizes=st.lists(st.integers(1, 16), min_size=2, max_size=2, unique=True).map(sorted))
+@given(
+    model=model_specs(),
+    train=train_specs(),
+    hw=hardware,
+    sizes=st.lists(st.integers(1, 16), min_size=2, max_size=2, unique=True).map(sorted),
+)
 def test_peak_nondecreasing_in_micro_batch_size(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, sizes: list[int]
 ) -> None:
     small, large = sizes
-    assert (_peak(model, _with(train, micro_batch_size=small), hw)
-            <= _peak(model, _with(train, micro_batch_size=large), hw))
+    assert _peak(model, _with(train, micro_batch_size=small), hw) <= _peak(
+        model, _with(train, micro_batch_size=large), hw
+    )
 
 
 @SETTINGS
-@given(model=model_specs(), train=train_specs(), hw=hardware,
-       lengths=st.lists(st.integers(1, 16384), min_size=2, max_size=2, unique=True).map(sorted))
+@given(
+    model=model_specs(),
+    train=train_specs(),
+    hw=hardware,
+    lengths=st.lists(st.integers(1, 16384), min_size=2, max_size=2, unique=True).map(sorted),
+)
 def test_peak_nondecreasing_in_seq_len(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, lengths: list[int]
 ) -> None:
     short, long = lengths
-    assert (_peak(model, _with(train, seq_len=short), hw)
-            <= _peak(model, _with(train, seq_len=long), hw))
+    assert _peak(model, _with(train, seq_len=short), hw) <= _peak(
+        model, _with(train, seq_len=long), hw
+    )
 
 
 @SETTINGS
-@given(model=model_specs(), train=train_specs(), hw=hardware,
-       fractions=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2).map(sorted))
+@given(
+    model=model_specs(),
+    train=train_specs(),
+    hw=hardware,
+    fractions=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2).map(sorted),
+)
 def test_peak_nonincreasing_in_offload_fraction(
-    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware,
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hw: planner.Hardware,
     fractions: list[float],
 ) -> None:
     low, high = fractions
@@ -251,16 +269,16 @@ def non_streaming_train_specs(draw: st.DrawFn) -> planner.TrainSpec:
 def test_peak_nonincreasing_in_recompute_strength(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
-    none, selective, full = (_peak(model, _with(train, recompute=r), hw)
-                             for r in ("none", "selective", "full"))
+    none, selective, full = (
+        _peak(model, _with(train, recompute=r), hw) for r in ("none", "selective", "full")
+    )
     assert none >= selective >= full, (none, selective, full)
     # block-wise recompute with one layer per block is full recompute
     assert _peak(model, _with(train, recompute={"every_k": 1}), hw) == full
 
 
 @SETTINGS
-@given(model=model_specs(), train=train_specs(), hw=hardware,
-       dp=st.sampled_from([2, 4, 8]))
+@given(model=model_specs(), train=train_specs(), hw=hardware, dp=st.sampled_from([2, 4, 8]))
 def test_peak_nonincreasing_in_zero_stage(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, dp: int
 ) -> None:

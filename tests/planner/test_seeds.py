@@ -38,14 +38,23 @@ def test_mixed_precision_adam_bytes_per_param(grads: str, per_param: int) -> Non
 
 def _gpt(h: int, a: int, layers: int = 2, vocab: int = 51200) -> planner.ModelSpec:
     return planner.ModelSpec(
-        name="gpt", vocab_size=vocab, hidden_size=h, num_layers=layers, num_heads=a,
-        ffn_hidden_size=4 * h, ffn_kind="gelu", norm="layernorm", linear_bias=True,
-        dropout=True, tied_embeddings=True,
+        name="gpt",
+        vocab_size=vocab,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=a,
+        ffn_hidden_size=4 * h,
+        ffn_kind="gelu",
+        norm="layernorm",
+        linear_bias=True,
+        dropout=True,
+        tied_embeddings=True,
     )
 
 
-@pytest.mark.parametrize(("s", "bsz", "h", "a"), [(2048, 1, 12288, 96), (4096, 2, 4096, 32),
-                                                  (1024, 8, 2048, 16)])
+@pytest.mark.parametrize(
+    ("s", "bsz", "h", "a"), [(2048, 1, 12288, 96), (4096, 2, 4096, 32), (1024, 8, 2048, 16)]
+)
 @pytest.mark.parametrize("flash", [False, True])
 def test_korthikanti_per_layer(s: int, bsz: int, h: int, a: int, flash: bool) -> None:
     """s·b·h·(34 + 5·a·s/h) per GPT layer in 16-bit; flash drops the 5·a·s/h term."""
@@ -61,15 +70,17 @@ def test_korthikanti_tensor_and_sequence_parallel(tp: int, sequence_parallel: bo
     """sbh(10 + 24/t + 5as/(ht)) with TP; 34/t with sequence parallelism."""
     s, bsz, h, a = 2048, 1, 12288, 96
     model = _gpt(h, a)
-    acts = layer_activations(model, bsz, s, 2, True, tp, 1, 1, sequence_parallel, 1.25, 1.0,
-                             TEXTBOOK)
+    acts = layer_activations(
+        model, bsz, s, 2, True, tp, 1, 1, sequence_parallel, 1.25, 1.0, TEXTBOOK
+    )
     if sequence_parallel:
         expected = s * bsz * h * 34 // tp + 5 * a * s * s * bsz // tp
     else:
         expected = s * bsz * h * (10 + 24 // tp) + 5 * a * s * s * bsz // tp
     assert acts.dense == expected
-    assert expected == b.korthikanti_layer_bytes(s, bsz, h, a, tp=tp,
-                                                 sequence_parallel=sequence_parallel)
+    assert expected == b.korthikanti_layer_bytes(
+        s, bsz, h, a, tp=tp, sequence_parallel=sequence_parallel
+    )
 
 
 def test_recompute_policies_on_gpt() -> None:
@@ -88,15 +99,18 @@ def test_recompute_policies_on_gpt() -> None:
     assert fwd_acts(recompute="selective") == layers * sbh * 34
     assert fwd_acts(recompute="full") == layers * 2 * sbh
     assert fwd_acts(recompute={"every_k": 4}) == math.ceil(layers / 4) * 2 * sbh
-    spec = planner.TrainSpec(micro_batch_size=bsz, seq_len=s, attention="eager",
-                             recompute={"every_k": 4})
+    spec = planner.TrainSpec(
+        micro_batch_size=bsz, seq_len=s, attention="eager", recompute={"every_k": 4}
+    )
     budget = planner.estimate(model, spec, H100)
     # backward peaks at its end here (gradients outweigh the checkpoints already released):
     # the first block, recomputed; its checkpoint is its first norm's input, counted once
     assert _phase(budget, "backward", "activations") == 4 * per_layer_eager
     start = budget.gpu.phases["step1_backward"].buckets["activations"]
-    assert start in (math.ceil(layers / 4) * 2 * sbh + 4 * per_layer_eager - 2 * sbh,
-                     4 * per_layer_eager)
+    assert start in (
+        math.ceil(layers / 4) * 2 * sbh + 4 * per_layer_eager - 2 * sbh,
+        4 * per_layer_eager,
+    )
 
 
 def test_moe_dispatch_formula() -> None:
@@ -107,10 +121,12 @@ def test_moe_dispatch_formula() -> None:
     per_layer = b.moe_dispatch_bytes(tokens, experts, experts, capacity, d, 2)
     assert per_layer == 4096 * 64 * 4 + 2 * 64 * 480 * 1536 * 2
     # capacity factor is the direct lever: 1.0 -> 2.0 nearly doubles the routed buffers
-    doubled = b.moe_dispatch_bytes(tokens, experts, experts,
-                                   b.moe_capacity(tokens, top_k, experts, 2.0), d, 2)
-    base = b.moe_dispatch_bytes(tokens, experts, experts,
-                                b.moe_capacity(tokens, top_k, experts, 1.0), d, 2)
+    doubled = b.moe_dispatch_bytes(
+        tokens, experts, experts, b.moe_capacity(tokens, top_k, experts, 2.0), d, 2
+    )
+    base = b.moe_dispatch_bytes(
+        tokens, experts, experts, b.moe_capacity(tokens, top_k, experts, 1.0), d, 2
+    )
     assert 1.9 < doubled / base < 2.0
 
 
@@ -122,15 +138,17 @@ def test_moe_dispatch_bucket_sums_over_moe_layers() -> None:
     budget = planner.estimate(model, train, H100)
     tokens = 2 * 2048
     capacity = b.moe_capacity(tokens, moe.top_k, moe.num_experts, 1.25)
-    per_layer = b.moe_dispatch_bytes(tokens, moe.num_experts, moe.num_experts, capacity,
-                                     model.hidden_size, 2)
+    per_layer = b.moe_dispatch_bytes(
+        tokens, moe.num_experts, moe.num_experts, capacity, model.hidden_size, 2
+    )
     assert _phase(budget, "forward", "moe_dispatch") == model.num_moe_layers * per_layer
     # expert parallelism: local experts shrink, tokens of the whole EP group arrive
     ep = planner.TrainSpec(micro_batch_size=2, seq_len=2048, parallel={"dp": 4, "ep": 4})
     cap_ep = b.moe_capacity(tokens * 4, moe.top_k, moe.num_experts, 1.25)
     per_layer_ep = b.moe_dispatch_bytes(tokens, moe.num_experts, 15, cap_ep, model.hidden_size, 2)
     assert _phase(planner.estimate(model, ep, H100), "forward", "moe_dispatch") == (
-        model.num_moe_layers * per_layer_ep)
+        model.num_moe_layers * per_layer_ep
+    )
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.75, 1.0])
@@ -138,13 +156,15 @@ def test_hybrid_device_optimizer_split(fraction: float) -> None:
     """cpu-offloading seed: GPU = P + G + O·(1−f), host = O·f, by whole tensors in order."""
     model = planner.load_model("llama-3-70b")
     n = planner.count_params(model).total
-    train = planner.TrainSpec(parallel={"dp": 8, "zero_stage": 1},
-                              offload={"mode": "optimizer", "fraction": fraction})
+    train = planner.TrainSpec(
+        parallel={"dp": 8, "zero_stage": 1}, offload={"mode": "optimizer", "fraction": fraction}
+    )
     budget = planner.estimate(model, train, planner.gpu("A100-80GB"))
     p_plus_g = _phase(budget, "forward", "params") + _phase(budget, "optimizer", "grads")
     assert p_plus_g == 4 * n  # 140 GB + 140 GB in the seed's round numbers
-    o_gpu = _phase(budget, "forward", "master_params") + _phase(budget, "forward",
-                                                                "optimizer_states")
+    o_gpu = _phase(budget, "forward", "master_params") + _phase(
+        budget, "forward", "optimizer_states"
+    )
     o_host = budget.host.buckets["master_params"] + budget.host.buckets["optimizer_states"]
     o_total = 12 * n // 8  # 840 GB / 8 = 105 GB per GPU in the seed
     assert abs(o_gpu + o_host - o_total) <= 16  # integer rounding of the ZeRO shards
@@ -178,16 +198,19 @@ def test_deepseek_v3_walkthrough_under_its_conventions() -> None:
     total, active, pp, dp = 671e9, 37e9, 16, 64
     weights = b.params_bytes(int(active) // pp, 2) / 1e9
     grads = b.grads_bytes(int(active) // pp, 2) / 1e9
-    optimizer = (b.master_params_bytes(int(total) // pp, 4, zero1_shards=dp)
-                 + b.optimizer_state_bytes("adamw", int(total) // pp, 4, zero1_shards=dp)) / 1e9
+    optimizer = (
+        b.master_params_bytes(int(total) // pp, 4, zero1_shards=dp)
+        + b.optimizer_state_bytes("adamw", int(total) // pp, 4, zero1_shards=dp)
+    ) / 1e9
     ema = b.ema_bytes(int(total) // pp, zero1_shards=dp) / 1e9
     layers_per_stage, s, d, v = 4, 4096, 7168, 128000
     per_layer = 12 * layers_per_stage * 1 * s * d * 2 / 2**30  # the walkthrough's "2.6 GB"
     activations = per_layer * layers_per_stage
     activations_recomputed = 7.3  # the walkthrough's ~30 % saving, stated not derived
     embed_head = 2 * v * d * 2 / 2**30
-    assert [round(x, 1) for x in (weights, grads, optimizer, ema, per_layer, activations,
-                                  embed_head)] == [4.6, 4.6, 7.9, 2.6, 2.6, 10.5, 3.4]
+    assert [
+        round(x, 1) for x in (weights, grads, optimizer, ema, per_layer, activations, embed_head)
+    ] == [4.6, 4.6, 7.9, 2.6, 2.6, 10.5, 3.4]
     # the walkthrough adds its rounded lines
     without = [weights, grads, optimizer, ema, activations, embed_head]
     with_tricks = [weights, grads, optimizer, 0.0, activations_recomputed, embed_head / 2]
@@ -202,8 +225,11 @@ def test_deepseek_v3_walkthrough_under_its_conventions() -> None:
 def test_deepseek_v3_ema_on_host_moves_exactly_the_ema_bucket() -> None:
     """Trick 2 in the estimator: EMA in pinned host RAM frees 4 B/param/(DP shards) of HBM."""
     model = planner.load_model("deepseek-v3")
-    base = {"seq_len": 4096, "recompute": "selective",
-            "parallel": {"pp": 16, "dp": 64, "ep": 64, "zero_stage": 1}}
+    base = {
+        "seq_len": 4096,
+        "recompute": "selective",
+        "parallel": {"pp": 16, "dp": 64, "ep": 64, "zero_stage": 1},
+    }
     on_gpu = planner.estimate(model, planner.TrainSpec(**base, ema="gpu"), H100)
     on_host = planner.estimate(model, planner.TrainSpec(**base, ema="host"), H100)
     sp = stage_params(model, 1, 16, 64, on_gpu.stage)
@@ -218,6 +244,7 @@ def test_tied_embeddings_counted_once() -> None:
     tied = _gpt(1024, 16, vocab=32000)
     untied = tied.model_copy(update={"tied_embeddings": False})
     train = planner.TrainSpec(seq_len=512)
-    diff = (_phase(planner.estimate(untied, train, H100), "forward", "params")
-            - _phase(planner.estimate(tied, train, H100), "forward", "params"))
+    diff = _phase(planner.estimate(untied, train, H100), "forward", "params") - _phase(
+        planner.estimate(tied, train, H100), "forward", "params"
+    )
     assert diff == 32000 * 1024 * 2
