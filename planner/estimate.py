@@ -208,14 +208,19 @@ def _stage_terms(
             block = acts.scores if n else 0
     else:
         blk = min(k, n)
-        blk_moe = min(blk, n_moe)
         saved = math.ceil(n / k) * acts.layer_input if n else 0
         disp = 0
-        # the block's checkpoint is its first norm's saved input: count it once
-        block = max(0, blk_moe * acts.moe + (blk - blk_moe) * acts.dense - acts.layer_input)
-        block_disp = blk_moe * acts.dispatch
-        first_act = acts.layer_input if n else 0
-        first_disp = 0
+
+        def block_bytes(num_moe: int) -> int:
+            # the block's checkpoint is its first norm's saved input: count it once
+            return max(0, num_moe * acts.moe + (blk - num_moe) * acts.dense - acts.layer_input)
+
+        last_moe = sum(sp.moe_flags[n - blk :]) if n else 0
+        first_moe = sum(sp.moe_flags[:blk])
+        block, block_disp = block_bytes(last_moe), last_moe * acts.dispatch
+        # backward ends recomputing the stage's first block
+        first_act = (acts.layer_input + block_bytes(first_moe) - block) if n else 0
+        first_disp = (first_moe - last_moe) * acts.dispatch
     in_flight = min(p.pp - stage, train.grad_accum_steps)
 
     logits_f = logits_b = 0

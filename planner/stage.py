@@ -42,6 +42,7 @@ class StageParams(NamedTuple):
     adam8bit_expert_bytes: int
     order_numel: tuple[int, ...]
     order_is_expert: tuple[bool, ...]
+    moe_flags: tuple[bool, ...]
 
 
 def _local(t: Tensor, tp: int, ep: int) -> tuple[int, int]:
@@ -154,6 +155,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         adam8bit_expert_bytes=adam8[1],
         order_numel=tuple(order_numel),
         order_is_expert=tuple(order_is_expert),
+        moe_flags=tuple(moe_flags),
     )
 
 
