@@ -13,7 +13,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 R = TypeVar("R")
-_SCALARS = (int, float, str, bool, type(None))
+_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def identity_memo(maxsize: int = 1024) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -24,7 +24,7 @@ def identity_memo(maxsize: int = 1024) -> Callable[[Callable[..., R]], Callable[
 
         @wraps(fn)
         def wrapper(*args: Any) -> R:
-            key = tuple(a if isinstance(a, _SCALARS) else id(a) for a in args)
+            key = tuple([a if type(a) in _SCALARS else id(a) for a in args])
             hit = cache.get(key)
             if hit is not None:
                 return hit[1]

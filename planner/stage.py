@@ -170,19 +170,17 @@ def offloaded_numel(
     """
     if fraction <= 0.0:
         return 0, 0
+    if fraction >= 1.0:  # everything, rounded as the shard itself is
+        return -(-sp.dense_numel // zero_dense), -(-sp.expert_numel // zero_expert)
     sizes = [
         n // (zero_expert if e else zero_dense)
         for n, e in zip(sp.order_numel, sp.order_is_expert, strict=True)
     ]
     total = sum(sizes)
-    if fraction >= 1.0:
-        cut = len(sizes)
-    else:
-        threshold = total * fraction
-        cumulative = list(accumulate(sizes))
-        # offload tensor i while the sum before it is < threshold
-        cut = bisect.bisect_left(cumulative, threshold) + 1
-        cut = min(cut, len(sizes))
+    threshold = total * fraction
+    cumulative = list(accumulate(sizes))
+    # offload tensor i while the sum before it is < threshold
+    cut = min(bisect.bisect_left(cumulative, threshold) + 1, len(sizes))
     dense = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if not e)
     expert = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if e)
     return dense, expert
