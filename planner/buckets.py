@@ -74,7 +74,7 @@ def optimizer_temporary_bytes(
     Muon's Newton-Schulz iteration holds about five bf16 copies of the largest matrix.
     """
     if optimizer == "muon":
-        return 5 * largest_matrix_numel * 2
+        return 5 * min(largest_matrix_numel, numel) * 2
     per_elem = upcast_grad_bytes
     if optimizer in ("adam", "adamw"):
         per_elem += bytes_per_state
@@ -82,7 +82,7 @@ def optimizer_temporary_bytes(
         per_elem += 2 * bytes_per_state
     elif optimizer == "adamw_8bit":
         per_elem = 0
-    scope = numel if impl == "foreach" else largest_tensor_numel
+    scope = numel if impl == "foreach" else min(largest_tensor_numel, numel)
     return scope * per_elem
 
 

@@ -296,7 +296,8 @@ def _phase_buckets(t: StageTerms, train: TrainSpec) -> dict[str, tuple[int, ...]
     if train.offload.mode == "streaming":
         optimizer = row(0, 0, 0, 0, 0)  # the CPU updates each layer as its gradients land
     else:
-        optimizer = row(t.grads_total, opt + t.optimizer_temporaries, 0, 0, 0)
+        # ZeRO-3's gathered units are released once backward is done
+        optimizer = (*row(t.grads_total, opt + t.optimizer_temporaries, 0, 0, 0)[:8], 0)
     return {
         "step1_forward": row(
             g_fwd if train.grad_accum_steps > 1 else 0, 0, acts_all, t.logits_forward, disp_all

@@ -180,7 +180,9 @@ def offloaded_numel(
     threshold = total * fraction
     cumulative = list(accumulate(sizes))
     # offload tensor i while the sum before it is < threshold
-    cut = min(bisect.bisect_left(cumulative, threshold) + 1, len(sizes))
+    cut = bisect.bisect_left(cumulative, threshold) + 1
+    if cut >= len(sizes):  # every tensor: the whole shard, rounded as the shard itself is
+        return -(-sp.dense_numel // zero_dense), -(-sp.expert_numel // zero_expert)
     dense = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if not e)
     expert = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if e)
     return dense, expert

@@ -266,8 +266,8 @@ def non_streaming_train_specs(draw: st.DrawFn) -> planner.TrainSpec:
     return train
 
 
-# Found by this test: a dense first layer followed by MoE layers (DeepSeek's
-# first_k_dense_replace, Qwen's mlp_only_layers). Full recompute charges an MoE layer's
+# Regression, found by this test: a dense first layer followed by MoE layers (DeepSeek's
+# first_k_dense_replace, Qwen's mlp_only_layers). Full recompute charged an MoE layer's
 # recompute block at the end of backward, where the block recomputed is the dense first layer.
 _DENSE_FIRST_MOE = planner.ModelSpec(
     vocab_size=1000,
