@@ -68,11 +68,7 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         spec = planner.load_model(model)
         train_spec = planner.load_train(train or {})
-        hw = planner.load_hardware(gpu)
-        if host_memory is not None:
-            hw = hw.model_copy(
-                update={"host_memory_bytes": planner.parse_size(host_memory, field="host_memory")}
-            )
+        hw = planner.load_hardware(gpu, host_memory=host_memory)
         return planner.estimate(spec, train_spec, hw).model_dump()
 
     return app

@@ -45,16 +45,6 @@ def _train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, An
     return apply_overrides(data, assignments)
 
 
-def _hardware(gpu: str, host_memory: str | None, gpus_per_node: int | None) -> planner.Hardware:
-    hw = planner.load_hardware(gpu)
-    update: dict[str, Any] = {}
-    if host_memory is not None:
-        update["host_memory_bytes"] = planner.parse_size(host_memory, field="--host-memory")
-    if gpus_per_node is not None:
-        update["gpus_per_node"] = gpus_per_node
-    return hw.model_copy(update=update) if update else hw
-
-
 ModelArg = Annotated[str, typer.Argument(help="Preset name, model JSON/YAML, or config.json.")]
 TrainOpt = Annotated[
     Path | None, typer.Option("--train", help="Training spec (JSON or YAML).", dir_okay=False)
@@ -88,7 +78,12 @@ def estimate(
     try:
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
-        hw = _hardware(gpu, host_memory, gpus_per_node)
+        hw = planner.load_hardware(
+            gpu,
+            host_memory=host_memory,
+            gpus_per_node=gpus_per_node,
+            host_memory_field="--host-memory",
+        )
         budget = planner.estimate(spec, train_spec, hw)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
     except planner.HeadroomError as exc:

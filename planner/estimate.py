@@ -118,27 +118,29 @@ def _stage_terms(
         zd = ze = (1, 1, 1)
     dense, expert = sp.dense_numel, sp.expert_numel
 
-    # Model states, local shard, before placement.
-    opt_dense = b.optimizer_state_bytes(
-        train.optimizer,
-        dense,
-        bo,
-        matrix_numel=sp.matrix_dense_numel,
-        adafactor_numel=sp.adafactor_dense_numel,
-        adam8bit_bytes=sp.adam8bit_dense_bytes,
-        zero1_shards=zd[2],
-    )
-    opt_expert = b.optimizer_state_bytes(
-        train.optimizer,
+    # Model states, local shard, before placement: dense tensors shard over dp x cp, experts
+    # over the expert-data-parallel group.
+    def states(numel: int, matrix: int, adafactor: int, adam8bit: int, shards: int) -> int:
+        return b.optimizer_state_bytes(
+            train.optimizer,
+            numel,
+            bo,
+            matrix_numel=matrix,
+            adafactor_numel=adafactor,
+            adam8bit_bytes=adam8bit,
+            zero1_shards=shards,
+        )
+
+    opt_total = states(
+        dense, sp.matrix_dense_numel, sp.adafactor_dense_numel, sp.adam8bit_dense_bytes, zd[2]
+    ) + states(
         expert,
-        bo,
-        matrix_numel=sp.matrix_expert_numel,
-        adafactor_numel=sp.adafactor_expert_numel,
-        adam8bit_bytes=sp.adam8bit_expert_bytes,
-        zero1_shards=ze[2],
+        sp.matrix_expert_numel,
+        sp.adafactor_expert_numel,
+        sp.adam8bit_expert_bytes,
+        ze[2],
     )
     local_opt_numel = -(-dense // zd[2]) + -(-expert // ze[2])
-    opt_total = opt_dense + opt_expert
     master_total = b.master_params_bytes(dense, bm, zd[2]) + b.master_params_bytes(
         expert, bm, ze[2]
     )
@@ -323,12 +325,15 @@ def _overheads(coeffs: Coefficients, hw: Hardware, train: TrainSpec) -> tuple[in
 
 
 def stage_terms(
-    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+    model: ModelSpec,
+    train: TrainSpec,
+    hardware: Hardware,
+    stage: int,
+    coefficients: Coefficients | None = None,
 ) -> tuple[StageTerms, Coefficients]:
-    """The heaviest stage's terms (for ``explain``) and the coefficients used."""
+    """One stage's terms (``explain`` asks for the estimate's heaviest) and the coefficients."""
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
-    budget = estimate(model, train, hardware, coeffs)
-    return _stage_terms(model, train, coeffs, budget.stage), coeffs
+    return _stage_terms(model, train, coeffs, stage), coeffs
 
 
 def estimate(

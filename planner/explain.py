@@ -31,7 +31,7 @@ def explain(
 ) -> dict[str, Explanation]:
     """Explain every GPU bucket of the estimate (values at the peak phase)."""
     budget = estimate(model, train, hardware, coefficients)
-    t, coeffs = stage_terms(model, train, hardware, coefficients)
+    t, coeffs = stage_terms(model, train, hardware, budget.stage, coefficients)
     context, fraction = _overheads(coeffs, hardware, train)
     prec = train.precision
     streaming = train.offload.mode == "streaming"

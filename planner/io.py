@@ -22,6 +22,7 @@ from planner.hardware import Hardware, gpu
 from planner.hf import from_hf_config
 from planner.model import ModelSpec
 from planner.train import TrainSpec
+from planner.units import parse_size
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -157,8 +158,7 @@ def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> Tra
     return build(TrainSpec, data or {}, prefix="train")
 
 
-def load_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware:
-    """A GPU preset name, a hardware JSON/YAML file, or a dict with the Hardware fields."""
+def _base_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware:
     if isinstance(source, Hardware):
         return source
     if isinstance(source, Mapping):
@@ -167,6 +167,24 @@ def load_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware
     if path.suffix.lower() in (".json", ".yaml", ".yml") and path.exists():
         return build(Hardware, read_file(path), prefix="gpu")
     return gpu(str(source))
+
+
+def load_hardware(
+    source: str | Path | Mapping[str, Any] | Hardware,
+    *,
+    host_memory: str | int | None = None,
+    gpus_per_node: int | None = None,
+    host_memory_field: str = "host_memory",
+) -> Hardware:
+    """A GPU preset name, a hardware JSON/YAML file, or a dict with the Hardware fields;
+    ``host_memory`` (e.g. ``"1.5TiB"``) and ``gpus_per_node`` override the host it sits in."""
+    hw = _base_hardware(source)
+    update: dict[str, Any] = {}
+    if host_memory is not None:
+        update["host_memory_bytes"] = parse_size(host_memory, field=host_memory_field)
+    if gpus_per_node is not None:
+        update["gpus_per_node"] = gpus_per_node
+    return hw.model_copy(update=update) if update else hw
 
 
 def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
