@@ -1,19 +1,29 @@
 """Estimates per second in process (target: <= 20 µs per estimate).
 
-Specs are parsed once, as a service or the ladder would; each timed call runs the full
-estimate (both pipeline end stages when pp > 1, every phase, the Budget object).
+Specs are parsed once, as a service or the ladder would. Three measurements per case:
+
+- repeat: ``planner.estimate`` on one spec, over and over (a service answering the same
+  question; every call runs both pipeline end stages when pp > 1 and every phase).
+- sweep: ``planner.evaluate`` on distinct candidates made with ``knobs(train)._replace`` (micro-
+  batch x sequence length x recompute x offload fraction), each evaluated exactly once after the
+  spec-dependent caches are cleared; model-derived facts stay warm. This is the ladder's load.
+- dump: ``Budget.model_dump()`` on top of an estimate (what the API and ``--format json`` add).
+
 Run: .venv/bin/python bench/estimate.py [--seconds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import time
+from typing import Any
 
 import planner
+from planner.estimate import clear_spec_caches
 
-CASES = {
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3-8b default": ("llama-3-8b", {}),
     "llama-3-70b tp8 pp4 zero1": (
         "llama-3-70b",
@@ -37,6 +47,51 @@ CASES = {
     ),
 }
 
+# recompute as knobs: (selective, checkpoint_every)
+RECOMPUTE = [(False, None), (True, None), (False, 1), (False, 2), (False, 4)]
+
+
+def _best_per_call(fn: Any, seconds: float, n: int = 2000) -> float:
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+
+def _candidates(kn: planner.Knobs) -> list[planner.Knobs]:
+    fractions = [0.0, 0.25, 0.5, 0.75, 1.0] if kn.offload == "optimizer" else [kn.fraction]
+    out = []
+    for mb, seq, (selective, k), f in itertools.product(
+        range(1, 9), (2048, 4096, 8192), RECOMPUTE, fractions
+    ):
+        if kn.offload == "streaming" and k is None:
+            k = kn.checkpoint_every
+        out.append(
+            kn._replace(
+                micro_batch=mb, seq_len=seq, selective=selective, checkpoint_every=k, fraction=f
+            )
+        )
+    return out
+
+
+def _sweep(
+    model: planner.ModelSpec, kn: planner.Knobs, hw: planner.Hardware, seconds: float
+) -> tuple[int, float]:
+    candidates = _candidates(kn)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        clear_spec_caches()
+        start = time.perf_counter()
+        for c in candidates:
+            planner.evaluate(model, c, hw)
+        best = min(best, (time.perf_counter() - start) / len(candidates))
+    return len(candidates), best
+
 
 def bench(seconds: float) -> None:
     hw = planner.gpu("H200-141GB")
@@ -44,20 +99,23 @@ def bench(seconds: float) -> None:
         f"python {platform.python_version()} on {platform.machine()}, "
         f"{platform.processor() or 'cpu'}"
     )
-    print(f"{'case':40s} {'µs/estimate':>12s} {'estimates/s':>12s}")
+    header = f"{'case':36s} {'repeat µs':>10s} {'sweep µs':>9s} {'(n)':>5s} {'dump µs':>8s}"
+    print(header)
     for name, (model_name, train) in CASES.items():
         model = planner.load_model(model_name)
         spec = planner.TrainSpec(**train)
-        planner.estimate(model, spec, hw)  # warm the caches a service keeps warm
-        best = float("inf")
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            n = 2000
-            start = time.perf_counter()
-            for _ in range(n):
-                planner.estimate(model, spec, hw)
-            best = min(best, (time.perf_counter() - start) / n)
-        print(f"{name:40s} {best * 1e6:12.2f} {1 / best:12,.0f}")
+        planner.estimate(model, spec, hw)  # warm the model-derived caches a service keeps warm
+        repeat = _best_per_call(lambda: planner.estimate(model, spec, hw), seconds)  # noqa: B023
+        n, sweep = _sweep(model, planner.knobs(spec), hw, seconds)
+        with_dump = _best_per_call(
+            lambda: planner.estimate(model, spec, hw).model_dump(),  # noqa: B023
+            seconds / 2,
+            n=200,
+        )
+        print(
+            f"{name:36s} {repeat * 1e6:10.2f} {sweep * 1e6:9.2f} {n:5d} "
+            f"{(with_dump - repeat) * 1e6:8.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ Pure Python and pydantic (no torch, no web or database stack), so the CI gate ru
     budget.gpu.peak_bytes, budget.peak_phase, budget.fits
 """
 
-from planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget
+from planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
 from planner.coefficients import Coefficients, default_coefficients, profiles
 from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
-from planner.estimate import estimate
+from planner.estimate import Knobs, estimate, evaluate, knobs
 from planner.explain import Explanation, explain
 from planner.hardware import Hardware, gpu, gpu_names
 from planner.io import load_hardware, load_model, load_train, model_names
@@ -25,11 +25,13 @@ __all__ = [
     "HOST_BUCKETS",
     "PHASES",
     "Budget",
+    "BudgetModel",
     "Coefficients",
     "Explanation",
     "Hardware",
     "HeadroomError",
     "InputFormatError",
+    "Knobs",
     "MLASpec",
     "MoESpec",
     "ModelSpec",
@@ -44,10 +46,12 @@ __all__ = [
     "count_params",
     "default_coefficients",
     "estimate",
+    "evaluate",
     "explain",
     "format_bytes",
     "gpu",
     "gpu_names",
+    "knobs",
     "load_hardware",
     "load_model",
     "load_train",

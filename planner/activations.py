@@ -32,9 +32,10 @@ class LayerActivations(NamedTuple):
     layer_input: int  # the checkpoint a recomputed layer keeps
 
 
-@identity_memo(4096)
+@identity_memo(4096, objects=2)
 def layer_activations(
     model: ModelSpec,
+    coeffs: Coefficients,
     micro_batch: int,
     seq_len: int,
     act_bytes: int,
@@ -45,7 +46,6 @@ def layer_activations(
     sequence_parallel: bool,
     capacity_factor: float,
     imbalance: float,
-    coeffs: Coefficients,
 ) -> LayerActivations:
     """Saved-activation bytes of one dense and one MoE layer (see module docstring)."""
     s_local = -(-seq_len // cp)

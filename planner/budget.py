@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,8 +89,8 @@ class CoefficientsUsed(_Out):
     margin_fraction: float
 
 
-class Budget(_Out):
-    """Where every byte goes on the heaviest rank, and whether it fits."""
+class BudgetModel(_Out):
+    """The estimate's JSON schema: ``Budget.model_dump()`` validates against it."""
 
     model: ModelSummary
     gpu: GpuBudget
@@ -115,3 +116,170 @@ def construct(cls: type[_M], **fields: object) -> _M:
     setattr_(obj, "__pydantic_extra__", None)
     setattr_(obj, "__pydantic_private__", None)
     return obj
+
+
+class Budget:
+    """Where every byte goes on the heaviest rank, and whether it fits.
+
+    The verdict (``fits``, ``peak_phase``, ``stage``, ``margin_bytes``, ``warnings``, the GPU and
+    host peaks) is computed by the estimate. The per-phase, per-bucket views (``gpu``, ``host``,
+    ``model``, ``coefficients``) are built from the same integers on first access, so a search
+    that only reads the verdict does not pay for dictionaries it never looks at.
+    ``model_dump()`` is exactly the JSON of ``headroom estimate --format json`` and validates
+    against :class:`BudgetModel`.
+    """
+
+    __slots__ = (
+        "_capacity",
+        "_coeffs",
+        "_context",
+        "_fraction",
+        "_full",
+        "_hardware_name",
+        "_host",
+        "_host_capacity",
+        "_model",
+        "_ranks",
+        "_rows",
+        "fits",
+        "gpu_peak_bytes",
+        "host_peak_bytes",
+        "margin_bytes",
+        "peak_phase",
+        "stage",
+        "warnings",
+    )
+
+    def __init__(
+        self,
+        peak_phase: str,
+        fits: bool,
+        stage: int,
+        margin_bytes: int,
+        warnings: list[str],
+        gpu_peak_bytes: int,
+        host_peak_bytes: int,
+        model: Any,
+        hardware_name: str,
+        capacity: int,
+        rows: Callable[[], tuple[tuple[int, ...], ...]],
+        context: int,
+        fraction: float,
+        host: tuple[int, ...],
+        ranks: int,
+        host_capacity: int | None,
+        coeffs: Any,
+    ) -> None:
+        self.peak_phase = peak_phase
+        self.fits = fits
+        self.stage = stage
+        self.margin_bytes = margin_bytes
+        self.warnings = warnings
+        self.gpu_peak_bytes = gpu_peak_bytes
+        self.host_peak_bytes = host_peak_bytes
+        self._model = model
+        self._hardware_name = hardware_name
+        self._capacity = capacity
+        self._rows = rows
+        self._context = context
+        self._fraction = fraction
+        self._host = host
+        self._ranks = ranks
+        self._host_capacity = host_capacity
+        self._coeffs = coeffs
+        self._full: BudgetModel | None = None
+
+    def _build(self) -> BudgetModel:
+        from planner.buckets import allocator_overhead_bytes
+        from planner.params import count_params
+
+        full = self._full
+        if full is not None:
+            return full
+        phases = {}
+        for name, row in zip(PHASES, self._rows(), strict=True):
+            allocated = sum(row)
+            buckets = dict(zip(GPU_BUCKETS[:9], row, strict=True))
+            buckets["cuda_context"] = self._context
+            buckets["allocator_overhead"] = allocator_overhead_bytes(allocated, self._fraction)
+            phases[name] = construct(
+                PhaseBudget, total_bytes=sum(buckets.values()), buckets=buckets
+            )
+        host_buckets = {
+            name: v * self._ranks for name, v in zip(HOST_BUCKETS, self._host, strict=True)
+        }
+        counts = count_params(self._model)
+        coeffs = self._coeffs
+        cap, host_cap = self._capacity, self._host_capacity
+        full = construct(
+            BudgetModel,
+            model=construct(
+                ModelSummary,
+                name=self._model.name,
+                params_total=counts.total,
+                params_active_per_token=counts.per_token_active,
+                params_mtp_excluded=counts.mtp_excluded,
+            ),
+            gpu=construct(
+                GpuBudget,
+                name=self._hardware_name,
+                capacity_bytes=cap,
+                peak_bytes=self.gpu_peak_bytes,
+                headroom_bytes=cap - self.gpu_peak_bytes,
+                buckets=phases[self.peak_phase].buckets,
+                phases=phases,
+            ),
+            host=construct(
+                HostBudget,
+                capacity_bytes=host_cap,
+                peak_bytes=self.host_peak_bytes,
+                headroom_bytes=None if host_cap is None else host_cap - self.host_peak_bytes,
+                ranks_sharing=self._ranks,
+                buckets=host_buckets,
+            ),
+            peak_phase=self.peak_phase,
+            fits=self.fits,
+            stage=self.stage,
+            margin_bytes=self.margin_bytes,
+            coefficients=construct(
+                CoefficientsUsed,
+                profile=coeffs.profile,
+                device=coeffs.device,
+                calibrated=coeffs.calibrated,
+                source=coeffs.source,
+                margin_fraction=coeffs.margin_fraction,
+            ),
+            warnings=list(self.warnings),
+        )
+        self._full = full
+        return full
+
+    @property
+    def gpu(self) -> GpuBudget:
+        return self._build().gpu
+
+    @property
+    def host(self) -> HostBudget:
+        return self._build().host
+
+    @property
+    def model(self) -> ModelSummary:
+        return self._build().model
+
+    @property
+    def coefficients(self) -> CoefficientsUsed:
+        return self._build().coefficients
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """The estimate as plain data (keyword arguments as pydantic's ``model_dump``)."""
+        return self._build().model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        """The estimate as JSON (keyword arguments as pydantic's ``model_dump_json``)."""
+        return self._build().model_dump_json(**kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"Budget(fits={self.fits}, peak_phase={self.peak_phase!r}, stage={self.stage}, "
+            f"gpu_peak_bytes={self.gpu_peak_bytes}, host_peak_bytes={self.host_peak_bytes})"
+        )

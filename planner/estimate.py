@@ -11,26 +11,16 @@ phase total, never the sum of the buckets' separate maxima.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from planner import buckets as b
+from planner._memo import identity_memo
 from planner.activations import LayerActivations, layer_activations
-from planner.budget import (
-    GPU_BUCKETS,
-    HOST_BUCKETS,
-    Budget,
-    CoefficientsUsed,
-    GpuBudget,
-    HostBudget,
-    ModelSummary,
-    PhaseBudget,
-    construct,
-)
+from planner.budget import PHASES, Budget
 from planner.coefficients import Coefficients, default_coefficients
 from planner.errors import SpecError
 from planner.hardware import Hardware
 from planner.model import ModelSpec
-from planner.params import count_params
 from planner.stage import StageParams, offloaded_numel, stage_params
 from planner.train import BYTES_PER_ELEMENT, TrainSpec
 
@@ -68,6 +58,87 @@ class StageTerms(NamedTuple):
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
 
 
+class Knobs(NamedTuple):
+    """A training spec flattened to the scalars the estimate reads, resolved once per spec.
+
+    A search (the auto-fit ladder) varies these directly with ``_replace`` instead of validating
+    a new ``TrainSpec`` per candidate; ``knobs(train)`` is the only way to make one from a spec.
+    """
+
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    bp: int  # bytes per working param
+    bg: int  # bytes per grad, plus the working-precision grad when accumulating in fp32
+    bm: int  # bytes per master param
+    bo: int  # bytes per optimizer-state element
+    optimizer: str
+    optimizer_impl: str
+    eager: bool
+    ema: str
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+    cp: int
+    sequence_parallel: bool
+    zero: int
+    offload: str  # none | optimizer | streaming
+    fraction: float
+    num_buffers: int
+    selective: bool
+    checkpoint_every: int | None  # layers per recomputed block (full recompute: 1)
+    capacity_factor: float | None
+    imbalance: float
+    expandable_segments: bool
+    activation_profile: str
+
+
+@identity_memo(4096)
+def knobs(train: TrainSpec) -> Knobs:
+    """The scalars of ``train`` the estimate reads (memoised per spec object)."""
+    p, prec, off = train.parallel, train.precision, train.offload
+    _check(train)
+    bp = BYTES_PER_ELEMENT[prec.params]
+    bg = BYTES_PER_ELEMENT[prec.grads]
+    if bg > bp:
+        # fp32 accumulation: autograd still produces working-precision grads, accumulated
+        # into an fp32 buffer (the seeds' 20 B/param case)
+        bg += bp
+    k = train.checkpoint_every
+    if train.recompute == "full" and k is None:
+        k = 1
+    return Knobs(
+        train.micro_batch_size,
+        train.seq_len,
+        train.grad_accum_steps,
+        bp,
+        bg,
+        BYTES_PER_ELEMENT[prec.master],
+        BYTES_PER_ELEMENT[prec.optimizer_states],
+        train.optimizer,
+        train.optimizer_impl,
+        train.attention == "eager",
+        train.ema,
+        p.dp,
+        p.tp,
+        p.pp,
+        p.ep,
+        p.cp,
+        p.sequence_parallel,
+        p.zero_stage,
+        off.mode,
+        off.fraction,
+        off.num_buffers,
+        train.recompute == "selective",
+        k,
+        train.moe_capacity_factor,
+        train.moe_imbalance,
+        train.expandable_segments,
+        train.activation_profile,
+    )
+
+
 def _check(train: TrainSpec) -> None:
     p = train.parallel
     if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):
@@ -78,78 +149,62 @@ def _check(train: TrainSpec) -> None:
         )
 
 
-def _stage_terms(
-    model: ModelSpec, train: TrainSpec, coeffs: Coefficients, stage: int
-) -> StageTerms:
-    p = train.parallel
-    prec = train.precision
-    bp = BYTES_PER_ELEMENT[prec.params]
-    bg = BYTES_PER_ELEMENT[prec.grads]
-    if bg > bp:
-        # fp32 accumulation: autograd still produces working-precision grads, accumulated
-        # into an fp32 buffer (the seeds' 20 B/param case)
-        bg += bp
-    bm = BYTES_PER_ELEMENT[prec.master]
-    bo = BYTES_PER_ELEMENT[prec.optimizer_states]
-    sp = stage_params(model, p.tp, p.pp, p.ep, stage)
-    moe = model.moe
-    cf = train.moe_capacity_factor or (moe.capacity_factor if moe else None)
-    acts = layer_activations(
-        model,
-        train.micro_batch_size,
-        train.seq_len,
-        bp,
-        train.attention == "eager",
-        p.tp,
-        p.cp,
-        p.ep,
-        p.sequence_parallel,
-        cf or _DEFAULT_CAPACITY_FACTOR,
-        train.moe_imbalance,
-        coeffs,
-    )
-    streaming = train.offload.mode == "streaming"
-    dp = p.dp * p.cp
-    edp = dp // p.ep
-    z = p.zero_stage
-    zd = (dp if z >= 3 else 1, dp if z >= 2 else 1, dp if z >= 1 else 1)
-    ze = (edp if z >= 3 else 1, edp if z >= 2 else 1, edp if z >= 1 else 1)
+def _model_states(
+    sp: StageParams,
+    ep: int,
+    dp: int,
+    z: int,
+    bp: int,
+    bg: int,
+    bm: int,
+    bo: int,
+    optimizer: str,
+    optimizer_impl: str,
+    ema: str,
+    offload: str,
+    fraction: float,
+    num_buffers: int,
+    accumulating: bool,
+) -> tuple[Any, ...]:
+    """Persistent state of one stage's rank: StageTerms fields zero_dense .. transfer_buffers,
+    then the host tuple. ``dp`` is the data-parallel group including context parallelism."""
+    streaming = offload == "streaming"
+    edp = dp // ep
     if streaming:  # host holds every persistent byte; ZeRO has nothing to shard on the GPU
         zd = ze = (1, 1, 1)
+    else:
+        zd = (dp if z >= 3 else 1, dp if z >= 2 else 1, dp if z >= 1 else 1)
+        ze = (edp if z >= 3 else 1, edp if z >= 2 else 1, edp if z >= 1 else 1)
     dense, expert = sp.dense_numel, sp.expert_numel
 
     # Model states, local shard, before placement: dense tensors shard over dp x cp, experts
     # over the expert-data-parallel group.
-    def states(numel: int, matrix: int, adafactor: int, adam8bit: int, shards: int) -> int:
-        return b.optimizer_state_bytes(
-            train.optimizer,
-            numel,
-            bo,
-            matrix_numel=matrix,
-            adafactor_numel=adafactor,
-            adam8bit_bytes=adam8bit,
-            zero1_shards=shards,
-        )
-
-    opt_total = states(
-        dense, sp.matrix_dense_numel, sp.adafactor_dense_numel, sp.adam8bit_dense_bytes, zd[2]
-    ) + states(
+    opt_total = b.optimizer_state_bytes(
+        optimizer,
+        dense,
+        bo,
+        matrix_numel=sp.matrix_dense_numel,
+        adafactor_numel=sp.adafactor_dense_numel,
+        adam8bit_bytes=sp.adam8bit_dense_bytes,
+        zero1_shards=zd[2],
+    ) + b.optimizer_state_bytes(
+        optimizer,
         expert,
-        sp.matrix_expert_numel,
-        sp.adafactor_expert_numel,
-        sp.adam8bit_expert_bytes,
-        ze[2],
+        bo,
+        matrix_numel=sp.matrix_expert_numel,
+        adafactor_numel=sp.adafactor_expert_numel,
+        adam8bit_bytes=sp.adam8bit_expert_bytes,
+        zero1_shards=ze[2],
     )
     local_opt_numel = -(-dense // zd[2]) + -(-expert // ze[2])
     master_total = b.master_params_bytes(dense, bm, zd[2]) + b.master_params_bytes(
         expert, bm, ze[2]
     )
-    ema_total = b.ema_bytes(dense, zd[2]) + b.ema_bytes(expert, ze[2]) if train.ema != "none" else 0
-    upcast = 4 if (bm == 4 and bg < 4) else 0
+    ema_total = b.ema_bytes(dense, zd[2]) + b.ema_bytes(expert, ze[2]) if ema != "none" else 0
 
     if streaming:
         unit = sp.max_unit_numel
-        params = train.offload.num_buffers * unit * bp
+        params = num_buffers * unit * bp
         grads_total = grads_start = grads_end = unit * bg
         transfer = 2 * unit * bg  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
@@ -160,162 +215,404 @@ def _stage_terms(
     else:
         params = b.params_bytes(dense, bp, zd[0]) + b.params_bytes(expert, bp, ze[0])
         grads_total = b.grads_bytes(dense, bg, zd[1]) + b.grads_bytes(expert, bg, ze[1])
-        if train.offload.mode == "optimizer":
-            off_d, off_e = offloaded_numel(sp, zd[2], ze[2], train.offload.fraction)
+        if offload == "optimizer":
+            off_d, off_e = offloaded_numel(sp, zd[2], ze[2], fraction)
+            off = off_d + off_e
         else:
-            off_d = off_e = 0
-        off = off_d + off_e
+            off = 0
         gpu_updated = local_opt_numel - off
-        share = gpu_updated / local_opt_numel if local_opt_numel else 0.0
-        opt = int(opt_total * share)
+        opt = int(opt_total * (gpu_updated / local_opt_numel)) if local_opt_numel else 0
         master = gpu_updated * bm
         opt_temp = (
             b.optimizer_temporary_bytes(
-                train.optimizer,
-                train.optimizer_impl,
+                optimizer,
+                optimizer_impl,
                 gpu_updated,
                 sp.largest_tensor_numel,
                 sp.largest_matrix_numel,
                 bo,
-                upcast,
+                4 if (bm == 4 and bg < 4) else 0,
             )
             if gpu_updated
             else 0
         )
-        ema_gpu = ema_total if train.ema == "gpu" else 0
-        ema_host = ema_total if train.ema == "host" else 0
+        ema_gpu = ema_total if ema == "gpu" else 0
+        ema_host = ema_total if ema == "host" else 0
         # ZeRO-3 gathers full layers around compute: the layer in use and the one prefetched.
         transfer = 2 * (sp.max_unit_numel * bp) if (z >= 3 and dp > 1) else 0
-        head_grads = b.grads_bytes(sp.head_unit_numel, bg, zd[1]) if sp.has_head else 0
-        embed_grads = b.grads_bytes(sp.embedding_numel, bg, zd[1]) if sp.has_embedding else 0
-        grads_start = grads_total if train.grad_accum_steps > 1 else head_grads
-        grads_end = grads_total - embed_grads
+        if accumulating:  # every gradient buffer is live from the first micro-batch on
+            grads_start = grads_total
+        elif sp.has_head:
+            grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1])
+        else:
+            grads_start = 0
+        if sp.has_embedding:
+            grads_end = grads_total - b.grads_bytes(sp.embedding_numel, bg, zd[1])
+        else:
+            grads_end = grads_total
         host = (0, off * 4, off * bm, opt_total - opt, ema_host, 0)
+    return (
+        zd,
+        ze,
+        off,
+        gpu_updated,
+        params,
+        grads_total,
+        grads_start,
+        grads_end,
+        master,
+        opt,
+        opt_temp,
+        ema_gpu,
+        transfer,
+        host,
+    )
 
-    # Activations.
+
+def _activation_terms(
+    model: ModelSpec,
+    coeffs: Coefficients,
+    sp: StageParams,
+    tp: int,
+    ep: int,
+    cp: int,
+    sequence_parallel: bool,
+    micro_batch: int,
+    seq_len: int,
+    bp: int,
+    eager: bool,
+    capacity_factor: float | None,
+    imbalance: float,
+    selective: bool,
+    k: int | None,
+) -> tuple[Any, ...]:
+    """Activations, dispatch buffers and logits of one stage's rank for one micro-batch:
+    StageTerms fields activations_saved .. logits_backward, then the layer terms."""
+    moe = model.moe
+    cf = capacity_factor or (moe.capacity_factor if moe else None) or _DEFAULT_CAPACITY_FACTOR
+    acts = layer_activations(
+        model, coeffs, micro_batch, seq_len, bp, eager, tp, cp, ep, sequence_parallel, cf, imbalance
+    )
     n, n_moe = sp.num_layers, sp.num_moe_layers
-    n_dense = n - n_moe
-    k = train.checkpoint_every
-    if train.recompute == "full" and k is None:
-        k = 1
-    first_act = acts.moe if sp.first_layer_is_moe else acts.dense
-    first_disp = acts.dispatch if sp.first_layer_is_moe else 0
-    if k is None:
-        saved = n_dense * acts.dense + n_moe * acts.moe
-        disp = n_moe * acts.dispatch
-        block = block_disp = 0
-        if train.recompute == "selective":
-            saved -= n * acts.scores
-            first_act -= acts.scores
-            block = acts.scores if n else 0
+    a_dense, a_moe, a_scores, a_dispatch, a_input = acts
+    if sp.first_layer_is_moe:
+        first_act, first_disp = a_moe, a_dispatch
     else:
+        first_act, first_disp = a_dense, 0
+    if k is None:
+        saved = (n - n_moe) * a_dense + n_moe * a_moe
+        disp = n_moe * a_dispatch
+        block = block_disp = 0
+        if selective:
+            saved -= n * a_scores
+            first_act -= a_scores
+            block = a_scores if n else 0
+    elif n:
         blk = min(k, n)
-        saved = math.ceil(n / k) * acts.layer_input if n else 0
+        saved = -(-n // k) * a_input
         disp = 0
-
-        def block_bytes(num_moe: int) -> int:
-            # the block's checkpoint is its first norm's saved input: count it once
-            return max(0, num_moe * acts.moe + (blk - num_moe) * acts.dense - acts.layer_input)
-
-        last_moe = sum(sp.moe_flags[n - blk :]) if n else 0
-        first_moe = sum(sp.moe_flags[:blk])
-        block, block_disp = block_bytes(last_moe), last_moe * acts.dispatch
+        # the block's checkpoint is its first norm's saved input: count it once
+        if n_moe:
+            flags = sp.moe_flags
+            last_moe, first_moe = sum(flags[n - blk :]), sum(flags[:blk])
+        else:
+            last_moe = first_moe = 0
+        block = last_moe * a_moe + (blk - last_moe) * a_dense - a_input
+        if block < 0:
+            block = 0
+        block_disp = last_moe * a_dispatch
         # backward ends recomputing the stage's first block
-        first_act = (acts.layer_input + block_bytes(first_moe) - block) if n else 0
-        first_disp = (first_moe - last_moe) * acts.dispatch
-    in_flight = min(p.pp - stage, train.grad_accum_steps)
+        first_block = first_moe * a_moe + (blk - first_moe) * a_dense - a_input
+        if first_block < 0:
+            first_block = 0
+        first_act = a_input + first_block - block
+        first_disp = (first_moe - last_moe) * a_dispatch
+    else:
+        saved = disp = block = block_disp = first_act = first_disp = 0
 
     logits_f = logits_b = 0
     if sp.has_head:
-        tokens = train.micro_batch_size * -(-train.seq_len // p.cp)
-        vocab_local = -(-model.vocab_size // p.tp)
+        tokens = micro_batch * -(-seq_len // cp)
+        vocab_local = -(-model.vocab_size // tp)
         logits_f = b.logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
         logits_b = b.logits_bytes(tokens, vocab_local, coeffs.logits_backward_bytes_per_element)
-
-    return StageTerms(
-        sp=sp,
-        acts=acts,
-        in_flight=in_flight,
-        checkpoint_every=k,
-        zero_dense=zd,
-        zero_expert=ze,
-        offloaded_numel=off,
-        gpu_updated_numel=gpu_updated,
-        params=params,
-        grads_total=grads_total,
-        grads_start=grads_start,
-        grads_end=grads_end,
-        master_params=master,
-        optimizer_states=opt,
-        optimizer_temporaries=opt_temp,
-        ema=ema_gpu,
-        transfer_buffers=transfer,
-        activations_saved=saved,
-        dispatch_saved=disp,
-        recompute_block=block,
-        recompute_dispatch=block_disp,
-        first_layer_saved=first_act,
-        first_layer_dispatch=first_disp,
-        logits_forward=logits_f,
-        logits_backward=logits_b,
-        host=host,
+    return (
+        saved,
+        disp,
+        block,
+        block_disp,
+        first_act,
+        first_disp,
+        logits_f,
+        logits_b,
+        sp,
+        acts,
     )
 
 
-def _phase_buckets(t: StageTerms, train: TrainSpec) -> dict[str, tuple[int, ...]]:
-    """Allocated bytes per GPU bucket (first nine, DESIGN order) in each phase."""
-    m = t.in_flight
-    acts_all = m * t.activations_saved
-    disp_all = m * t.dispatch_saved
-    g_fwd = (
-        t.grads_total if (train.grad_accum_steps > 1 or train.offload.mode == "streaming") else 0
+# Spec-dependent memo of ``_stage_parts``, keyed by the identity of the model and coefficients
+# (kept alive in the entry) and the values of the knobs each half reads.
+_CACHE_SIZE = 8192
+_STATES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_ACTS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _stage_parts(
+    model: ModelSpec, kn: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
+) -> tuple[tuple[tuple[Any, ...], ...], tuple[tuple[Any, ...], ...]]:
+    """Persistent state and activation terms of each of ``stages`` (one tuple each, in order).
+
+    The two halves are memoised separately, so a search that varies the batch shape reuses the
+    states and one that varies placement reuses the activations.
+    """
+    (
+        micro_batch,
+        seq_len,
+        grad_accum,
+        bp,
+        bg,
+        bm,
+        bo,
+        optimizer,
+        optimizer_impl,
+        eager,
+        ema,
+        dp,
+        tp,
+        pp,
+        ep,
+        cp,
+        sequence_parallel,
+        z,
+        offload,
+        fraction,
+        num_buffers,
+        selective,
+        k,
+        capacity_factor,
+        imbalance,
+        _,
+        _,
+    ) = kn
+    streaming = offload == "streaming"
+    key: tuple[Any, ...] = (
+        id(model),
+        stages,
+        tp,
+        pp,
+        ep,
+        dp * cp,
+        z,
+        bp,
+        bg,
+        bm,
+        bo,
+        optimizer,
+        optimizer_impl,
+        ema,
+        offload,
+        fraction if offload == "optimizer" else 0.0,
+        num_buffers if streaming else 0,
+        grad_accum > 1,
     )
-    base = (t.params, t.master_params, t.ema, t.transfer_buffers)
+    hit = _STATES.get(key)
+    if hit is None:
+        if len(_STATES) >= _CACHE_SIZE:
+            del _STATES[next(iter(_STATES))]
+        states = tuple(
+            _model_states(stage_params(model, tp, pp, ep, stage), *key[4:]) for stage in stages
+        )
+        hit = _STATES[key] = (model, states)
+    states = hit[1]
+    akey: tuple[Any, ...] = (
+        id(model),
+        id(coeffs),
+        stages,
+        pp,
+        tp,
+        ep,
+        cp,
+        sequence_parallel,
+        micro_batch,
+        seq_len,
+        bp,
+        eager,
+        capacity_factor,
+        imbalance,
+        selective,
+        k,
+    )
+    hit = _ACTS.get(akey)
+    if hit is None:
+        if len(_ACTS) >= _CACHE_SIZE:
+            del _ACTS[next(iter(_ACTS))]
+        acts = tuple(
+            _activation_terms(model, coeffs, stage_params(model, tp, pp, ep, stage), *akey[4:])
+            for stage in stages
+        )
+        hit = _ACTS[akey] = (model, coeffs, acts)
+    acts = hit[-1]
+    return states, acts
 
-    def row(grads: int, opt: int, acts: int, logits: int, disp: int) -> tuple[int, ...]:
-        return (base[0], grads, base[1], opt, base[2], acts, logits, disp, base[3])
 
-    def backward(opt: int) -> tuple[int, ...]:
-        points = [
-            row(
-                t.grads_start, opt, acts_all + t.recompute_block, 0, disp_all + t.recompute_dispatch
-            ),
-            row(
-                t.grads_end,
-                opt,
-                (m - 1) * t.activations_saved + t.first_layer_saved + t.recompute_block,
-                0,
-                (m - 1) * t.dispatch_saved + t.first_layer_dispatch + t.recompute_dispatch,
-            ),
-        ]
-        if t.logits_forward:
-            points.append(
-                row(t.grads_start, opt, acts_all, t.logits_forward + t.logits_backward, disp_all)
+def _stage_terms(model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int) -> StageTerms:
+    """Every term of one stage (``explain`` and the Budget's per-bucket views read these)."""
+    (states,), (acts,) = _stage_parts(model, kn, coeffs, (stage,))
+    in_flight = min(kn.pp - stage, kn.grad_accum)
+    return StageTerms._make(
+        (acts[8], acts[9], in_flight, kn.checkpoint_every, *states[:13], *acts[:8], states[13])
+    )
+
+
+def _phase_totals(
+    states: tuple[Any, ...], acts: tuple[Any, ...], m: int, streaming: bool, accumulating: bool
+) -> tuple[int, int, int, int, int]:
+    """Allocated bytes of each phase (PHASES order): the row sums of ``_phase_rows`` without
+    building the rows (a property test holds the two to each other)."""
+    (
+        _,
+        _,
+        _,
+        _,
+        params,
+        grads_total,
+        grads_start,
+        grads_end,
+        master,
+        opt,
+        opt_temp,
+        ema,
+        transfer,
+        _,
+    ) = states
+    saved, disp, block, block_disp, first_act, first_disp, logits_f, logits_b, _, _ = acts
+    base = params + master + ema + transfer
+    live = m * (saved + disp)
+    start = grads_start + live + block + block_disp
+    end = grads_end + live - saved - disp + first_act + first_disp + block + block_disp
+    bwd = start if start >= end else end
+    if logits_f:
+        loss = grads_start + live + logits_f + logits_b
+        if loss > bwd:
+            bwd = loss
+    fwd = base + live + logits_f
+    g_fwd = grads_total if (accumulating or streaming) else 0
+    # streaming: the CPU updates each layer as its gradients land; otherwise ZeRO-3's
+    # gathered units are released once backward is done
+    optimizer = base if streaming else params + grads_total + master + opt + opt_temp + ema
+    return (
+        fwd + (g_fwd if accumulating else 0),
+        base + bwd,
+        fwd + g_fwd + opt,
+        base + bwd + opt,
+        optimizer,
+    )
+
+
+def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
+    """Allocated bytes per GPU bucket (first nine, DESIGN order) in each phase (PHASES order)."""
+    (
+        _,
+        _,
+        m,
+        _,
+        _,
+        _,
+        _,
+        _,
+        params,
+        grads_total,
+        grads_start,
+        grads_end,
+        master,
+        opt,
+        opt_temp,
+        ema,
+        transfer,
+        saved,
+        disp,
+        block,
+        block_disp,
+        first_act,
+        first_disp,
+        logits_f,
+        logits_b,
+        _,
+    ) = t
+    acts_all = m * saved
+    disp_all = m * disp
+    streaming = kn.offload == "streaming"
+    accumulating = kn.grad_accum > 1
+    g_fwd = grads_total if (accumulating or streaming) else 0
+
+    def backward(o: int) -> tuple[int, ...]:
+        start = (
+            params,
+            grads_start,
+            master,
+            o,
+            ema,
+            acts_all + block,
+            0,
+            disp_all + block_disp,
+            transfer,
+        )
+        end = (
+            params,
+            grads_end,
+            master,
+            o,
+            ema,
+            acts_all - saved + first_act + block,
+            0,
+            disp_all - disp + first_disp + block_disp,
+            transfer,
+        )
+        best = start if sum(start) >= sum(end) else end
+        if logits_f:
+            loss = (
+                params,
+                grads_start,
+                master,
+                o,
+                ema,
+                acts_all,
+                logits_f + logits_b,
+                disp_all,
+                transfer,
             )
-        return max(points, key=sum)
+            if sum(loss) > sum(best):
+                best = loss
+        return best
 
-    opt = t.optimizer_states
-    if train.offload.mode == "streaming":
-        optimizer = row(0, 0, 0, 0, 0)  # the CPU updates each layer as its gradients land
-    else:
-        # ZeRO-3's gathered units are released once backward is done
-        optimizer = (*row(t.grads_total, opt + t.optimizer_temporaries, 0, 0, 0)[:8], 0)
-    return {
-        "step1_forward": row(
-            g_fwd if train.grad_accum_steps > 1 else 0, 0, acts_all, t.logits_forward, disp_all
+    if streaming:  # the CPU updates each layer as its gradients land
+        optimizer = (params, 0, master, 0, ema, 0, 0, 0, transfer)
+    else:  # ZeRO-3's gathered units are released once backward is done
+        optimizer = (params, grads_total, master, opt + opt_temp, ema, 0, 0, 0, 0)
+    return (
+        (
+            params,
+            g_fwd if accumulating else 0,
+            master,
+            0,
+            ema,
+            acts_all,
+            logits_f,
+            disp_all,
+            transfer,
         ),
-        "step1_backward": backward(0),
-        "forward": row(g_fwd, opt, acts_all, t.logits_forward, disp_all),
-        "backward": backward(opt),
-        "optimizer": optimizer,
-    }
+        backward(0),
+        (params, g_fwd, master, opt, ema, acts_all, logits_f, disp_all, transfer),
+        backward(opt),
+        optimizer,
+    )
 
 
-def _overheads(coeffs: Coefficients, hw: Hardware, train: TrainSpec) -> tuple[int, float]:
+def _overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> tuple[int, float]:
     context = coeffs.cuda_context_bytes
     if context is None:
         context = hw.cuda_context_bytes
-    if train.expandable_segments:
+    if expandable_segments:
         fraction = coeffs.expandable_segments_overhead_fraction
     elif coeffs.allocator_overhead_fraction is not None:
         fraction = coeffs.allocator_overhead_fraction
@@ -333,91 +630,72 @@ def stage_terms(
 ) -> tuple[StageTerms, Coefficients]:
     """One stage's terms (``explain`` asks for the estimate's heaviest) and the coefficients."""
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
-    return _stage_terms(model, train, coeffs, stage), coeffs
+    return _stage_terms(model, knobs(train), coeffs, stage), coeffs
 
 
 def estimate(
     model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> Budget:
     """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
-    _check(train)
-    coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
-    context, fraction = _overheads(coeffs, hardware, train)
-    pp = train.parallel.pp
-    best: tuple[int, int, str, tuple[int, ...], dict[str, tuple[int, ...]], StageTerms] | None
-    best = None
-    for stage in (0, pp - 1) if pp > 1 else (0,):
-        terms = _stage_terms(model, train, coeffs, stage)
-        phases = _phase_buckets(terms, train)
-        peak_phase, peak_row = max(phases.items(), key=lambda kv: sum(kv[1]))
-        allocated = sum(peak_row)
+    return evaluate(model, knobs(train), hardware, coefficients)
+
+
+def evaluate(
+    model: ModelSpec, kn: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
+    """``estimate`` on flattened knobs: what a search calls with ``knobs(train)._replace(...)``.
+
+    Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
+    """
+    coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
+    context, fraction = _overheads(coeffs, hardware, kn.expandable_segments)
+    pp = kn.pp
+    streaming = kn.offload == "streaming"
+    accumulating = kn.grad_accum > 1
+    peak = -1
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    all_states, all_acts = _stage_parts(model, kn, coeffs, stages)
+    for s, states, acts in zip(stages, all_states, all_acts, strict=True):
+        totals = _phase_totals(states, acts, min(pp - s, kn.grad_accum), streaming, accumulating)
+        allocated = max(totals)
         total = allocated + context + b.allocator_overhead_bytes(allocated, fraction)
-        if best is None or total > best[0]:
-            best = (total, stage, peak_phase, peak_row, phases, terms)
-    assert best is not None
-    peak, stage, peak_phase, peak_row, phases, terms = best
-
-    def full(row: tuple[int, ...]) -> dict[str, int]:
-        allocated = sum(row)
-        out = dict(zip(GPU_BUCKETS[:9], row, strict=True))
-        out["cuda_context"] = context
-        out["allocator_overhead"] = b.allocator_overhead_bytes(allocated, fraction)
-        return out
-
-    phase_out = {}
-    for name, row in phases.items():
-        buckets = full(row)
-        phase_out[name] = construct(PhaseBudget, total_bytes=sum(buckets.values()), buckets=buckets)
+        if total > peak:
+            peak, stage, host, index = total, s, states[13], totals.index(allocated)
     capacity = hardware.memory_bytes
-    ranks = min(hardware.gpus_per_node, train.parallel.world_size)
-    host_buckets = {name: v * ranks for name, v in zip(HOST_BUCKETS, terms.host, strict=True)}
-    host_peak = sum(host_buckets.values())
+    ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
+    host_peak = sum(host) * ranks
     host_cap = hardware.host_memory_bytes
     margin = math.ceil(peak * coeffs.margin_fraction)
     fits = peak + margin <= capacity and (host_cap is None or host_peak <= host_cap)
-    counts = count_params(model)
     warnings = []
-    if train.offload.mode == "streaming" and train.ema == "gpu":
+    if kn.offload == "streaming" and kn.ema == "gpu":
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
-    return construct(
-        Budget,
-        model=construct(
-            ModelSummary,
-            name=model.name,
-            params_total=counts.total,
-            params_active_per_token=counts.per_token_active,
-            params_mtp_excluded=counts.mtp_excluded,
-        ),
-        gpu=construct(
-            GpuBudget,
-            name=hardware.name,
-            capacity_bytes=capacity,
-            peak_bytes=peak,
-            headroom_bytes=capacity - peak,
-            buckets=phase_out[peak_phase].buckets,
-            phases=phase_out,
-        ),
-        host=construct(
-            HostBudget,
-            capacity_bytes=host_cap,
-            peak_bytes=host_peak,
-            headroom_bytes=None if host_cap is None else host_cap - host_peak,
-            ranks_sharing=ranks,
-            buckets=host_buckets,
-        ),
-        peak_phase=peak_phase,
-        fits=fits,
-        stage=stage,
-        margin_bytes=margin,
-        coefficients=construct(
-            CoefficientsUsed,
-            profile=coeffs.profile,
-            device=coeffs.device,
-            calibrated=coeffs.calibrated,
-            source=coeffs.source,
-            margin_fraction=coeffs.margin_fraction,
-        ),
-        warnings=warnings,
+    return Budget(
+        PHASES[index],
+        fits,
+        stage,
+        margin,
+        warnings,
+        peak,
+        host_peak,
+        model,
+        hardware.name,
+        capacity,
+        lambda: _phase_rows(_stage_terms(model, kn, coeffs, stage), kn),
+        context,
+        fraction,
+        host,
+        ranks,
+        host_cap,
+        coeffs,
     )
+
+
+def clear_spec_caches() -> None:
+    """Forget every memoised spec-dependent term (model-derived facts stay cached)."""
+    _STATES.clear()
+    _ACTS.clear()
+    knobs.cache_clear()  # type: ignore[attr-defined]
+    layer_activations.cache_clear()  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ def explain(
     """Explain every GPU bucket of the estimate (values at the peak phase)."""
     budget = estimate(model, train, hardware, coefficients)
     t, coeffs = stage_terms(model, train, hardware, budget.stage, coefficients)
-    context, fraction = _overheads(coeffs, hardware, train)
+    context, fraction = _overheads(coeffs, hardware, train.expandable_segments)
     prec = train.precision
     streaming = train.offload.mode == "streaming"
     sp, a = t.sp, t.acts

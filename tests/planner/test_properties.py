@@ -8,6 +8,7 @@ offloaded optimizer fraction, stronger recompute and higher ZeRO stages.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 
 import planner
 from planner.stage import stage_params
+
+estimate_module = importlib.import_module("planner.estimate")
 
 SETTINGS = settings(max_examples=60, deadline=None)
 GPU_NAMES = planner.gpu_names()
@@ -180,6 +183,56 @@ def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
     assert budget.peak_phase in planner.PHASES
     assert gpu.buckets == gpu.phases[budget.peak_phase].buckets
     assert gpu.headroom_bytes == gpu.capacity_bytes - gpu.peak_bytes
+
+
+@SETTINGS
+@given(model=model_specs(), train=train_specs(), hw=hardware)
+def test_phase_totals_equal_the_rows_the_budget_shows(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
+) -> None:
+    """The verdict comes from scalar phase totals; the per-bucket rows must sum to them."""
+    kn = estimate_module.knobs(train)
+    coeffs = planner.default_coefficients(train.activation_profile, hw.name)
+    for stage in range(train.parallel.pp):
+        (states,), (acts,) = estimate_module._stage_parts(model, kn, coeffs, (stage,))
+        m = min(kn.pp - stage, kn.grad_accum)
+        totals = estimate_module._phase_totals(
+            states, acts, m, kn.offload == "streaming", kn.grad_accum > 1
+        )
+        rows = estimate_module._phase_rows(
+            estimate_module._stage_terms(model, kn, coeffs, stage), kn
+        )
+        assert list(totals) == [sum(row) for row in rows], stage
+    dumped = planner.estimate(model, train, hw).model_dump()
+    assert planner.BudgetModel.model_validate(dumped).model_dump() == dumped
+
+
+@SETTINGS
+@given(
+    model=model_specs(),
+    train=train_specs(),
+    hw=hardware,
+    micro_batch=st.integers(1, 8),
+    fraction=st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_evaluate_on_replaced_knobs_equals_estimate_on_the_spec(
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hw: planner.Hardware,
+    micro_batch: int,
+    fraction: float,
+) -> None:
+    """A search's knobs-level candidates give exactly what a validated spec gives."""
+    spec = _with(
+        train,
+        micro_batch_size=micro_batch,
+        offload={**train.offload.model_dump(), "fraction": fraction},
+    )
+    kn = estimate_module.knobs(train)._replace(micro_batch=micro_batch, fraction=fraction)
+    assert (
+        planner.evaluate(model, kn, hw).model_dump()
+        == planner.estimate(model, spec, hw).model_dump()
+    )
 
 
 @SETTINGS

@@ -59,7 +59,7 @@ def _gpt(h: int, a: int, layers: int = 2, vocab: int = 51200) -> planner.ModelSp
 def test_korthikanti_per_layer(s: int, bsz: int, h: int, a: int, flash: bool) -> None:
     """s·b·h·(34 + 5·a·s/h) per GPT layer in 16-bit; flash drops the 5·a·s/h term."""
     model = _gpt(h, a)
-    acts = layer_activations(model, bsz, s, 2, not flash, 1, 1, 1, False, 1.25, 1.0, TEXTBOOK)
+    acts = layer_activations(model, TEXTBOOK, bsz, s, 2, not flash, 1, 1, 1, False, 1.25, 1.0)
     expected = s * bsz * h * 34 + (0 if flash else 5 * a * s * s * bsz)
     assert acts.dense == expected == b.korthikanti_layer_bytes(s, bsz, h, a, flash=flash)
 
@@ -71,7 +71,7 @@ def test_korthikanti_tensor_and_sequence_parallel(tp: int, sequence_parallel: bo
     s, bsz, h, a = 2048, 1, 12288, 96
     model = _gpt(h, a)
     acts = layer_activations(
-        model, bsz, s, 2, True, tp, 1, 1, sequence_parallel, 1.25, 1.0, TEXTBOOK
+        model, TEXTBOOK, bsz, s, 2, True, tp, 1, 1, sequence_parallel, 1.25, 1.0
     )
     if sequence_parallel:
         expected = s * bsz * h * 34 // tp + 5 * a * s * s * bsz // tp
