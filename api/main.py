@@ -1,77 +1,183 @@
-"""The Headroom service: the planner over HTTP under ``/api/v1``.
+"""The Headroom service: the planner, the store and the page over HTTP under ``/api/v1``.
 
-This is the service's first slice: health, presets and estimates. Errors are RFC 9457
-problem+json; a predicted OOM is a 200 with ``fits: false``. No arithmetic lives here.
+Errors are RFC 9457 problem+json, never a traceback; a predicted OOM is a 200 with
+``fits: false``. No arithmetic lives here: routes call the planner, calibration and the store.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import Body, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_fastapi_instrumentator import Instrumentator
+from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import planner
+from api import migrate
+from api.db import make_engine, make_sessionmaker
+from api.metrics import Metrics
+from api.problems import problem
+from api.routes import planning, records
+from api.security import AuthError
+from api.settings import Settings
 
 PREFIX = "/api/v1"
+log = logging.getLogger("headroom.api")
 
 
-def _problem(status: int, title: str, detail: str, **extra: Any) -> JSONResponse:
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, **extra}
-    return JSONResponse(body, status_code=status, media_type="application/problem+json")
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with a 413 problem, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = self.limit + 1
+                if declared > self.limit:
+                    await self._refuse(scope, receive, send)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem(413, f"request body is larger than {self.limit} bytes")
+        await response(scope, receive, send)
 
 
-def create_app() -> FastAPI:
-    """Build the FastAPI application."""
+class _TooLarge(Exception):
+    pass
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application for ``settings`` (default: from the environment)."""
+    settings = settings or Settings()
+    engine = make_engine(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate:
+            migrate.upgrade(settings.database_url)
+        yield
+        engine.dispose()
+
     app = FastAPI(
         title="Headroom",
         version="0.1.0",
+        summary="Memory-budget planner and OOM predictor for training large transformers.",
         openapi_url=f"{PREFIX}/openapi.json",
         docs_url=f"{PREFIX}/docs",
         redoc_url=None,
+        lifespan=lifespan,
     )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.metrics = metrics = Metrics()
 
     @app.exception_handler(planner.HeadroomError)
     async def _spec_error(request: Request, exc: planner.HeadroomError) -> JSONResponse:
-        return _problem(422, "Invalid input", str(exc), field=exc.field)
+        return problem(422, str(exc), field=exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
-        ]
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-        return _problem(422, "Invalid input", detail, errors=errors)
+        errors = [{"field": _field(e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:10])
+        return problem(422, detail, errors=errors)
 
-    @app.get("/healthz")
-    @app.get(f"{PREFIX}/healthz")
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> JSONResponse:
+        return problem(401, exc.detail, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(records.NotFound)
+    async def _not_found(request: Request, exc: records.NotFound) -> JSONResponse:
+        return problem(404, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else None
+        return problem(exc.status_code, str(exc.detail), headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "internal error; the server log has the details", title="Error")
+
+    @app.get("/healthz", tags=["health"], include_in_schema=False)
+    @app.get(f"{PREFIX}/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
+        """The process is alive."""
         return {"status": "ok"}
 
-    @app.get(f"{PREFIX}/presets")
-    def presets() -> dict[str, Any]:
-        return {
-            "gpus": [planner.gpu(n).model_dump() for n in planner.gpu_names()],
-            "models": [
-                {"name": n, "params_total": planner.count_params(planner.load_model(n)).total}
-                for n in planner.model_names()
-            ],
-        }
+    @app.get("/readyz", tags=["health"], include_in_schema=False)
+    @app.get(f"{PREFIX}/readyz", tags=["health"])
+    def readyz() -> JSONResponse:
+        """The database is reachable and migrated to the latest revision."""
+        head = migrate.head_revision()
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            current = migrate.current_revision(settings.database_url)
+        except Exception as exc:  # any driver error means not ready
+            return problem(503, f"database unreachable: {type(exc).__name__}", title="Not ready")
+        if current != head:
+            return problem(
+                503, f"database at revision {current}, expected {head}", title="Not ready"
+            )
+        return JSONResponse({"status": "ready", "revision": current})
 
-    @app.post(f"{PREFIX}/estimate")
-    def estimate(
-        model: Annotated[str | dict[str, Any], Body(description="Preset, our spec or config.json")],
-        train: Annotated[dict[str, Any] | None, Body()] = None,
-        gpu: Annotated[str | dict[str, Any], Body()] = "H100-80GB",
-        host_memory: Annotated[str | int | None, Body()] = None,
-    ) -> dict[str, Any]:
-        spec = planner.load_model(model)
-        train_spec = planner.load_train(train or {})
-        hw = planner.load_hardware(gpu, host_memory=host_memory)
-        return planner.estimate(spec, train_spec, hw).model_dump()
+    app.include_router(planning.router, prefix=PREFIX)
+    app.include_router(records.router, prefix=PREFIX)
 
+    Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
+        app
+    ).expose(app, endpoint="/metrics", include_in_schema=False)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 
 
-app = create_app()
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    # ``uvicorn api.main:app`` builds the app from the environment on first use, not on import
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(name)

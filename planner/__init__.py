@@ -13,6 +13,7 @@ from planner.coefficients import Coefficients, default_coefficients, profiles
 from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
 from planner.estimate import Knobs, estimate, evaluate, knobs
 from planner.explain import Explanation, explain
+from planner.gate import Verdict, gate
 from planner.hardware import Hardware, gpu, gpu_names
 from planner.io import load_hardware, load_model, load_train, model_names
 from planner.model import MLASpec, ModelSpec, MoESpec
@@ -43,12 +44,14 @@ __all__ = [
     "SpecError",
     "TrainSpec",
     "UnknownPresetError",
+    "Verdict",
     "count_params",
     "default_coefficients",
     "estimate",
     "evaluate",
     "explain",
     "format_bytes",
+    "gate",
     "gpu",
     "gpu_names",
     "knobs",

@@ -1,0 +1,30 @@
+"""Request-scoped dependencies: a database session and the app's settings and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from api.metrics import Metrics
+from api.settings import Settings
+
+
+def session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessionmaker() as s:
+        yield s
+
+
+def settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def metrics(request: Request) -> Metrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+SessionDep = Annotated[Session, Depends(session)]
+SettingsDep = Annotated[Settings, Depends(settings)]
+MetricsDep = Annotated[Metrics, Depends(metrics)]

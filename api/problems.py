@@ -1,0 +1,66 @@
+"""RFC 9457 problem details: every error the service returns has this shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+PROBLEM_JSON = "application/problem+json"
+
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Content too large",
+    415: "Unsupported media type",
+    422: "Invalid input",
+    429: "Too many requests",
+    503: "Service unavailable",
+}
+
+
+def problem(
+    status: int,
+    detail: str,
+    *,
+    title: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """A problem+json response."""
+    body = {
+        "type": "about:blank",
+        "title": title or _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+#: OpenAPI description of the problem responses, for routes to declare
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "content": {
+        PROBLEM_JSON: {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string"},
+                    "title": {"type": "string"},
+                    "status": {"type": "integer"},
+                    "detail": {"type": "string"},
+                },
+                "required": ["type", "title", "status", "detail"],
+            }
+        }
+    }
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each code documented as problem+json."""
+    return {code: {"description": _TITLES.get(code, "Error"), **PROBLEM_SCHEMA} for code in codes}

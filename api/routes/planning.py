@@ -1,0 +1,61 @@
+"""Planning routes: presets, this host's GPUs, estimate and gate. The planner does the work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+import planner
+from api.deps import MetricsDep
+from api.gpus import local_gpus
+from api.problems import responses
+from api.schemas import EstimateRequest, GateRequest
+
+router = APIRouter(tags=["planning"])
+
+
+def _budget(body: EstimateRequest) -> planner.Budget:
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(
+        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
+    )
+    return planner.estimate(model, train, hw)
+
+
+@router.get("/presets")
+def presets() -> dict[str, Any]:
+    """GPU presets and bundled models."""
+    return {
+        "gpus": [planner.gpu(n).model_dump() for n in planner.gpu_names()],
+        "models": [
+            {"name": n, "params_total": planner.count_params(planner.load_model(n)).total}
+            for n in planner.model_names()
+        ],
+    }
+
+
+@router.get("/gpus")
+def gpus() -> dict[str, Any]:
+    """This host's GPUs through NVML, or an empty list and the reason."""
+    return local_gpus()
+
+
+@router.post("/estimate", response_model=planner.BudgetModel, responses=responses(413, 422))
+def estimate(body: EstimateRequest, metrics: MetricsDep) -> dict[str, Any]:
+    """Per-bucket GPU and host memory by phase, the peak and the verdict (a predicted OOM is a
+    200 with ``fits: false``)."""
+    budget = _budget(body)
+    metrics.estimates.labels("estimate").inc()
+    metrics.verdicts.labels(str(budget.fits).lower()).inc()
+    return budget.model_dump()
+
+
+@router.post("/gate", response_model=planner.Verdict, responses=responses(413, 422))
+def gate(body: GateRequest, metrics: MetricsDep) -> planner.Verdict:
+    """Launch or not: ``fits``, ``oom`` or ``undecided`` with the exit code the CLI would use."""
+    verdict = planner.gate(_budget(body), body.margin_pct, body.require_calibration)
+    metrics.estimates.labels("gate").inc()
+    metrics.verdicts.labels(str(verdict.fits).lower()).inc()
+    return verdict

@@ -1,0 +1,162 @@
+"""Calibration records, coefficient sets and runs. Writes need the bearer token."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi.responses import PlainTextResponse
+
+from api import store
+from api.db import Calibration, Run
+from api.deps import MetricsDep, SessionDep, SettingsDep
+from api.problems import responses
+from api.schemas import CalibrationIn, CalibrationOut, CoefficientSetOut, Page, RunIn, RunOut
+from api.security import require_token
+
+router = APIRouter()
+
+
+class NotFound(Exception):
+    def __init__(self, what: str, row_id: int) -> None:
+        super().__init__(f"{what} {row_id} does not exist")
+
+
+def _calibration(row: Calibration) -> CalibrationOut:
+    out = CalibrationOut.model_validate(row, from_attributes=True)
+    return out.model_copy(update={"created_at": store.as_utc(row.created_at)})
+
+
+def _run(row: Run) -> RunOut:
+    out = RunOut.model_validate(row, from_attributes=True)
+    return out.model_copy(
+        update={
+            name: store.as_utc(getattr(row, name))
+            for name in ("created_at", "updated_at", "started_at", "finished_at")
+        }
+    )
+
+
+RowId = Annotated[int, Path(ge=1, le=2**62)]
+Limit = Query(default=100, ge=1, le=500)
+Offset = Query(default=0, ge=0, le=2**31)
+
+
+@router.get("/calibrations", tags=["calibration"], response_model=Page)
+def list_calibrations(
+    db: SessionDep,
+    limit: int = Limit,
+    offset: int = Offset,
+    model: str | None = Query(default=None, max_length=200),
+    gpu: str | None = Query(default=None, max_length=100),
+) -> dict[str, Any]:
+    rows, total = store.list_rows(db, Calibration, limit, offset, model_name=model, gpu_name=gpu)
+    return {"items": [_calibration(r) for r in rows], "total": total}
+
+
+@router.post(
+    "/calibrations",
+    tags=["calibration"],
+    status_code=201,
+    response_model=CalibrationOut,
+    dependencies=[Depends(require_token)],
+    responses={200: {"description": "Already stored under this uid"}, **responses(401, 413, 422)},
+)
+def add_calibration(
+    body: CalibrationIn, db: SessionDep, metrics: MetricsDep, response: Response
+) -> CalibrationOut:
+    """Store a measurement with the estimate it is compared against (idempotent on ``uid``)."""
+    row, created = store.add_calibration(db, body)
+    if created:
+        metrics.calibrations.inc()
+    else:
+        response.status_code = 200
+    return _calibration(row)
+
+
+@router.get(
+    "/calibrations/{calibration_id}",
+    tags=["calibration"],
+    response_model=CalibrationOut,
+    responses=responses(404),
+)
+def get_calibration(calibration_id: RowId, db: SessionDep) -> CalibrationOut:
+    row = store.get_row(db, Calibration, calibration_id)
+    if row is None:
+        raise NotFound("calibration", calibration_id)
+    return _calibration(row)
+
+
+@router.get("/coefficients", tags=["calibration"], response_model=list[CoefficientSetOut])
+def coefficients(db: SessionDep) -> list[dict[str, Any]]:
+    """Shipped coefficient sets per activation profile, and the fitted ones in the store."""
+    return store.coefficient_sets(db)
+
+
+@router.post(
+    "/runs",
+    tags=["runs"],
+    status_code=201,
+    response_model=RunOut,
+    dependencies=[Depends(require_token)],
+    responses={200: {"description": "Already stored under this uid"}, **responses(401, 413, 422)},
+)
+def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
+    """Queue a run of the bundled trainer (validated by the planner first)."""
+    row, created = store.add_run(db, body)
+    if not created:
+        response.status_code = 200
+    return _run(row)
+
+
+@router.get("/runs", tags=["runs"], response_model=Page)
+def list_runs(
+    db: SessionDep,
+    limit: int = Limit,
+    offset: int = Offset,
+    status: str | None = Query(default=None, max_length=16),
+) -> dict[str, Any]:
+    rows, total = store.list_rows(db, Run, limit, offset, status=status)
+    return {"items": [_run(r) for r in rows], "total": total}
+
+
+@router.get("/runs/{run_id}", tags=["runs"], response_model=RunOut, responses=responses(404))
+def get_run(run_id: RowId, db: SessionDep) -> RunOut:
+    row = store.get_row(db, Run, run_id)
+    if row is None:
+        raise NotFound("run", run_id)
+    return _run(row)
+
+
+@router.get(
+    "/runs/{run_id}/logs",
+    tags=["runs"],
+    response_class=PlainTextResponse,
+    responses=responses(404),
+)
+def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
+    """The run's captured output (empty until it starts)."""
+    row = store.get_row(db, Run, run_id)
+    if row is None:
+        raise NotFound("run", run_id)
+    if not row.log_path:
+        return ""
+    try:
+        with open(row.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    tags=["runs"],
+    response_model=RunOut,
+    dependencies=[Depends(require_token)],
+    responses=responses(401, 404),
+)
+def cancel_run(run_id: RowId, db: SessionDep) -> RunOut:
+    row = store.get_row(db, Run, run_id)
+    if row is None:
+        raise NotFound("run", run_id)
+    return _run(store.cancel_run(db, row))

@@ -1,0 +1,128 @@
+"""Request and response bodies of the service (pydantic v2, strict about unknown keys)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.budget import GPU_BUCKETS, PHASES
+
+PhaseName = Literal[PHASES]  # type: ignore[valid-type]
+BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]
+
+_MODEL = "A bundled model name, our model spec, or a Hugging Face config.json."
+_GPU = "A GPU preset name (GET /presets) or a hardware object."
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EstimateRequest(_In):
+    model: str | dict[str, Any] = Field(description=_MODEL)
+    train: dict[str, Any] | None = Field(default=None, description="Training spec (planner keys).")
+    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
+    host_memory: str | int | None = Field(
+        default=None, description="Host RAM per node, e.g. '1.5TiB', or bytes."
+    )
+    gpus_per_node: int | None = Field(default=None, ge=1, le=1024)
+
+
+class GateRequest(EstimateRequest):
+    margin_pct: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Safety margin in % of capacity (default: the coefficients' margin).",
+    )
+    require_calibration: bool = Field(
+        default=False,
+        description="Refuse to decide (decision 'undecided') on uncalibrated coefficients.",
+    )
+
+
+class Measured(_In):
+    allocated_bytes: int = Field(gt=0, le=2**50, description="Peak allocated bytes on the GPU.")
+    reserved_bytes: int | None = Field(default=None, gt=0, le=2**50)
+    phase: PhaseName | None = Field(default=None, description="Phase the peak was measured in.")
+    buckets: dict[BucketName, int] | None = Field(
+        default=None, description="Measured bytes per GPU bucket, where attributable."
+    )
+
+
+class CalibrationIn(_In):
+    uid: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="Client-chosen id: posting the same uid again returns the stored record.",
+    )
+    model: str | dict[str, Any] = Field(description=_MODEL)
+    train: dict[str, Any] | None = None
+    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
+    measured: Measured
+    source: Literal["runtime", "probe", "external"] = "external"
+    notes: str = Field(default="", max_length=4000)
+
+
+class CalibrationOut(BaseModel):
+    id: int
+    uid: str
+    created_at: dt.datetime
+    source: str
+    model_name: str
+    gpu_name: str
+    activation_profile: str
+    measured_peak_bytes: int
+    predicted_peak_bytes: int
+    relative_error: float
+    spec: dict[str, Any]
+    measured: dict[str, Any]
+    predicted: dict[str, Any]
+    notes: str
+
+
+class CoefficientSetOut(BaseModel):
+    id: int | None = Field(description="None for the shipped defaults.")
+    profile: str
+    device: str | None
+    calibrated: bool
+    source: str
+    values: dict[str, Any]
+    created_at: dt.datetime | None = None
+
+
+class RunIn(_In):
+    uid: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$"
+    )
+    model: str | dict[str, Any] = Field(description=_MODEL)
+    train: dict[str, Any] | None = None
+    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
+    steps: int = Field(default=10, ge=1, le=10_000_000)
+    backend: Literal["local", "torchrun"] = "local"
+
+
+class RunOut(BaseModel):
+    id: int
+    uid: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    status: str
+    backend: str
+    model_name: str
+    gpu_name: str
+    plan: dict[str, Any]
+    steps: int
+    exit_code: int | None
+    reason: str
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class Page(BaseModel):
+    items: list[Any]
+    total: int

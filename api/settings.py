@@ -1,0 +1,31 @@
+"""The service's settings: one class, read from ``HEADROOM_*`` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service reads from its environment (prefix ``HEADROOM_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="HEADROOM_", extra="ignore")
+
+    database_url: str = Field(
+        default="sqlite:///headroom.db",
+        description="SQLAlchemy URL: SQLite (the embedded default) or postgresql+psycopg://…",
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token for mutating endpoints; without one they are refused.",
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="Largest accepted request body (413 above)."
+    )
+    max_list: int = Field(default=500, ge=1, description="Most rows one list request returns.")
+    run_dir: Path = Field(default=Path("runs"), description="Where launched runs keep their logs.")
+    migrate: bool = Field(
+        default=True, description="Upgrade the database to the latest migration on start."
+    )

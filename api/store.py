@@ -1,0 +1,171 @@
+"""The store's operations: calibration records, coefficient sets and runs.
+
+Writes are idempotent on a client-chosen ``uid``, so a client that retries after a lost
+response (a restart, a timeout) never creates a duplicate and never loses a record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+import planner
+from api.db import Calibration, CoefficientSet, Run, utcnow
+from api.schemas import CalibrationIn, RunIn
+from calibration.compare import compare
+
+
+def _spec_dump(
+    model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
+) -> dict[str, Any]:
+    return {
+        "model": model.model_dump(mode="json"),
+        "train": train.model_dump(mode="json"),
+        "hardware": hw.model_dump(mode="json"),
+    }
+
+
+def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration, bool]:
+    """Store one measurement with the estimate it is compared against; (record, created)."""
+    uid = body.uid or uuid.uuid4().hex
+    existing = session.scalar(select(Calibration).where(Calibration.uid == uid))
+    if existing is not None:
+        return existing, False
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(body.gpu)
+    budget = planner.estimate(model, train, hw)
+    m = body.measured
+    comparison = compare(
+        budget,
+        m.allocated_bytes,
+        m.reserved_bytes,
+        m.phase,
+        dict(m.buckets) if m.buckets else None,
+    )
+    record = Calibration(
+        uid=uid,
+        source=body.source,
+        model_name=model.name,
+        gpu_name=hw.name,
+        activation_profile=train.activation_profile,
+        spec=_spec_dump(model, train, hw),
+        measured=m.model_dump(mode="json"),
+        predicted={"budget": budget.model_dump(mode="json"), "comparison": comparison},
+        measured_peak_bytes=m.allocated_bytes,
+        predicted_peak_bytes=comparison["predicted_allocated_bytes"],
+        relative_error=comparison["relative_error"],
+        notes=body.notes,
+    )
+    session.add(record)
+    try:
+        session.commit()
+    except IntegrityError:  # the same uid committed concurrently: return that one
+        session.rollback()
+        existing = session.scalar(select(Calibration).where(Calibration.uid == uid))
+        if existing is None:
+            raise
+        return existing, False
+    return record, True
+
+
+def list_rows(
+    session: Session, table: type[Any], limit: int, offset: int, **filters: Any
+) -> tuple[list[Any], int]:
+    query = select(table)
+    count = select(func.count()).select_from(table)
+    for column, value in filters.items():
+        if value is not None:
+            query = query.where(getattr(table, column) == value)
+            count = count.where(getattr(table, column) == value)
+    rows = list(session.scalars(query.order_by(table.id).limit(limit).offset(offset)))
+    return rows, int(session.scalar(count) or 0)
+
+
+def get_row(session: Session, table: type[Any], row_id: int) -> Any:
+    return session.get(table, row_id)
+
+
+def coefficient_sets(session: Session) -> list[dict[str, Any]]:
+    """The shipped defaults (per profile) and every fitted set in the store."""
+    out: list[dict[str, Any]] = []
+    for profile in planner.profiles():
+        c = planner.default_coefficients(profile, None)
+        out.append(
+            {
+                "id": None,
+                "profile": c.profile,
+                "device": c.device,
+                "calibrated": c.calibrated,
+                "source": c.source,
+                "values": c.model_dump(mode="json"),
+                "created_at": None,
+            }
+        )
+    for row in session.scalars(select(CoefficientSet).order_by(CoefficientSet.id)):
+        out.append(
+            {
+                "id": row.id,
+                "profile": row.profile,
+                "device": row.device,
+                "calibrated": True,
+                "source": f"fitted from {len(row.fitted_from.get('calibrations', []))} record(s)",
+                "values": row.values,
+                "created_at": row.created_at,
+            }
+        )
+    return out
+
+
+def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
+    """Persist a run request (validated against the planner first); (run, created)."""
+    uid = body.uid or uuid.uuid4().hex
+    existing = session.scalar(select(Run).where(Run.uid == uid))
+    if existing is not None:
+        return existing, False
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(body.gpu)
+    budget = planner.estimate(model, train, hw)
+    run = Run(
+        uid=uid,
+        status="queued",
+        backend=body.backend,
+        model_name=model.name,
+        gpu_name=hw.name,
+        plan={**_spec_dump(model, train, hw), "predicted_fits": budget.fits},
+        steps=body.steps,
+        reason="queued: no launcher is attached to this service",
+    )
+    session.add(run)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = session.scalar(select(Run).where(Run.uid == uid))
+        if existing is None:
+            raise
+        return existing, False
+    return run, True
+
+
+def cancel_run(session: Session, run: Run) -> Run:
+    """Cancel a queued or running run; finished runs are left as they are."""
+    if run.status in ("queued", "running"):
+        run.status = "cancelled"
+        run.reason = "cancelled by request"
+        run.finished_at = utcnow()
+        session.commit()
+    return run
+
+
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value

@@ -1,0 +1,42 @@
+"""Alembic environment: the URL comes from the caller (``api.migrate``) or HEADROOM_DATABASE_URL."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from api.db import Base, make_engine
+from api.settings import Settings
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or Settings().database_url
+
+
+def run_offline() -> None:
+    context.configure(
+        url=url,
+        target_metadata=Base.metadata,
+        literal_binds=True,
+        render_as_batch=url.startswith("sqlite"),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            render_as_batch=connection.dialect.name == "sqlite",
+            compare_type=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()
