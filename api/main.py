@@ -42,38 +42,52 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        declared: int | None = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = self.limit + 1
-                if declared > self.limit:
-                    await self._refuse(scope, receive, send)
-                    return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        if declared is not None:
+            if declared > self.limit:
+                await self._refuse(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        # no declared length (chunked): read the body here, within the limit, and replay it
+        body = bytearray()
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+        await self.app(scope, _replay(replay, receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem(413, f"request body is larger than {self.limit} bytes")
         await response(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    """A ``receive`` that returns ``messages`` first, then defers to ``then``."""
+    pending = list(messages)
+
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is None:
+            return {"type": "http.disconnect"}
+        return await then()
+
+    return receive
 
 
 def _field(loc: tuple[Any, ...]) -> str:
