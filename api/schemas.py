@@ -43,6 +43,15 @@ class GateRequest(EstimateRequest):
     )
 
 
+class FitRequest(EstimateRequest):
+    margin_pct: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Safety margin in % of the peak (default: the coefficients' margin).",
+    )
+
+
 class Measured(_In):
     allocated_bytes: int = Field(gt=0, le=2**50, description="Peak allocated bytes on the GPU.")
     reserved_bytes: int | None = Field(default=None, gt=0, le=2**50)

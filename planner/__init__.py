@@ -13,6 +13,7 @@ from planner.coefficients import Coefficients, default_coefficients, profiles
 from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
 from planner.estimate import Knobs, estimate, evaluate, knobs
 from planner.explain import Explanation, explain
+from planner.fit import FitResult, fit
 from planner.gate import Verdict, gate
 from planner.hardware import Hardware, gpu, gpu_names
 from planner.io import load_hardware, load_model, load_train, model_names
@@ -29,6 +30,7 @@ __all__ = [
     "BudgetModel",
     "Coefficients",
     "Explanation",
+    "FitResult",
     "Hardware",
     "HeadroomError",
     "InputFormatError",
@@ -50,6 +52,7 @@ __all__ = [
     "estimate",
     "evaluate",
     "explain",
+    "fit",
     "format_bytes",
     "gate",
     "gpu",

@@ -55,6 +55,15 @@ class Coefficients(BaseModel):
     margin_fraction: float = Field(
         default=0.0, ge=0, lt=1, description="Safety margin added to the peak before the verdict."
     )
+    compute_efficiency: float = Field(
+        default=0.45, gt=0, le=1, description="Achieved over peak bf16 FLOP/s (step-time model)."
+    )
+    host_link_efficiency: float = Field(
+        default=0.8, gt=0, le=1, description="Achieved over nominal host-link bandwidth (pinned)."
+    )
+    cpu_optimizer_params_per_s: float = Field(
+        default=2.0e9, gt=0, description="CPU AdamW throughput of the host, parameters per second."
+    )
 
 
 @cache

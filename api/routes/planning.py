@@ -10,7 +10,7 @@ import planner
 from api.deps import MetricsDep
 from api.gpus import local_gpus
 from api.problems import responses
-from api.schemas import EstimateRequest, GateRequest
+from api.schemas import EstimateRequest, FitRequest, GateRequest
 
 router = APIRouter(tags=["planning"])
 
@@ -59,3 +59,18 @@ def gate(body: GateRequest, metrics: MetricsDep) -> planner.Verdict:
     metrics.estimates.labels("gate").inc()
     metrics.verdicts.labels(str(verdict.fits).lower()).inc()
     return verdict
+
+
+@router.post("/fit", response_model=planner.FitResult, responses=responses(413, 422))
+def fit(body: FitRequest, metrics: MetricsDep) -> planner.FitResult:
+    """The fastest ladder candidate (offload, micro-batch, recompute, ZeRO) that fits, the
+    runners-up, and why others were rejected. Nothing fitting is a 200 with ``fits: false``."""
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(
+        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
+    )
+    result = planner.fit(model, train, hw, margin_pct=body.margin_pct)
+    metrics.estimates.labels("fit").inc(result.candidates_considered)
+    metrics.verdicts.labels(str(result.fits).lower()).inc()
+    return result

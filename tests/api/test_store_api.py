@@ -117,9 +117,7 @@ def test_missing_rows_are_404_problems(client: TestClient) -> None:
 def test_oversized_bodies_are_413(client: TestClient) -> None:
     big = b'{"model": "' + b"x" * 2_000_000 + b'"}'
     _problem(
-        client.post(
-            "/api/v1/estimate", content=big, headers={"content-type": "application/json"}
-        ),
+        client.post("/api/v1/estimate", content=big, headers={"content-type": "application/json"}),
         413,
     )
 
@@ -206,3 +204,21 @@ def test_local_gpus_says_why_there_are_none(client: TestClient) -> None:
     assert isinstance(body["gpus"], list)
     if not body["gpus"]:
         assert body["reason"]
+
+
+def test_fit_returns_a_plan_that_fits(client: TestClient) -> None:
+    body = {"model": "llama-3-8b", "train": {"micro_batch_size": 8}, "gpu": "H100-80GB"}
+    result = client.post("/api/v1/fit", json=body).json()
+    assert result["fits"] is True and result["budget"]["fits"] is True
+    assert result["plan"]["offload"]["mode"] in ("optimizer", "streaming")
+    assert result["candidates_considered"] > 100
+    expected = planner.fit(
+        planner.load_model("llama-3-8b"),
+        planner.TrainSpec(micro_batch_size=8),
+        planner.gpu("H100-80GB"),
+    )
+    assert result == expected.model_dump(mode="json")
+    nothing = client.post(
+        "/api/v1/fit", json={"model": "deepseek-v3", "gpu": "RTX-3090", "host_memory": "64GiB"}
+    )
+    assert nothing.status_code == 200 and nothing.json()["fits"] is False
