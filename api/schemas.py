@@ -35,7 +35,7 @@ class GateRequest(EstimateRequest):
         default=None,
         ge=0,
         le=100,
-        description="Safety margin in % of capacity (default: the coefficients' margin).",
+        description="Safety margin in % of the peak (default: the coefficients' margin).",
     )
     require_calibration: bool = Field(
         default=False,

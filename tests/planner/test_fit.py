@@ -55,7 +55,6 @@ def test_every_candidate_matches_its_validated_spec() -> None:
     fit_module = importlib.import_module("planner.fit")
     model = planner.load_model("tiny-moe")
     train = planner.TrainSpec(micro_batch_size=4, parallel={"dp": 2, "ep": 2})
-    hw = planner.gpu("RTX-4090")
     for kn, changes in candidates(model, train):
         plan = fit_module._plan(train, changes)
         assert planner.knobs(plan) == kn, changes
