@@ -1,8 +1,9 @@
 """The store over HTTP: bearer-token writes, idempotent records, 404/401/413 problems, readiness,
-metrics, runs and coefficient sets, on a migrated SQLite database."""
+metrics, runs and coefficient sets, on migrated SQLite and PostgreSQL databases."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,9 +26,33 @@ RECORD = {
 }
 
 
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL database (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/t.db"
+        return
+    import psycopg
+
+    name = f"headroom_store_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 (database test) is not reachable: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path}/t.db", token=TOKEN))
+def client(database_url: str) -> Iterator[TestClient]:
+    app = create_app(Settings(database_url=database_url, token=TOKEN))
     with TestClient(app) as c:  # the lifespan migrates the database
         yield c
 
