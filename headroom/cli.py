@@ -102,6 +102,150 @@ def estimate(
         render_explanations(explanations, console)
 
 
+class GateFormat(StrEnum):
+    text = "text"
+    json = "json"
+    github = "github"
+    junit = "junit"
+
+
+def _load(
+    model: str,
+    train: Path | None,
+    set_: list[str] | None,
+    gpu: str,
+    host_memory: str | None,
+    gpus_per_node: int | None,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
+    spec = planner.load_model(model)
+    train_spec = planner.load_train(_train_dict(train, set_ or []))
+    hw = planner.load_hardware(
+        gpu, host_memory=host_memory, gpus_per_node=gpus_per_node, host_memory_field="--host-memory"
+    )
+    return spec, train_spec, hw
+
+
+def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
+    from xml.etree import ElementTree as ET
+
+    name = f"{model} on {gpu}"
+    suite = ET.Element(
+        "testsuite",
+        name="headroom gate",
+        tests="1",
+        failures="1" if verdict.decision == "oom" else "0",
+        errors="1" if verdict.decision == "undecided" else "0",
+    )
+    case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=name)
+    if verdict.decision == "oom":
+        ET.SubElement(case, "failure", message=verdict.reason, type="PredictedOOM")
+    elif verdict.decision == "undecided":
+        ET.SubElement(case, "error", message=verdict.reason, type="Undecided")
+    ET.SubElement(case, "system-out").text = verdict.model_dump_json()
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+@app.command()
+def gate(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    margin: Annotated[
+        float | None,
+        typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
+    ] = None,
+    require_calibration: Annotated[
+        bool,
+        typer.Option(
+            "--require-calibration", help="Exit 3 when the coefficients are uncalibrated."
+        ),
+    ] = False,
+    format: Annotated[
+        GateFormat, typer.Option("--format", help="Output format.")
+    ] = GateFormat.text,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Write the report here instead of stdout.")
+    ] = None,
+) -> None:
+    """Refuse a launch predicted to OOM: exit 0 fits, 1 predicted OOM, 2 invalid input,
+    3 cannot decide."""
+    try:
+        spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
+        verdict = planner.gate(planner.estimate(spec, train_spec, hw), margin, require_calibration)
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    gib = 2**30
+    summary = (
+        f"{verdict.decision}: {spec.name} on {hw.name}: "
+        f"peak {verdict.gpu_peak_bytes / gib:.2f} GiB ({verdict.peak_phase}) "
+        f"+ margin {verdict.margin_bytes / gib:.2f} GiB of "
+        f"{verdict.gpu_capacity_bytes / gib:.2f} GiB; {verdict.reason}"
+    )
+    if format is GateFormat.json:
+        text = verdict.model_dump_json(indent=2)
+    elif format is GateFormat.github:
+        level = {"fits": "notice", "oom": "error", "undecided": "warning"}[verdict.decision]
+        text = f"::{level} title=Headroom gate::{summary}"
+    elif format is GateFormat.junit:
+        text = _junit(verdict, spec.name, hw.name)
+    else:
+        text = summary
+    if output is not None:
+        output.write_text(text + "\n")
+        typer.echo(summary, err=True)
+    else:
+        typer.echo(text)
+    raise typer.Exit(verdict.exit_code)
+
+
+@app.command()
+def fit(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    margin: Annotated[
+        float | None,
+        typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
+    ] = None,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Find the fastest configuration that fits (offload, micro-batch, recompute, ZeRO).
+    Exit 0 with a plan, 1 when nothing fits, 2 on invalid input."""
+    try:
+        spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
+        result = planner.fit(spec, train_spec, hw, margin_pct=margin)
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    if format is TextOrJson.json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        console = Console()
+        console.print(
+            f"{result.candidates_considered} candidates, {result.candidates_fitting} fit; "
+            f"{result.reason}"
+        )
+        if result.plan is not None and result.budget is not None:
+            p = result.plan
+            console.print(
+                f"plan: micro_batch_size={p['micro_batch_size']} "
+                f"grad_accum_steps={p['grad_accum_steps']} recompute={p['recompute']} "
+                f"offload={p['offload']} zero_stage={p['parallel']['zero_stage']}"
+            )
+            console.print(
+                f"predicted: {result.predicted_step_seconds:.3f} s/step, "
+                f"{result.predicted_tokens_per_second:,.0f} tokens/s, GPU peak "
+                f"{planner.format_bytes(result.budget.gpu.peak_bytes)} "
+                f"({result.budget.peak_phase}) of {planner.format_bytes(hw.memory_bytes)}"
+            )
+    raise typer.Exit(0 if result.fits else 1)
+
+
 @app.command()
 def presets(format: FormatOpt = TextOrJson.text) -> None:
     """List the bundled GPU and model presets."""

@@ -1,0 +1,90 @@
+"""``headroom gate`` exit codes and formats, and ``headroom fit``, through a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import planner
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "headroom", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_gate_fits_exits_0_with_the_verdict() -> None:
+    proc = run("gate", "tiny-dense", "--gpu", "H100-80GB", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)
+    budget = planner.estimate(
+        planner.load_model("tiny-dense"), planner.TrainSpec(), planner.gpu("H100-80GB")
+    )
+    assert verdict["decision"] == "fits" and verdict["gpu_peak_bytes"] == budget.gpu_peak_bytes
+
+
+def test_gate_predicted_oom_exits_1_with_github_annotation() -> None:
+    proc = run("gate", "llama-3-70b", "--gpu", "RTX-4090", "--format", "github")
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("::error title=Headroom gate::oom: llama-3-70b on RTX-4090")
+
+
+def test_gate_margin_can_turn_fits_into_oom() -> None:
+    budget = planner.estimate(
+        planner.load_model("llama-3-8b"), planner.TrainSpec(), planner.gpu("H200-141GB")
+    )
+    assert budget.fits  # 143 GB of 150.8 GB: a 10 % margin does not fit
+    proc = run("gate", "llama-3-8b", "--gpu", "H200-141GB", "--margin", "10", "--format", "json")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["margin_bytes"] == -(-budget.gpu_peak_bytes * 10 // 100)
+
+
+def test_gate_malformed_input_exits_2_with_one_line() -> None:
+    proc = run("gate", "tiny-dense", "--set", "recompute=sometimes")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "recompute" in lines[0] and "Traceback" not in proc.stderr
+    assert run("gate", "no-such-model").returncode == 2
+
+
+def test_gate_without_calibration_exits_3_when_required(tmp_path: Path) -> None:
+    report = tmp_path / "gate.xml"
+    proc = run(
+        "gate", "tiny-dense", "--require-calibration", "--format", "junit", "--output", str(report)
+    )
+    assert proc.returncode == 3
+    suite = ET.parse(report).getroot()
+    assert suite.tag == "testsuite" and suite.get("errors") == "1"
+    assert suite.find("testcase/error") is not None
+
+
+def test_gate_junit_reports_a_failure_for_oom(tmp_path: Path) -> None:
+    proc = run("gate", "llama-3-70b", "--gpu", "RTX-4090", "--format", "junit")
+    assert proc.returncode == 1
+    suite = ET.fromstring(proc.stdout.split("?>", 1)[1])
+    failure = suite.find("testcase/failure")
+    assert suite.get("failures") == "1" and failure is not None
+    assert "exceeds capacity" in (failure.get("message") or "")
+
+
+def test_fit_prints_a_plan_that_fits() -> None:
+    proc = run(
+        "fit", "llama-3-8b", "--gpu", "H100-80GB", "--set", "micro_batch_size=8", "--format", "json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for key in ("plan", "budget", "predicted_step_seconds", "candidates_considered", "rejected"):
+        assert key in result
+    plan = planner.TrainSpec.model_validate(result["plan"])
+    assert planner.estimate(planner.load_model("llama-3-8b"), plan, planner.gpu("H100-80GB")).fits
+
+
+def test_fit_exits_1_when_nothing_fits() -> None:
+    proc = run("fit", "deepseek-v3", "--gpu", "RTX-3090", "--host-memory", "64GiB")
+    assert proc.returncode == 1
+    assert "no candidate fits" in proc.stdout
