@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck pytest bench clean
+.PHONY: install browser run test lint typecheck pytest bench clean
 
 install: $(STAMP)
 
@@ -25,7 +25,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+browser:
+	scripts/install-browser.sh
+
+pytest: install browser
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest

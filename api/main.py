@@ -24,7 +24,7 @@ from api import migrate
 from api.db import make_engine, make_sessionmaker
 from api.metrics import Metrics
 from api.problems import problem
-from api.routes import planning, records
+from api.routes import page, planning, records
 from api.security import AuthError
 from api.settings import Settings
 
@@ -174,6 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         return JSONResponse({"status": "ready", "revision": current})
 
+    app.include_router(page.router)
     app.include_router(planning.router, prefix=PREFIX)
     app.include_router(records.router, prefix=PREFIX)
 

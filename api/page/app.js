@@ -1,0 +1,350 @@
+// Headroom budget page: read the form, POST /api/v1/estimate on every change, draw the answer.
+// Plain browser JavaScript, no dependencies. The server does all the arithmetic; this file only
+// formats bytes and lays out bars.
+"use strict";
+
+(() => {
+  const API = "/api/v1";
+  const GIB = 2 ** 30;
+  const DEBOUNCE_MS = 120;
+  const CUSTOM = "__custom__";
+  const DEFAULT_MODELS = ["llama-3-8b"];
+  const DEFAULT_GPUS = ["H200-141GB", "H100-80GB"];
+  const GPU_BUCKETS = [
+    "params", "grads", "master_params", "optimizer_states", "ema", "activations", "logits",
+    "moe_dispatch", "transfer_buffers", "cuda_context", "allocator_overhead",
+  ];
+  const PHASES = ["step1_forward", "step1_backward", "forward", "backward", "optimizer"];
+  const PHASE_HINTS = {
+    step1_forward: "first step, forward: optimizer states not yet allocated",
+    step1_backward: "first step, backward",
+    forward: "steady state, forward",
+    backward: "steady state, backward",
+    optimizer: "optimizer step",
+  };
+
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, props = {}, children = []) => {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props)) {
+      if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key === "class") node.className = value;
+      else node[key] = value;
+    }
+    node.append(...children);
+    return node;
+  };
+
+  /** A problem with the form itself, found before asking the server. */
+  class InputError extends Error {}
+
+  const fmtGiB = (bytes) =>
+    (bytes / GIB).toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  // the summary cards: no decimals from 1000 GiB on, so that the number stays on one line
+  const fmtCardGiB = (bytes) =>
+    Math.abs(bytes) >= 1000 * GIB
+      ? (bytes / GIB).toLocaleString("en-US", { maximumFractionDigits: 0 })
+      : fmtGiB(bytes);
+  const fmtBytes = (bytes) => `${bytes.toLocaleString("en-US")} bytes`;
+  const fmtPct = (part, whole) => (whole ? `${((100 * part) / whole).toFixed(1)}%` : "–");
+  const fmtParams = (n) => (n >= 1e9 ? `${(n / 1e9).toFixed(1)}B` : `${(n / 1e6).toFixed(1)}M`);
+
+  let timer = null;
+  let inflight = null;
+  let sequence = 0;
+
+  // ---- reading the form ------------------------------------------------------------------
+
+  function readNumber(id) {
+    const input = $(id);
+    const raw = input.value.trim();
+    const value = Number(raw);
+    if (raw === "" || (input.validity && input.validity.badInput) || !Number.isFinite(value)) {
+      throw new InputError(`${id}: enter a number`);
+    }
+    return value;
+  }
+
+  function readModel() {
+    const choice = $("model").value;
+    if (choice !== CUSTOM) return choice;
+    const text = $("model_json").value.trim();
+    if (!text) {
+      throw new InputError("Model JSON: paste our model spec or a Hugging Face config.json");
+    }
+    let parsed;
+    try {
+      parsed = JSON.parse(text);
+    } catch (err) {
+      throw new InputError(`Model JSON is not valid JSON: ${err.message}`);
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      throw new InputError("Model JSON must be an object");
+    }
+    return parsed;
+  }
+
+  function buildRequest() {
+    const mode = $("offload_mode").value;
+    const offload = mode === "optimizer" ? { mode, fraction: readNumber("offload_fraction") } : { mode };
+    const body = {
+      model: readModel(),
+      train: {
+        micro_batch_size: readNumber("micro_batch_size"),
+        seq_len: readNumber("seq_len"),
+        grad_accum_steps: readNumber("grad_accum_steps"),
+        recompute: $("recompute").value,
+        attention: $("attention").value,
+        optimizer: $("optimizer").value,
+        ema: $("ema").value,
+        offload,
+        parallel: { dp: readNumber("dp"), zero_stage: Number($("zero_stage").value) },
+      },
+      gpu: $("gpu").value,
+    };
+    const host = $("host_memory").value.trim();
+    if (host) body.host_memory = host;
+    return body;
+  }
+
+  // ---- talking to the server -------------------------------------------------------------
+
+  function schedule() {
+    clearTimeout(timer);
+    timer = setTimeout(update, DEBOUNCE_MS);
+  }
+
+  async function update() {
+    let body;
+    try {
+      body = buildRequest();
+    } catch (err) {
+      if (!(err instanceof InputError)) throw err;
+      if (inflight) inflight.abort();
+      sequence += 1;
+      setBusy(false);
+      showError("Check the form", err.message);
+      return;
+    }
+    if (inflight) inflight.abort();
+    const controller = new AbortController();
+    inflight = controller;
+    const mine = ++sequence;
+    setBusy(true);
+    let response;
+    let data = null;
+    try {
+      response = await fetch(`${API}/estimate`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      data = await response.json().catch(() => null);
+    } catch (err) {
+      if (err.name === "AbortError" || mine !== sequence) return;
+      setBusy(false);
+      showError("Cannot reach the server", err.message);
+      return;
+    }
+    if (mine !== sequence) return; // a newer request is on its way
+    inflight = null;
+    setBusy(false);
+    if (!response.ok || !data || !data.gpu) {
+      const detail = data && data.detail ? data.detail : `HTTP ${response.status} ${response.statusText}`;
+      showError((data && data.title) || "Error", detail);
+      return;
+    }
+    clearError();
+    render(data);
+  }
+
+  function setBusy(busy) {
+    $("status").textContent = busy ? "updating…" : "";
+    $("results").setAttribute("aria-busy", busy ? "true" : "false");
+  }
+
+  function showError(title, detail) {
+    const box = $("error");
+    box.replaceChildren(
+      el("strong", { textContent: `${title}: ` }),
+      el("span", { id: "error-detail", textContent: detail }),
+    );
+    box.hidden = false;
+    $("results").dataset.state = "error";
+  }
+
+  function clearError() {
+    const box = $("error");
+    box.replaceChildren();
+    box.hidden = true;
+  }
+
+  // ---- drawing ---------------------------------------------------------------------------
+
+  function render(b) {
+    const gpu = b.gpu;
+    const verdict = $("verdict");
+    verdict.textContent = b.fits ? "fits" : "does not fit";
+    verdict.dataset.fits = String(b.fits);
+
+    $("gpu-peak").textContent = `${fmtCardGiB(gpu.peak_bytes)} GiB`;
+    $("gpu-peak").title = fmtBytes(gpu.peak_bytes);
+    $("gpu-capacity").textContent = `of ${fmtGiB(gpu.capacity_bytes)} GiB`;
+    const headroom = gpu.headroom_bytes;
+    $("gpu-headroom").textContent = `${headroom < 0 ? "−" : ""}${fmtCardGiB(Math.abs(headroom))} GiB`;
+    $("gpu-headroom").title = fmtBytes(headroom);
+    $("gpu-headroom").classList.toggle("negative", headroom < 0);
+    $("gpu-headroom-pct").textContent =
+      headroom < 0
+        ? `over capacity by ${fmtPct(-headroom, gpu.capacity_bytes)}`
+        : `${fmtPct(headroom, gpu.capacity_bytes)} of capacity free`;
+    $("peak-phase").textContent = b.peak_phase;
+    const c = b.coefficients || {};
+    const margin = b.margin_bytes ? `, margin ${fmtGiB(b.margin_bytes)} GiB` : "";
+    $("coefficients").textContent =
+      `${c.profile || "?"} coefficients, ${c.calibrated ? "calibrated" : "uncalibrated"}${margin}`;
+    $("gpu-name").textContent = `· ${gpu.name}`;
+    $("model-params").textContent = `${b.model.name}: ${fmtParams(b.model.params_total)} parameters`;
+
+    const warnings = $("warnings");
+    warnings.replaceChildren(...(b.warnings || []).map((w) => el("li", { textContent: w })));
+    warnings.hidden = !(b.warnings && b.warnings.length);
+
+    drawBar($("gpu-bar"), $("gpu-legend"), $("gpu-scale-max"), GPU_BUCKETS, gpu.buckets,
+      gpu.peak_bytes, gpu.capacity_bytes, "GPU");
+
+    const host = b.host;
+    drawBar($("host-bar"), $("host-legend"), $("host-scale-max"), Object.keys(host.buckets),
+      host.buckets, host.peak_bytes, host.capacity_bytes, "Host");
+    const shared = host.ranks_sharing > 1 ? `, ${host.ranks_sharing} ranks share the node` : "";
+    $("host-summary").textContent =
+      host.capacity_bytes === null
+        ? `· peak ${fmtGiB(host.peak_bytes)} GiB, capacity unknown${shared}`
+        : `· peak ${fmtGiB(host.peak_bytes)} GiB of ${fmtGiB(host.capacity_bytes)} GiB${shared}`;
+
+    drawPhases(gpu, b.peak_phase);
+    $("results").dataset.state = "ok";
+  }
+
+  function drawBar(bar, legend, scaleLabel, names, buckets, peak, capacity, what) {
+    const track = bar.querySelector(".track");
+    const scale = Math.max(peak, capacity || 0) || 1;
+    const segments = [];
+    for (const name of names) {
+      const bytes = buckets[name] || 0;
+      if (bytes <= 0) continue;
+      const share = (100 * bytes) / scale;
+      const segment = el("div", {
+        class: `segment b-${name}`,
+        title: `${name}: ${fmtGiB(bytes)} GiB (${fmtPct(bytes, peak)} of peak)`,
+        dataset: { bucket: name, bytes: String(bytes) },
+      }, share >= 8 ? [el("span", { textContent: name })] : []);
+      segment.style.width = `${share}%`;
+      segments.push(segment);
+    }
+    if (capacity) {
+      const line = el("div", { class: "capacity-line", title: `capacity ${fmtGiB(capacity)} GiB` },
+        [el("span", { textContent: `capacity ${fmtGiB(capacity)} GiB` })]);
+      const at = (100 * capacity) / scale;
+      line.style.left = `${at}%`;
+      line.classList.toggle("label-after", at < 30); // keep the label inside the panel
+      segments.push(line);
+    }
+    if (!peak) segments.push(el("div", { class: "empty", textContent: "nothing kept here" }));
+    track.replaceChildren(...segments);
+    bar.dataset.peakBytes = String(peak);
+    bar.dataset.capacityBytes = capacity === null || capacity === undefined ? "" : String(capacity);
+    bar.classList.toggle("over", Boolean(capacity) && peak > capacity);
+    bar.setAttribute("aria-label", `${what} peak ${fmtGiB(peak)} GiB` +
+      (capacity ? ` of ${fmtGiB(capacity)} GiB capacity` : ", capacity unknown"));
+    scaleLabel.textContent = `${fmtGiB(scale)} GiB`;
+
+    legend.replaceChildren(...names.map((name) => {
+      const bytes = buckets[name] || 0;
+      return el("li", { class: `b-${name}${bytes ? "" : " zero"}`, dataset: { bucket: name } }, [
+        el("span", { class: "swatch", ariaHidden: "true" }),
+        el("span", { class: "name", textContent: name }),
+        el("span", { class: "value", textContent: `${fmtGiB(bytes)} GiB` }),
+        el("span", { class: "pct", textContent: fmtPct(bytes, peak) }),
+      ]);
+    }));
+  }
+
+  function drawPhases(gpu, peakPhase) {
+    const capacity = gpu.capacity_bytes;
+    const totals = PHASES.filter((p) => gpu.phases[p]).map((p) => gpu.phases[p].total_bytes);
+    const scale = Math.max(capacity, ...totals) || 1;
+    const rows = PHASES.filter((p) => gpu.phases[p]).map((phase) => {
+      const total = gpu.phases[phase].total_bytes;
+      const fill = el("div", { class: `fill${total > capacity ? " over" : ""}` });
+      fill.style.width = `${(100 * total) / scale}%`;
+      const mark = el("div", { class: "mark" });
+      mark.style.left = `${(100 * capacity) / scale}%`;
+      const isPeak = phase === peakPhase;
+      return el("tr", {
+        id: `phase-${phase}`,
+        class: isPeak ? "peak" : "",
+        title: PHASE_HINTS[phase] || "",
+        dataset: { phase, totalBytes: String(total) },
+      }, [
+        el("th", { scope: "row" }, [phase, ...(isPeak ? [el("span", { class: "badge", textContent: "peak" })] : [])]),
+        el("td", { class: "num", textContent: fmtGiB(total) }),
+        el("td", { class: "num", textContent: fmtPct(total, capacity) }),
+        el("td", { class: "load" }, [el("div", { class: "minibar" }, [fill, mark])]),
+      ]);
+    });
+    $("phases").tBodies[0].replaceChildren(...rows);
+  }
+
+  // ---- start -----------------------------------------------------------------------------
+
+  function fillSelect(select, items, defaults) {
+    select.replaceChildren(...items.map((item) => el("option", item)));
+    const names = items.map((i) => i.value);
+    const pick = defaults.find((d) => names.includes(d)) || names[0];
+    if (pick !== undefined) select.value = pick;
+  }
+
+  function syncDependentControls() {
+    const custom = $("model").value === CUSTOM;
+    $("model-json-group").hidden = !custom;
+    $("offload_fraction").disabled = $("offload_mode").value !== "optimizer";
+  }
+
+  async function init() {
+    const form = $("controls");
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      update();
+    });
+    for (const type of ["input", "change"]) {
+      form.addEventListener(type, () => {
+        syncDependentControls();
+        schedule();
+      });
+    }
+
+    let presets;
+    try {
+      const response = await fetch(`${API}/presets`, { headers: { Accept: "application/json" } });
+      presets = await response.json();
+      if (!response.ok) throw new Error(presets.detail || `HTTP ${response.status}`);
+    } catch (err) {
+      showError("Cannot load the presets", err.message);
+      return;
+    }
+    const models = presets.models.map((m) => ({
+      value: m.name, textContent: `${m.name} (${fmtParams(m.params_total)})`,
+    }));
+    models.push({ value: CUSTOM, textContent: "Custom: paste JSON…" });
+    fillSelect($("model"), models, DEFAULT_MODELS);
+    fillSelect($("gpu"), presets.gpus.map((g) => ({
+      value: g.name, textContent: `${g.name} (${Math.round(g.memory_bytes / GIB)} GiB)`,
+    })), DEFAULT_GPUS);
+    syncDependentControls();
+    update();
+  }
+
+  document.addEventListener("DOMContentLoaded", init);
+})();

@@ -1,0 +1,360 @@
+"""The budget page in a real headless Chromium against a real server process.
+
+Starts ``uvicorn api.main:app`` on a free port with a fresh SQLite database, drives the page
+with Selenium and checks what it draws against what the API answers. Needs Chromium and
+ChromeDriver: ``scripts/install-browser.sh`` installs them (``make test`` runs it first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+GPU_BUCKETS = (
+    "params",
+    "grads",
+    "master_params",
+    "optimizer_states",
+    "ema",
+    "activations",
+    "logits",
+    "moe_dispatch",
+    "transfer_buffers",
+    "cuda_context",
+    "allocator_overhead",
+)
+PHASES = ("step1_forward", "step1_backward", "forward", "backward", "optimizer")
+WAIT_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _post(base: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        base + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``uvicorn api.main:app`` process; yields its base URL."""
+    tmp = tmp_path_factory.mktemp("page-server")
+    port = _free_port()
+    env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp}/page.db"}
+    log_path = tmp / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()}")
+                try:
+                    with urllib.request.urlopen(base + "/healthz", timeout=1) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"server not healthy after 30 s:\n{log_path.read_text()}")
+                time.sleep(0.1)
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    """Headless Chromium at 1280x900."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not found: run scripts/install-browser.sh to install "
+            "Chromium and ChromeDriver for the browser tests"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1280,900")
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        # make the viewport itself 1280x900, whatever the window's frame takes
+        width, height = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+        driver.set_window_size(2 * 1280 - width, 2 * 900 - height)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(server: str, browser: webdriver.Chrome) -> webdriver.Chrome:
+    """The page, freshly loaded and drawn for its default model."""
+    browser.get(server + "/")
+    _wait(browser, lambda d: _peak(d) is not None, "the first estimate is drawn")
+    assert _text(browser, "verdict") in ("fits", "does not fit")
+    return browser
+
+
+def _wait(driver: webdriver.Chrome, condition: Callable[[webdriver.Chrome], Any], what: str) -> Any:
+    try:
+        return WebDriverWait(
+            driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(condition)
+    except TimeoutException:
+        error = driver.find_element(By.ID, "error").text
+        logs = driver.get_log("browser")  # type: ignore[no-untyped-call]
+        pytest.fail(f"timed out waiting until {what}; error area: {error!r}; console: {logs}")
+
+
+def _attr(element: WebElement, name: str) -> str:
+    value = element.get_attribute(name)
+    assert value is not None, f"no attribute {name!r}"
+    return str(value)
+
+
+def _int(element: WebElement, name: str) -> int:
+    return int(_attr(element, name))
+
+
+def _peak(driver: webdriver.Chrome) -> int | None:
+    value = driver.find_element(By.ID, "gpu-bar").get_attribute("data-peak-bytes")
+    return int(value) if value else None
+
+
+def _text(driver: webdriver.Chrome, element_id: str) -> str:
+    return str(driver.find_element(By.ID, element_id).text).strip()
+
+
+def _type(driver: webdriver.Chrome, element_id: str, value: str) -> None:
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(value)
+
+
+def _select(driver: webdriver.Chrome, element_id: str, value: str) -> None:
+    Select(driver.find_element(By.ID, element_id)).select_by_value(value)
+
+
+def _peak_change(driver: webdriver.Chrome, before: int, what: str) -> int:
+    after: int = _wait(
+        driver, lambda d: (p := _peak(d)) is not None and p != before and p, f"{what} redraws"
+    )
+    return after
+
+
+def test_page_draws_the_budget_and_follows_the_options(page: webdriver.Chrome, server: str) -> None:
+    # the default is llama-3-8b on an H200 with the planner's default training spec
+    assert Select(page.find_element(By.ID, "model")).first_selected_option.get_attribute(
+        "value"
+    ) == ("llama-3-8b")
+    status, expected = _post(
+        server, "/api/v1/estimate", {"model": "llama-3-8b", "gpu": "H200-141GB"}
+    )
+    assert status == 200
+    bar = page.find_element(By.ID, "gpu-bar")
+    assert _peak(page) == expected["gpu"]["peak_bytes"]
+    assert _int(bar, "data-capacity-bytes") == expected["gpu"]["capacity_bytes"]
+    assert _text(page, "verdict") == ("fits" if expected["fits"] else "does not fit")
+    assert _text(page, "peak-phase") == expected["peak_phase"]
+    assert _text(page, "gpu-peak") == f"{expected['gpu']['peak_bytes'] / 2**30:,.2f} GiB"
+
+    segments = bar.find_elements(By.CSS_SELECTOR, ".segment")
+    drawn = [s.get_attribute("data-bucket") for s in segments]
+    assert drawn and set(drawn) <= set(GPU_BUCKETS)
+    assert drawn == [b for b in GPU_BUCKETS if expected["gpu"]["buckets"][b] > 0]
+    assert sum(_int(s, "data-bytes") for s in segments) == _peak(page)
+    assert bar.find_element(By.CSS_SELECTOR, ".capacity-line").is_displayed()
+    legend = page.find_elements(By.CSS_SELECTOR, "#gpu-legend [data-bucket]")
+    assert [li.get_attribute("data-bucket") for li in legend] == list(GPU_BUCKETS)
+    rows = page.find_elements(By.CSS_SELECTOR, "#phases tbody tr")
+    assert [r.get_attribute("data-phase") for r in rows] == list(PHASES)
+    for row in rows:
+        phase = row.get_attribute("data-phase")
+        assert _int(row, "data-total-bytes") == (expected["gpu"]["phases"][phase]["total_bytes"])
+
+    # a bigger micro-batch needs more memory
+    before = _peak(page)
+    assert before is not None
+    _type(page, "micro_batch_size", "4")
+    bigger = _peak_change(page, before, "micro_batch_size 4")
+    assert bigger > before
+    assert _text(page, "verdict") == "does not fit"
+
+    # full recompute needs less
+    _select(page, "recompute", "full")
+    smaller = _peak_change(page, bigger, "recompute full")
+    assert smaller < bigger
+
+    # offloading half the optimizer moves memory from the GPU to the host; the page then shows
+    # what the API answers for the same request
+    status, same = _post(
+        server,
+        "/api/v1/estimate",
+        {
+            "model": "llama-3-8b",
+            "gpu": "H200-141GB",
+            "host_memory": "1TiB",
+            "train": {
+                "micro_batch_size": 4,
+                "recompute": "full",
+                "offload": {"mode": "optimizer", "fraction": 0.5},
+            },
+        },
+    )
+    assert status == 200
+    assert same["host"]["peak_bytes"] > 0
+    host_bar = page.find_element(By.ID, "host-bar")
+    assert _int(host_bar, "data-peak-bytes") == 0
+    assert not page.find_element(By.ID, "offload_fraction").is_enabled()
+    _select(page, "offload_mode", "optimizer")
+    _type(page, "offload_fraction", "0.5")
+    _wait(
+        page,
+        lambda d: (
+            _peak(d) == same["gpu"]["peak_bytes"]
+            and _int(d.find_element(By.ID, "host-bar"), "data-peak-bytes")
+            == same["host"]["peak_bytes"]
+        ),
+        "optimizer offload 0.5 is drawn",
+    )
+    assert same["gpu"]["peak_bytes"] < smaller
+    assert _text(page, "verdict") == ("fits" if same["fits"] else "does not fit")
+    host_segments = host_bar.find_elements(By.CSS_SELECTOR, ".segment")
+    assert host_segments
+    assert {s.get_attribute("data-bucket") for s in host_segments} <= set(GPU_BUCKETS)
+    assert _int(host_bar, "data-capacity-bytes") == 2**40  # the 1TiB default
+    assert page.find_element(By.CSS_SELECTOR, "#host-bar .capacity-line")
+    assert _text(page, "error") == ""
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert page.save_screenshot(str(ARTIFACTS / "budget-page.png"))
+
+
+def test_a_model_too_big_for_the_gpu_does_not_fit(page: webdriver.Chrome) -> None:
+    _select(page, "model", "llama-3-70b")
+    _select(page, "gpu", "RTX-4090")
+    _wait(
+        page,
+        lambda d: (
+            _text(d, "verdict") == "does not fit"
+            and "RTX-4090" in _text(d, "gpu-title")
+            and "llama-3-70b" in _text(d, "model-params")
+        ),
+        "llama-3-70b on an RTX-4090 is drawn",
+    )
+    assert page.find_element(By.ID, "verdict").get_attribute("data-fits") == "false"
+    bar = page.find_element(By.ID, "gpu-bar")
+    assert "over" in _attr(bar, "class").split()
+    assert _int(bar, "data-peak-bytes") > _int(bar, "data-capacity-bytes")
+    assert _text(page, "gpu-headroom").startswith("−")
+
+
+def test_invalid_input_shows_the_servers_detail(page: webdriver.Chrome, server: str) -> None:
+    # seq_len 0: the server refuses it with a 422 problem whose detail the page shows
+    status, problem = _post(
+        server, "/api/v1/estimate", {"model": "llama-3-8b", "train": {"seq_len": 0}}
+    )
+    assert status == 422
+    detail = problem["detail"]
+    assert "seq_len" in detail
+    _type(page, "seq_len", "0")
+    _wait(page, lambda d: detail in _text(d, "error"), "the seq_len problem is shown")
+    assert page.find_element(By.ID, "error").is_displayed()
+    assert page.find_element(By.ID, "results").get_attribute("data-state") == "error"
+
+    # fixing it clears the error and draws again
+    _type(page, "seq_len", "2048")
+    _wait(
+        page,
+        lambda d: (
+            not d.find_element(By.ID, "error").is_displayed()
+            and d.find_element(By.ID, "results").get_attribute("data-state") == "ok"
+        ),
+        "the error clears",
+    )
+
+    # a pasted model the server cannot read: its detail again
+    _select(page, "model", "__custom__")
+    assert page.find_element(By.ID, "model_json").is_displayed()
+    pasted = {"hidden_size": 4096, "num_layers": 32}
+    status, problem = _post(server, "/api/v1/estimate", {"model": pasted})
+    assert status == 422
+    page.find_element(By.ID, "model_json").send_keys(json.dumps(pasted))
+    _wait(page, lambda d: problem["detail"] in _text(d, "error"), "the model problem is shown")
+
+    # text that is not JSON at all is caught before it is sent
+    _type(page, "model_json", "{not json")
+    _wait(page, lambda d: "not valid JSON" in _text(d, "error"), "the JSON problem is shown")
+
+    # a Hugging Face config.json is read
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
+    _type(page, "model_json", json.dumps(hf))
+    _wait(
+        page,
+        lambda d: (
+            not d.find_element(By.ID, "error").is_displayed()
+            and d.find_element(By.ID, "results").get_attribute("data-state") == "ok"
+        ),
+        "the pasted config.json is estimated",
+    )
+    assert _text(page, "verdict") in ("fits", "does not fit")
