@@ -1,0 +1,75 @@
+"""AdamW on flat fp32 buffers, the arithmetic of ``torch.optim.AdamW`` (single-tensor path).
+
+Runs where its tensors live: the CPU for offloaded state (pinned host buffers, processed in
+cache-sized chunks), the device for the rest. Gradient clipping and accumulation enter as one
+``grad_scale``; the EMA of the weights and the working-precision copy are written in the same
+pass over the chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+CHUNK = 1 << 20  # elements per pass: a few MiB of fp32, cache-friendly on the host
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    ema_decay: float = 0.999
+
+
+def adamw_step(
+    cfg: AdamWConfig,
+    step: int,
+    master: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    grad_scale: float = 1.0,
+    ema: Tensor | None = None,
+    working: Tensor | None = None,
+) -> None:
+    """One AdamW update of ``master`` in place (all flat fp32, same length), chunk by chunk.
+
+    ``grad`` is multiplied by ``grad_scale`` first (the clipping coefficient); ``ema`` becomes
+    ``d·ema + (1-d)·master``; ``working`` (any dtype) receives the updated master.
+    """
+    bias1 = 1 - cfg.beta1**step
+    bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
+    step_size = cfg.lr / bias1
+    n = master.numel()
+    chunk = CHUNK if master.device.type == "cpu" else max(n, 1)
+    with torch.no_grad():
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
+            g = grad[start:end]
+            if grad_scale != 1.0:
+                g = g * grad_scale
+            p.mul_(1 - cfg.lr * cfg.weight_decay)
+            m.lerp_(g, 1 - cfg.beta1)
+            v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
+            denom = (v.sqrt() / bias2_sqrt).add_(cfg.eps)
+            p.addcdiv_(m, denom, value=-step_size)
+            if ema is not None:
+                ema[start:end].lerp_(p, 1 - cfg.ema_decay)
+            if working is not None:
+                working[start:end].copy_(p)
+
+
+def clip_coefficient(total_norm_sq: float, max_norm: float | None) -> float:
+    """``torch.nn.utils.clip_grad_norm_``'s factor from an accumulated squared norm."""
+    if max_norm is None:
+        return 1.0
+    total = math.sqrt(total_norm_sq)
+    return min(1.0, max_norm / (total + 1e-6))

@@ -1,0 +1,303 @@
+"""The built-in decoder family, built from the planner's ``ModelSpec``.
+
+RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention``, SwiGLU (or
+GeLU) MLPs, optional MoE layers (top-k softmax router, capacity factor, shared experts, shared
+expert gate, dense-first layers), tied embeddings. Parameter names and shapes follow the
+planner's inventory (``planner.params.units``), so the parameter count is the planner's and the
+optimizer-offload split by whole tensors in order is the one the planner predicts. Routed
+experts are stacked: one ``(E, out, in)`` tensor per projection, as the planner counts them.
+
+Each layer is a self-contained module ``layer(h, cos, sin) -> h`` so the streaming trainer can
+run any layer's weights through one template with ``torch.func.functional_call``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from planner.errors import SpecError
+from planner.model import ModelSpec
+
+ROPE_THETA = 10_000.0
+NORM_EPS = 1e-5
+INIT_STD = 0.02
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """The runtime trains the decoder family above; MLA and dropout models are estimate-only."""
+    if spec.mla is not None:
+        raise SpecError(
+            "model.mla: the bundled trainer has no multi-head latent attention; "
+            "estimate such models with the planner",
+            field="model.mla",
+        )
+    if spec.dropout:
+        raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
+
+
+class Norm(nn.Module):
+    def __init__(self, width: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width)) if kind == "layernorm" else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, NORM_EPS)
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + NORM_EPS)).to(x.dtype) * self.weight
+
+
+def _linear(inp: int, out: int, bias: bool) -> nn.Linear:
+    return nn.Linear(inp, out, bias=bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden_size, spec.dim_per_head
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.kv_heads, d
+        qkv_bias = spec.qkv_bias or spec.linear_bias
+        self.q_proj = _linear(h, self.heads * d, qkv_bias)
+        self.k_proj = _linear(h, self.kv_heads * d, qkv_bias)
+        self.v_proj = _linear(h, self.kv_heads * d, qkv_bias)
+        self.o_proj = _linear(self.heads * d, h, spec.linear_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_heads != self.heads:
+            repeat = self.heads // self.kv_heads
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, ffn: int) -> None:
+        super().__init__()
+        h, bias = spec.hidden_size, spec.linear_bias
+        self.swiglu = spec.ffn_kind == "swiglu"
+        if self.swiglu:
+            self.gate_proj = _linear(h, ffn, bias)
+            self.up_proj = _linear(h, ffn, bias)
+            self.down_proj = _linear(ffn, h, bias)
+        else:
+            self.fc1 = _linear(h, ffn, bias)
+            self.fc2 = _linear(ffn, h, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Stacked(nn.Module):
+    """``count`` weights (and biases) of one projection, stacked."""
+
+    def __init__(self, count: int, out: int, inp: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(count, out, inp))
+        self.bias = nn.Parameter(torch.zeros(count, out)) if bias else None
+
+
+class Router(nn.Module):
+    """The routing projection and, for aux-loss-free balancing, a per-expert score bias."""
+
+    def __init__(self, experts: int, hidden: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(experts)) if bias else None
+
+
+class StackedExperts(nn.Module):
+    """``count`` MLPs stored as stacked ``(count, out, in)`` weights."""
+
+    def __init__(self, spec: ModelSpec, ffn: int, count: int) -> None:
+        super().__init__()
+        h = spec.hidden_size
+        self.swiglu = spec.ffn_kind == "swiglu"
+        self.bias = spec.linear_bias
+        shapes = (
+            {"gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
+            if self.swiglu
+            else {"fc1": (ffn, h), "fc2": (h, ffn)}
+        )
+        self.count = count
+        for name, (out, inp) in shapes.items():
+            self.add_module(name, Stacked(count, out, inp, self.bias))
+
+    def _proj(self, name: str, index: int, x: Tensor) -> Tensor:
+        proj = getattr(self, name)
+        assert isinstance(proj, Stacked)
+        bias = None if proj.bias is None else proj.bias[index]
+        return F.linear(x, proj.weight[index], bias)
+
+    def expert(self, index: int, x: Tensor) -> Tensor:
+        if self.swiglu:
+            hidden = F.silu(self._proj("gate_proj", index, x)) * self._proj("up_proj", index, x)
+            return self._proj("down_proj", index, hidden)
+        return self._proj("fc2", index, F.gelu(self._proj("fc1", index, x)))
+
+
+class MoE(nn.Module):
+    """Top-k softmax router with a per-expert capacity; overflowing tokens skip the expert."""
+
+    def __init__(self, spec: ModelSpec, capacity_factor: float) -> None:
+        super().__init__()
+        moe = spec.moe
+        assert moe is not None
+        h = spec.hidden_size
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.capacity_factor = capacity_factor
+        self.gate = Router(moe.num_experts, h, moe.router_bias)
+        self.experts = StackedExperts(spec, moe.expert_ffn_size, moe.num_experts)
+        self.shared_experts = (
+            StackedExperts(spec, moe.shared_ffn, moe.num_shared_experts)
+            if moe.num_shared_experts
+            else None
+        )
+        self.shared_expert_gate = _linear(h, 1, False) if moe.shared_expert_gate else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = F.linear(tokens, self.gate.weight).float()
+        probs = logits.softmax(dim=-1)
+        bias = self.gate.e_score_correction_bias
+        scores = probs if bias is None else probs + bias.float()
+        _, chosen = scores.topk(self.top_k, dim=-1)
+        weights = probs.gather(-1, chosen)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        capacity = math.ceil(self.capacity_factor * tokens.shape[0] * self.top_k / self.num_experts)
+        out = torch.zeros_like(tokens)
+        for e in range(self.num_experts):
+            token_idx, slot = (chosen == e).nonzero(as_tuple=True)
+            if token_idx.numel() == 0:
+                continue
+            token_idx, slot = token_idx[:capacity], slot[:capacity]  # first come, first served
+            y = self.experts.expert(e, tokens[token_idx]) * weights[token_idx, slot, None]
+            out = out.index_add(0, token_idx, y)
+        if self.shared_experts is not None:
+            shared = self.shared_experts.expert(0, tokens)
+            for i in range(1, self.shared_experts.count):
+                shared = shared + self.shared_experts.expert(i, tokens)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+            out = out + shared
+        return out.reshape(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, is_moe: bool, capacity_factor: float) -> None:
+        super().__init__()
+        self.input_layernorm = Norm(spec.hidden_size, spec.norm)
+        self.self_attn = Attention(spec)
+        self.post_attention_layernorm = Norm(spec.hidden_size, spec.norm)
+        self.mlp: nn.Module = (
+            MoE(spec, capacity_factor) if is_moe else MLP(spec, spec.ffn_hidden_size)
+        )
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def rope_tables(
+    seq_len: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[Tensor, Tensor]:
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLM(nn.Module):
+    """Embedding → layers → final norm → head (tied to the embedding when the spec says so)."""
+
+    def __init__(self, spec: ModelSpec, capacity_factor: float = 1.25) -> None:
+        super().__init__()
+        check_supported(spec)
+        self.spec = spec
+        self.capacity_factor = capacity_factor
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, spec.is_moe_layer(i), capacity_factor)
+            for i in range(spec.num_layers)
+        )
+        self.norm = Norm(spec.hidden_size, spec.norm)
+        self.lm_head = (
+            None
+            if spec.tied_embeddings
+            else _linear(spec.hidden_size, spec.vocab_size, spec.linear_bias)
+        )
+
+    def rope(
+        self, seq_len: int, dtype: torch.dtype, device: torch.device | str
+    ) -> tuple[Tensor, Tensor]:
+        return rope_tables(seq_len, self.spec.dim_per_head, dtype, device)
+
+    def head(self, h: Tensor) -> Tensor:
+        h = self.norm(h)
+        if self.lm_head is None:
+            return F.linear(h, self.embed_tokens.weight)
+        return self.lm_head(h)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.embed_tokens(ids)
+        cos, sin = self.rope(ids.shape[1], h.dtype, h.device)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.head(h)
+
+
+def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
+    """Next-token cross-entropy in fp32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    capacity_factor: float | None = None,
+) -> DecoderLM:
+    """A randomly initialised model (normal(0, 0.02) matrices, unit norms, zero biases)."""
+    cf = capacity_factor or (spec.moe.capacity_factor if spec.moe else None) or 1.25
+    generator = torch.Generator().manual_seed(seed)
+    model = DecoderLM(spec, cf)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * INIT_STD)
+    return model.to(device=device, dtype=dtype)
+
+
+def synthetic_batch(
+    vocab_size: int, micro_batch: int, seq_len: int, step: int, micro: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """Deterministic random tokens for (step, micro-batch): inputs and next-token labels."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + micro)
+    tokens = torch.randint(0, vocab_size, (micro_batch, seq_len + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]

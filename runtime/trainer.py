@@ -1,0 +1,586 @@
+"""The bundled trainer: one loop, three placements of the persistent state.
+
+- ``none``: plain PyTorch on the device (``torch.optim.AdamW``); also what ``--reference`` runs.
+- ``optimizer``: the fp32 master weights and moments of the first ``fraction`` of the parameters
+  (whole tensors, in order, as Megatron's HybridDeviceOptimizer and the planner split them) live
+  in (pinned) host RAM and are updated by a CPU AdamW; the rest is updated on the device.
+- ``streaming``: every persistent byte lives in host RAM, packed per unit (the embedding, each
+  layer, the head) in contiguous buffers: the working copy, the fp32 master, both moments, an
+  fp32 gradient accumulator and the optional EMA. Units are streamed host→device into a pool of
+  ``offload.num_buffers`` device buffers, the next one prefetched while the current computes;
+  layer inputs are checkpointed every ``checkpoint_every`` layers; backward recomputes each
+  block from its checkpoint and runs autograd layer by layer on the streamed weights (with
+  ``checkpoint_every`` = 1 every layer crosses the link twice per micro-batch: forward and
+  backward); gradients are evacuated device→host into the accumulators; after the last
+  micro-batch the CPU AdamW updates unit by unit with the clipping coefficient from the
+  accumulated norm, writing the EMA and the new working copy in the same pass.
+
+Losses are the mean over a step's micro-batches. Everything runs on a CPU too (direct copies).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from planner.model import ModelSpec
+from planner.train import TrainSpec
+from runtime.adam import AdamWConfig, adamw_step, clip_coefficient
+from runtime.model import (
+    DecoderLayer,
+    DecoderLM,
+    build_model,
+    loss_fn,
+    rope_tables,
+    synthetic_batch,
+)
+from runtime.streams import CpuBackend, Event, make_backend
+
+
+@dataclass
+class RunConfig:
+    steps: int = 5
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    reference: bool = False
+    optim: AdamWConfig = field(default_factory=AdamWConfig)
+    clip_norm: float | None = 1.0
+
+
+@dataclass
+class Result:
+    losses: list[float]
+    steps: int
+    tokens: int
+    seconds: float
+    placement: dict[str, Any]
+    state: dict[str, Tensor]  # final fp32 master parameters by name
+    ema: dict[str, Tensor] | None
+    phases: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+PhaseHook = Callable[[str, int], None]
+
+
+def _noop(phase: str, step: int) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# none / reference
+
+
+def _train_reference(
+    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook
+) -> Result:
+    device = torch.device(cfg.device)
+    model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        foreach=False,
+        fused=False,
+    )
+    ema = (
+        {n: p.detach().float().clone() for n, p in model.named_parameters()}
+        if train.ema != "none"
+        else None
+    )
+    losses: list[float] = []
+    start = time.perf_counter()
+    on_phase("placement", 0)
+    for step in range(1, cfg.steps + 1):
+        total = 0.0
+        for micro in range(train.grad_accum_steps):
+            ids, labels = synthetic_batch(
+                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+            )
+            logits = model(ids.to(device))
+            loss = loss_fn(logits, labels.to(device))
+            on_phase("forward", step)
+            (loss / train.grad_accum_steps).backward()
+            on_phase("backward", step)
+            total += loss.item()
+        if cfg.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=False)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    ema[n].lerp_(p.float(), 1 - o.ema_decay)
+        on_phase("optimizer", step)
+        losses.append(total / train.grad_accum_steps)
+    seconds = time.perf_counter() - start
+    state = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    return Result(
+        losses,
+        cfg.steps,
+        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        seconds,
+        {"mode": "none", "reference": cfg.reference},
+        state,
+        None if ema is None else {n: t.cpu() for n, t in ema.items()},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# optimizer offload
+
+
+def offload_split(numels: list[int], fraction: float) -> int:
+    """How many leading tensors are offloaded: whole tensors while the offloaded count is below
+    ``fraction`` of the total (``planner.stage.offloaded_numel``'s rule)."""
+    if fraction <= 0:
+        return 0
+    if fraction >= 1:
+        return len(numels)
+    threshold = sum(numels) * fraction
+    done = 0
+    for i, n in enumerate(numels):
+        if done >= threshold:
+            return i
+        done += n
+    return len(numels)
+
+
+def _train_optimizer_offload(
+    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook
+) -> Result:
+    device = torch.device(cfg.device)
+    backend = make_backend(device)
+    model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
+    named = list(model.named_parameters())
+    cut = offload_split([p.numel() for _, p in named], train.offload.fraction)
+    o = cfg.optim
+    # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor
+    host: dict[str, dict[str, Tensor]] = {}
+    for name, p in named[:cut]:
+        flat = p.detach().float().reshape(-1).cpu()
+        host[name] = {
+            "master": backend.pinned(flat.numel(), torch.float32).copy_(flat),
+            "m": backend.pinned(flat.numel(), torch.float32),
+            "v": backend.pinned(flat.numel(), torch.float32),
+            "grad": backend.pinned(flat.numel(), p.dtype),
+        }
+    # device side: fp32 master (the parameter itself in fp32 mode) and moments
+    dev: dict[str, dict[str, Tensor]] = {}
+    for name, p in named[cut:]:
+        master = p.data.reshape(-1) if p.dtype == torch.float32 else p.detach().float().reshape(-1)
+        dev[name] = {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}
+    ema = (
+        {n: p.detach().float().reshape(-1).clone().cpu() for n, p in named}
+        if train.ema != "none"
+        else None
+    )
+    losses: list[float] = []
+    start = time.perf_counter()
+    on_phase("placement", 0)
+    for step in range(1, cfg.steps + 1):
+        total = 0.0
+        for micro in range(train.grad_accum_steps):
+            ids, labels = synthetic_batch(
+                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+            )
+            loss = loss_fn(model(ids.to(device)), labels.to(device))
+            on_phase("forward", step)
+            (loss / train.grad_accum_steps).backward()
+            on_phase("backward", step)
+            total += loss.item()
+        norm_sq = sum(float(p.grad.float().pow(2).sum()) for _, p in named if p.grad is not None)
+        coef = clip_coefficient(norm_sq, cfg.clip_norm)
+        # gradients of the offloaded tensors go down first, then both sides update
+        events = [
+            backend.d2h(host[name]["grad"], p.grad.reshape(-1))
+            for name, p in named[:cut]
+            if p.grad is not None
+        ]
+        for name, p in named[cut:]:
+            d = dev[name]
+            assert p.grad is not None
+            working = None if p.dtype == torch.float32 else p.data.reshape(-1)
+            adamw_step(
+                o,
+                step,
+                d["master"],
+                p.grad.reshape(-1).float(),
+                d["m"],
+                d["v"],
+                grad_scale=coef,
+                working=working,
+            )
+        for event in events:
+            backend.synchronize(event)
+        uploads = []
+        for name, p in named[:cut]:
+            h = host[name]
+            adamw_step(o, step, h["master"], h["grad"].float(), h["m"], h["v"], grad_scale=coef)
+            uploads.append(backend.h2d(p.data.reshape(-1), h["master"].to(p.dtype)))
+        for event in uploads:
+            backend.wait(event)
+        if ema is not None:
+            with torch.no_grad():
+                for name, p in named:
+                    ema[name].lerp_(p.detach().float().reshape(-1).cpu(), 1 - o.ema_decay)
+        model.zero_grad(set_to_none=True)
+        on_phase("optimizer", step)
+        losses.append(total / train.grad_accum_steps)
+    seconds = time.perf_counter() - start
+    state = {}
+    for name, p in named:
+        flat = host[name]["master"] if name in host else dev[name]["master"]
+        state[name] = flat.detach().float().cpu().reshape(p.shape).clone()
+    return Result(
+        losses,
+        cfg.steps,
+        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        seconds,
+        {
+            "mode": "optimizer",
+            "fraction": train.offload.fraction,
+            "offloaded_tensors": cut,
+            "offloaded_params": sum(p.numel() for _, p in named[:cut]),
+            "total_params": sum(p.numel() for _, p in named),
+        },
+        state,
+        None if ema is None else {n: t.reshape(dict(named)[n].shape) for n, t in ema.items()},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# streaming
+
+
+class ScheduleError(RuntimeError):
+    """A device buffer was reused before its consumer released it."""
+
+
+@dataclass
+class Unit:
+    """A block streamed as one: its parameters' names, shapes and offsets in a flat buffer."""
+
+    name: str
+    names: list[str]
+    shapes: list[torch.Size]
+    offsets: list[int]
+    numel: int
+    host: dict[str, Tensor] = field(default_factory=dict)
+
+    def views(self, flat: Tensor) -> dict[str, Tensor]:
+        return {
+            n: flat[o : o + s.numel()].view(s)
+            for n, s, o in zip(self.names, self.shapes, self.offsets, strict=True)
+        }
+
+
+class Pool:
+    """``size`` device buffers; a buffer is reused only after its consumer released it."""
+
+    def __init__(self, size: int, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.buffers = [torch.empty(numel, dtype=dtype, device=device) for _ in range(size)]
+        self.owner: list[int | None] = [None] * size
+        self.in_use = [False] * size
+        self.released: list[Event | None] = [None] * size
+        self.ready: list[Event | None] = [None] * size
+        self.next = 0
+        self.loads = 0
+        self.peak_in_use = 0
+
+    def slot_for(self, unit: int) -> int | None:
+        for i, owner in enumerate(self.owner):
+            if owner == unit:
+                return i
+        return None
+
+    def claim(self) -> int:
+        """The next buffer no consumer holds (round robin); its previous copy is forgotten."""
+        size = len(self.buffers)
+        for i in range(size):
+            slot = (self.next + i) % size
+            if not self.in_use[slot]:
+                self.next = (slot + 1) % size
+                self.owner[slot] = None
+                return slot
+        raise ScheduleError(f"all {size} device buffers are in use")
+
+
+class Streamer:
+    """Moves units through the pool: ``acquire`` waits for (or issues) the copy, ``release``
+    records that compute on the buffer is done, ``prefetch`` issues the next copy early."""
+
+    def __init__(self, units: list[Unit], pool: Pool, backend: CpuBackend) -> None:
+        self.units, self.pool, self.backend = units, pool, backend
+
+    def prefetch(self, unit: int) -> None:
+        if self.pool.slot_for(unit) is not None:
+            return
+        slot = self.pool.claim()
+        u = self.units[unit]
+        buf = self.pool.buffers[slot][: u.numel]
+        self.pool.ready[slot] = self.backend.h2d(buf, u.host["working"], self.pool.released[slot])
+        self.pool.owner[slot] = unit
+        self.pool.loads += 1
+
+    def acquire(self, unit: int) -> tuple[int, Tensor]:
+        self.prefetch(unit)
+        slot = self.pool.slot_for(unit)
+        assert slot is not None
+        self.backend.wait(self.pool.ready[slot])
+        self.pool.in_use[slot] = True
+        self.pool.peak_in_use = max(self.pool.peak_in_use, sum(self.pool.in_use))
+        return slot, self.pool.buffers[slot][: self.units[unit].numel]
+
+    def release(self, slot: int) -> None:
+        self.pool.in_use[slot] = False
+        self.pool.released[slot] = self.backend.record()
+
+    def invalidate(self) -> None:
+        """Forget resident copies (the host working copies changed after an update)."""
+        self.pool.owner = [None] * len(self.pool.owner)
+
+
+def _units(model: DecoderLM) -> list[Unit]:
+    groups: list[tuple[str, list[tuple[str, Tensor]]]] = [
+        ("embed_tokens", [("weight", model.embed_tokens.weight)])
+    ]
+    for i, layer in enumerate(model.layers):
+        groups.append((f"layers.{i}", list(layer.named_parameters())))
+    head: list[tuple[str, Tensor]] = [(f"norm.{n}", p) for n, p in model.norm.named_parameters()]
+    if model.lm_head is not None:
+        head += [(f"lm_head.{n}", p) for n, p in model.lm_head.named_parameters()]
+    groups.append(("head", head))
+    units = []
+    for name, params in groups:
+        offsets, offset = [], 0
+        for _, p in params:
+            offsets.append(offset)
+            offset += p.numel()
+        units.append(
+            Unit(name, [n for n, _ in params], [p.shape for _, p in params], offsets, offset)
+        )
+    return units
+
+
+def _full_name(unit: Unit, name: str) -> str:
+    if unit.name == "embed_tokens":
+        return "embed_tokens.weight"
+    if unit.name == "head":
+        return name
+    return f"{unit.name}.{name}"
+
+
+def _train_streaming(
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    on_phase: PhaseHook,
+    backend: CpuBackend | None = None,
+) -> Result:
+    device = torch.device(cfg.device)
+    backend = backend or make_backend(device)
+    dtype = cfg.dtype
+    # initial weights: built on the host in fp32, then packed per unit
+    init = build_model(spec, seed=cfg.seed, dtype=torch.float32, device="cpu")
+    params = dict(init.named_parameters())
+    units = _units(init)
+    for u in units:
+        master = torch.cat([params[_full_name(u, n)].detach().reshape(-1) for n in u.names])
+        u.host = {
+            "working": backend.pinned(u.numel, dtype).copy_(master),
+            "master": backend.pinned(u.numel, torch.float32).copy_(master),
+            "m": backend.pinned(u.numel, torch.float32),
+            "v": backend.pinned(u.numel, torch.float32),
+            "grad": backend.pinned(u.numel, torch.float32),
+            "slab": backend.pinned(u.numel, dtype),
+        }
+        if train.ema != "none":
+            u.host["ema"] = backend.pinned(u.numel, torch.float32).copy_(master)
+    # compute templates: module structure without storage; weights come from the pool
+    with torch.device("meta"):
+        templates = [
+            DecoderLayer(spec, spec.is_moe_layer(i), init.capacity_factor)
+            for i in range(spec.num_layers)
+        ]
+        head_norm = type(init.norm)(spec.hidden_size, spec.norm)
+    del init, params
+    largest = max(u.numel for u in units)
+    pool = Pool(train.offload.num_buffers, largest, dtype, device)
+    stream = Streamer(units, pool, backend)
+    n_layers = spec.num_layers
+    k = train.checkpoint_every or 1
+    o = cfg.optim
+    losses: list[float] = []
+
+    def land(unit: Unit, grad: Tensor) -> None:
+        """Evacuate one unit's gradient to its host slab and add it to the accumulator."""
+        event = backend.d2h(unit.host["slab"], grad.detach().reshape(-1).to(dtype))
+        backend.synchronize(event)
+        unit.host["grad"].add_(unit.host["slab"].float())
+
+    def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
+        return out
+
+    start = time.perf_counter()
+    on_phase("placement", 0)
+    tied = spec.tied_embeddings
+    for step in range(1, cfg.steps + 1):
+        total = 0.0
+        for micro in range(train.grad_accum_steps):
+            ids, labels = synthetic_batch(
+                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+            )
+            ids, labels = ids.to(device), labels.to(device)
+            cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
+            # forward: embedding, layers without autograd, checkpoints every k layers
+            stream.prefetch(0)
+            slot, flat = stream.acquire(0)
+            stream.prefetch(1) if n_layers else None
+            with torch.no_grad():
+                h = F.embedding(ids, units[0].views(flat)["weight"])
+            stream.release(slot)
+            checkpoints: dict[int, Tensor] = {}
+            for i in range(n_layers):
+                if i % k == 0:
+                    checkpoints[i] = h
+                slot, flat = stream.acquire(1 + i)
+                stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
+                with torch.no_grad():
+                    h = layer_forward(i, flat, h, cos, sin)
+                stream.release(slot)
+            # head and loss (and the tied embedding), with autograd
+            head = len(units) - 1
+            slot, flat = stream.acquire(head)
+            head_w = flat.detach().clone().requires_grad_(True)
+            stream.release(slot)
+            embed_w = None
+            if tied:
+                slot, flat = stream.acquire(0)
+                embed_w = flat.detach().clone().requires_grad_(True)
+                stream.release(slot)
+            x = h.detach().requires_grad_(True)
+            views = units[head].views(head_w)
+            normed = functional_call(
+                head_norm,
+                {n.split(".", 1)[1]: t for n, t in views.items() if n.startswith("norm.")},
+                (x,),
+            )
+            if embed_w is not None:
+                weight = embed_w.view(spec.vocab_size, spec.hidden_size)
+            else:
+                weight = views["lm_head.weight"]
+            bias = views.get("lm_head.bias")
+            loss = loss_fn(F.linear(normed, weight, bias), labels)
+            on_phase("forward", step)
+            (loss / train.grad_accum_steps).backward()
+            total += loss.item()
+            assert head_w.grad is not None and x.grad is not None
+            land(units[head], head_w.grad)
+            if embed_w is not None:
+                assert embed_w.grad is not None
+                land(units[0], embed_w.grad)
+            grad_h = x.grad
+            # backward: each block recomputed from its checkpoint, layer by layer
+            for b in reversed(range(0, n_layers, k)):
+                e = min(b + k, n_layers)
+                inputs = [checkpoints.pop(b)]
+                for i in range(b, e - 1):
+                    slot, flat = stream.acquire(1 + i)
+                    with torch.no_grad():
+                        inputs.append(layer_forward(i, flat, inputs[-1], cos, sin))
+                    stream.release(slot)
+                for i in reversed(range(b, e)):
+                    slot, flat = stream.acquire(1 + i)
+                    nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
+                    if nxt is not None:
+                        stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
+                    w = flat.detach().requires_grad_(True)
+                    xi = inputs[i - b].detach().requires_grad_(True)
+                    out = layer_forward(i, w, xi, cos, sin)
+                    torch.autograd.backward(out, grad_h)
+                    stream.release(slot)
+                    assert w.grad is not None and xi.grad is not None
+                    land(units[1 + i], w.grad)
+                    grad_h = xi.grad
+            # embedding backward: scatter the input gradient into the rows that were used
+            embed_grad = torch.zeros(
+                spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
+            )
+            embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
+            land(units[0], embed_grad)
+            on_phase("backward", step)
+        # the CPU optimizer, unit by unit, with the clipping coefficient of the whole step
+        norm_sq = sum(float(u.host["grad"].pow(2).sum()) for u in units)
+        coef = clip_coefficient(norm_sq, cfg.clip_norm)
+        for u in units:
+            adamw_step(
+                o,
+                step,
+                u.host["master"],
+                u.host["grad"],
+                u.host["m"],
+                u.host["v"],
+                grad_scale=coef,
+                ema=u.host.get("ema"),
+                working=u.host["working"],
+            )
+            u.host["grad"].zero_()
+        stream.invalidate()
+        on_phase("optimizer", step)
+        losses.append(total / train.grad_accum_steps)
+    seconds = time.perf_counter() - start
+    state: dict[str, Tensor] = {}
+    ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
+    for u in units:
+        for n, t in u.views(u.host["master"]).items():
+            state[_full_name(u, n)] = t.clone()
+        if ema is not None:
+            for n, t in u.views(u.host["ema"]).items():
+                ema[_full_name(u, n)] = t.clone()
+    return Result(
+        losses,
+        cfg.steps,
+        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        seconds,
+        {
+            "mode": "streaming",
+            "checkpoint_every": k,
+            "num_buffers": train.offload.num_buffers,
+            "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
+            "peak_buffers_in_use": pool.peak_in_use,
+            "host_to_device_loads": pool.loads,
+        },
+        state,
+        ema,
+    )
+
+
+def train_model(
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    on_phase: PhaseHook = _noop,
+    backend: CpuBackend | None = None,
+) -> Result:
+    """Train ``spec`` under ``train``'s placement (or the reference) and report."""
+    if cfg.reference or train.offload.mode == "none":
+        return _train_reference(spec, train, cfg, on_phase)
+    if train.offload.mode == "optimizer":
+        return _train_optimizer_offload(spec, train, cfg, on_phase)
+    return _train_streaming(spec, train, cfg, on_phase, backend)
