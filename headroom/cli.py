@@ -285,6 +285,92 @@ def presets(format: FormatOpt = TextOrJson.text) -> None:
     console.print(table)
 
 
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DType(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+#: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
+EXIT_OOM = 3
+
+
+@app.command()
+def train(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 10,
+    device: Annotated[Device, typer.Option("--device", help="Where to compute.")] = Device.cpu,
+    dtype: Annotated[DType, typer.Option("--dtype", help="Working precision.")] = DType.float32,
+    seed: Annotated[int, typer.Option("--seed", help="Weights and data seed.")] = 0,
+    reference: Annotated[
+        bool, typer.Option("--reference", help="Plain PyTorch AdamW, whatever the placement.")
+    ] = False,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write the JSON report here.", dir_okay=False)
+    ] = None,
+) -> None:
+    """Train with the bundled trainer on synthetic tokens; exit 3 on out-of-memory."""
+    try:
+        spec = planner.load_model(model)
+        train_spec = planner.load_train(_train_dict(train, set_ or []))
+        from runtime.model import check_supported
+
+        check_supported(spec)
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    import torch
+
+    from runtime.probe import MemoryProbe
+    from runtime.trainer import RunConfig, train_model
+
+    if device is Device.cuda and not torch.cuda.is_available():
+        raise _fail("--device: cuda is not available on this machine; allowed here: cpu")
+    torch_device = torch.device(device.value)
+    probe = MemoryProbe(torch_device)
+    cfg = RunConfig(
+        steps=steps,
+        device=device.value,
+        dtype=getattr(torch, dtype.value),
+        seed=seed,
+        reference=reference,
+    )
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "train": train_spec.model_dump(mode="json"),
+        "device": device.value,
+        "dtype": dtype.value,
+        "seed": seed,
+    }
+    code = 0
+    try:
+        result = train_model(spec, train_spec, cfg, on_phase=probe)
+        out.update(
+            losses=result.losses,
+            steps=result.steps,
+            tokens_per_second=result.tokens_per_second,
+            placement=result.placement,
+        )
+    except torch.OutOfMemoryError as exc:
+        code = EXIT_OOM
+        out.update(oom={**probe.failing_phase(), "message": str(exc).splitlines()[0]})
+    out["memory"] = probe.report()
+    text = json.dumps(out, indent=2)
+    if report is not None:
+        report.write_text(text + "\n")
+    typer.echo(text)
+    if code:
+        typer.echo(
+            f"error: out of memory in {out['oom']['phase']}, step {out['oom']['step']}", err=True
+        )
+    raise typer.Exit(code)
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",

@@ -1,0 +1,80 @@
+"""Memory probe: what the CUDA caching allocator saw in each phase of each step.
+
+Per phase (placement, forward, backward, optimizer; step 1 and the steady state) it records the
+allocator's allocated, reserved and active peaks since the previous phase, ``num_alloc_retries``
+and ``num_ooms``, the driver's free and total memory, and the allocator configuration. On a CPU
+there are no device counters: the report says so and invents none.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+class MemoryProbe:
+    """Callable phase hook for ``runtime.trainer.train_model``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.snapshots: list[dict[str, Any]] = []
+        self.last: tuple[str, int] | None = None
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def __call__(self, phase: str, step: int) -> None:
+        self.last = (phase, step)
+        if not self.cuda:
+            return
+        torch.cuda.synchronize(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.snapshots.append(
+            {
+                "phase": phase,
+                "step": step,
+                "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
+                "allocated_peak_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+                "reserved_peak_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
+                "active_peak_bytes": int(stats.get("active_bytes.all.peak", 0)),
+                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+                "num_ooms": int(stats.get("num_ooms", 0)),
+                "device_free_bytes": int(free),
+                "device_total_bytes": int(total),
+            }
+        )
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def failing_phase(self) -> dict[str, Any]:
+        """Where an out-of-memory error struck: the phase after the last one that completed."""
+        if self.last is None:
+            return {"phase": "placement", "step": 0}
+        phase, step = self.last
+        following = {"placement": ("forward", 1), "forward": ("backward", step)}
+        if phase in following:
+            name, at = following[phase]
+            return {"phase": name, "step": at, "after": phase}
+        if phase == "backward":
+            return {"phase": "forward or optimizer", "step": step, "after": phase}
+        return {"phase": "forward", "step": step + 1, "after": phase}
+
+    def report(self) -> dict[str, Any]:
+        if not self.cuda:
+            return {
+                "available": False,
+                "reason": f"device {self.device.type}: allocator counters exist only on CUDA; "
+                "none are reported",
+            }
+        peak = max((s["allocated_peak_bytes"] for s in self.snapshots), default=0)
+        reserved = max((s["reserved_peak_bytes"] for s in self.snapshots), default=0)
+        return {
+            "available": True,
+            "device": torch.cuda.get_device_name(self.device),
+            "allocator_config": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "allocated_peak_bytes": peak,
+            "reserved_peak_bytes": reserved,
+            "phases": self.snapshots,
+        }

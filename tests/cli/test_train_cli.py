@@ -1,0 +1,65 @@
+"""``headroom train``: the report contract, placements through the CLI, and clean refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "headroom", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
+    common = ["tiny-moe", "--steps", "3", "--set", "seq_len=16", "--set", "micro_batch_size=2"]
+    ref = run(*common, "--reference", "--report", str(tmp_path / "ref.json"))
+    assert ref.returncode == 0, ref.stderr
+    report = json.loads((tmp_path / "ref.json").read_text())
+    assert report == json.loads(ref.stdout)
+    assert len(report["losses"]) == report["steps"] == 3
+    assert report["tokens_per_second"] > 0
+    assert report["placement"]["mode"] == "none"
+    assert report["memory"]["available"] is False and "CUDA" in report["memory"]["reason"]
+
+    streamed = run(
+        *common, "--set", "offload.mode=streaming", "--set", "offload.checkpoint_every=2"
+    )
+    assert streamed.returncode == 0, streamed.stderr
+    s = json.loads(streamed.stdout)
+    assert s["placement"]["mode"] == "streaming" and s["placement"]["checkpoint_every"] == 2
+    assert s["losses"] == pytest.approx(report["losses"], rel=1e-5)
+
+
+def test_models_the_trainer_cannot_build_are_refused_with_one_line() -> None:
+    proc = run("deepseek-v3", "--steps", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "model.mla" in proc.stderr
+
+
+def test_cuda_runs_with_the_memory_probe_or_is_refused_without_cuda() -> None:
+    import torch
+
+    proc = run("tiny-dense", "--steps", "2", "--device", "cuda", "--set", "seq_len=16")
+    if not torch.cuda.is_available():
+        assert proc.returncode == 2 and "cuda is not available" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    memory = json.loads(proc.stdout)["memory"]
+    assert memory["available"] is True and memory["allocated_peak_bytes"] > 0
+    phases = [(s["phase"], s["step"]) for s in memory["phases"]]
+    assert ("optimizer", 1) in phases and ("optimizer", 2) in phases
+
+
+def test_bad_training_key_exits_2() -> None:
+    proc = run("tiny-dense", "--set", "offload.mode=sideways")
+    assert proc.returncode == 2 and "offload.mode" in proc.stderr
