@@ -53,6 +53,7 @@ class RunConfig:
     reference: bool = False
     optim: AdamWConfig = field(default_factory=AdamWConfig)
     clip_norm: float | None = 1.0
+    prefetch: bool = True  # streaming: copy the next unit while this one computes
 
 
 @dataclass
@@ -449,9 +450,9 @@ def _train_streaming(
             ids, labels = ids.to(device), labels.to(device)
             cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
             # forward: embedding, layers without autograd, checkpoints every k layers
-            stream.prefetch(0)
             slot, flat = stream.acquire(0)
-            stream.prefetch(1) if n_layers else None
+            if n_layers and cfg.prefetch:
+                stream.prefetch(1)
             with torch.no_grad():
                 h = F.embedding(ids, units[0].views(flat)["weight"])
             stream.release(slot)
@@ -460,7 +461,8 @@ def _train_streaming(
                 if i % k == 0:
                     checkpoints[i] = h
                 slot, flat = stream.acquire(1 + i)
-                stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
+                if cfg.prefetch:
+                    stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
                 with torch.no_grad():
                     h = layer_forward(i, flat, h, cos, sin)
                 stream.release(slot)
@@ -508,7 +510,7 @@ def _train_streaming(
                 for i in reversed(range(b, e)):
                     slot, flat = stream.acquire(1 + i)
                     nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
-                    if nxt is not None:
+                    if nxt is not None and cfg.prefetch:
                         stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
                     w = flat.detach().requires_grad_(True)
                     xi = inputs[i - b].detach().requires_grad_(True)

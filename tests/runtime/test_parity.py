@@ -126,3 +126,11 @@ def test_streaming_streams_each_layer_twice_per_micro_batch_with_k1() -> None:
     layers = spec.num_layers
     # embedding + head + tied embedding for the head, then every layer forward and backward
     assert result.placement["host_to_device_loads"] <= 2 * layers + 3
+
+
+def test_streaming_without_prefetch_trains_the_same() -> None:
+    """The double-buffering ablation changes timing only, never the numbers."""
+    spec = planner.load_model("tiny-dense")
+    train = planner.TrainSpec(**BASE, offload={"mode": "streaming", "checkpoint_every": 2})
+    result = train_model(spec, train, RunConfig(steps=STEPS, prefetch=False))
+    assert_parity(result, reference("tiny-dense", 1))
