@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,3 +29,11 @@ class Settings(BaseSettings):
     migrate: bool = Field(
         default=True, description="Upgrade the database to the latest migration on start."
     )
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        # HEADROOM_TOKEN="" must not count as a configured (and trivially guessed) token
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return value

@@ -375,11 +375,23 @@ def train(
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 1,
 ) -> None:
-    """Serve the REST API (under /api/v1)."""
+    """Serve the API and the budget page, after upgrading the database to the latest migration."""
+    import os
+
     import uvicorn
 
-    uvicorn.run("api.main:app", host=host, port=port, log_level="info")
+    from api.migrate import upgrade
+    from api.settings import Settings
+
+    settings = Settings()
+    if settings.migrate:
+        upgrade(settings.database_url)  # once, before any worker starts
+    os.environ["HEADROOM_MIGRATE"] = "false"
+    uvicorn.run(
+        "api.main:app", host=host, port=port, workers=workers, log_level="info", access_log=False
+    )
 
 
 def main() -> None:

@@ -247,3 +247,11 @@ def test_fit_returns_a_plan_that_fits(client: TestClient) -> None:
         "/api/v1/fit", json={"model": "deepseek-v3", "gpu": "RTX-3090", "host_memory": "64GiB"}
     )
     assert nothing.status_code == 200 and nothing.json()["fits"] is False
+
+
+def test_an_empty_token_setting_counts_as_no_token(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/e.db", token="  ")
+    assert settings.token is None
+    with TestClient(create_app(settings)) as c:
+        response = c.post("/api/v1/calibrations", json=RECORD, headers={"Authorization": "Bearer "})
+        _problem(response, 401)
