@@ -23,7 +23,7 @@ import planner
 from api import migrate
 from api.db import make_engine, make_sessionmaker
 from api.metrics import Metrics
-from api.problems import problem
+from api.problems import document_validation_problems, problem, responses
 from api.routes import page, planning, records
 from api.security import AuthError
 from api.settings import Settings
@@ -144,6 +144,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 400:
+            # FastAPI's only 400: a body it could not decode (not UTF-8, nested too deep for
+            # the JSON parser); that is invalid input like any other
+            detail = f"body: {exc.detail}; send a JSON object (UTF-8)"
+            errors = [{"field": "body", "message": str(exc.detail)}]
+            return problem(422, detail, field="body", errors=errors, headers=headers)
         return problem(exc.status_code, str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
@@ -158,7 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], include_in_schema=False)
-    @app.get(f"{PREFIX}/readyz", tags=["health"])
+    @app.get(f"{PREFIX}/readyz", tags=["health"], responses=responses(503))
     def readyz() -> JSONResponse:
         """The database is reachable and migrated to the latest revision."""
         head = migrate.head_revision()
@@ -177,6 +183,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(page.router)
     app.include_router(planning.router, prefix=PREFIX)
     app.include_router(records.router, prefix=PREFIX)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_validation_problems(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
         app

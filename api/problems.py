@@ -61,6 +61,50 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
+#: the 422 problem: the generic members plus one ``{field, message}`` per invalid input
+VALIDATION_PROBLEM_SCHEMA: dict[str, Any] = {
+    "content": {
+        PROBLEM_JSON: {
+            "schema": {
+                **PROBLEM_SCHEMA["content"][PROBLEM_JSON]["schema"],
+                "properties": {
+                    **PROBLEM_SCHEMA["content"][PROBLEM_JSON]["schema"]["properties"],
+                    "field": {"type": ["string", "null"]},
+                    "errors": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "field": {"type": "string"},
+                                "message": {"type": "string"},
+                            },
+                            "required": ["field", "message"],
+                        },
+                    },
+                },
+            }
+        }
+    }
+}
+
+
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a route: each code documented as problem+json."""
-    return {code: {"description": _TITLES.get(code, "Error"), **PROBLEM_SCHEMA} for code in codes}
+    return {
+        code: {
+            "description": _TITLES.get(code, "Error"),
+            **(VALIDATION_PROBLEM_SCHEMA if code == 422 else PROBLEM_SCHEMA),
+        }
+        for code in codes
+    }
+
+
+def document_validation_problems(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite FastAPI's generated 422 responses (``application/json`` HTTPValidationError) as
+    the problem+json the service really returns, in place; returns ``openapi``."""
+    for path in openapi.get("paths", {}).values():
+        for operation in path.values():
+            codes = operation.get("responses", {}) if isinstance(operation, dict) else {}
+            if "422" in codes:
+                codes["422"] = {"description": _TITLES[422], **VALIDATION_PROBLEM_SCHEMA}
+    return openapi

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+import planner
 from planner.budget import GPU_BUCKETS, PHASES
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
@@ -16,8 +17,35 @@ _MODEL = "A bundled model name, our model spec, or a Hugging Face config.json."
 _GPU = "A GPU preset name (GET /presets) or a hardware object."
 
 
+#: text that ends up in a database column: PostgreSQL refuses NUL in text
+_NO_NUL = r"^[^\x00]*$"
+
+
+def _preset_model(value: Any) -> Any:
+    """A model given by name must be a bundled preset: the service reads no server files."""
+    if isinstance(value, str) and value not in planner.model_names():
+        raise ValueError(
+            f"unknown model preset {value[:100]!r}; allowed: {', '.join(planner.model_names())}"
+        )
+    return value
+
+
+def _preset_gpu(value: Any) -> Any:
+    """A GPU given by name must be a bundled preset (or alias): no server files either."""
+    if isinstance(value, str):
+        try:
+            planner.gpu(value)
+        except planner.UnknownPresetError:
+            allowed = ", ".join(planner.gpu_names())
+            raise ValueError(f"unknown GPU preset {value[:100]!r}; allowed: {allowed}") from None
+    return value
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    _model_is_preset = field_validator("model", check_fields=False)(_preset_model)
+    _gpu_is_preset = field_validator("gpu", check_fields=False)(_preset_gpu)
 
 
 class EstimateRequest(_In):
@@ -56,7 +84,7 @@ class Measured(_In):
     allocated_bytes: int = Field(gt=0, le=2**50, description="Peak allocated bytes on the GPU.")
     reserved_bytes: int | None = Field(default=None, gt=0, le=2**50)
     phase: PhaseName | None = Field(default=None, description="Phase the peak was measured in.")
-    buckets: dict[BucketName, int] | None = Field(
+    buckets: dict[BucketName, Annotated[int, Field(ge=0, le=2**50)]] | None = Field(
         default=None, description="Measured bytes per GPU bucket, where attributable."
     )
 
@@ -74,7 +102,7 @@ class CalibrationIn(_In):
     gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
     measured: Measured
     source: Literal["runtime", "probe", "external"] = "external"
-    notes: str = Field(default="", max_length=4000)
+    notes: str = Field(default="", max_length=4000, pattern=_NO_NUL)
 
 
 class CalibrationOut(BaseModel):

@@ -19,6 +19,9 @@ from api.db import Calibration, CoefficientSet, Run, utcnow
 from api.schemas import CalibrationIn, RunIn
 from calibration.compare import compare
 
+#: the largest value of a BigInteger column (SQLite INTEGER, PostgreSQL bigint)
+MAX_BIGINT = 2**63 - 1
+
 
 def _spec_dump(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
@@ -48,6 +51,12 @@ def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration,
         m.phase,
         dict(m.buckets) if m.buckets else None,
     )
+    if comparison["predicted_allocated_bytes"] > MAX_BIGINT:
+        raise planner.SpecError(
+            f"model: the predicted peak ({comparison['predicted_allocated_bytes']:.3e} bytes) "
+            "is beyond what a calibration record holds (2^63 - 1 bytes)",
+            field="model",
+        )
     record = Calibration(
         uid=uid,
         source=body.source,

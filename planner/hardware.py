@@ -9,33 +9,45 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.errors import UnknownPresetError
 
+#: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
+#: check refuses lone surrogates, which no UTF-8 encoder writes)
+_TEXT = r"^[^\x00]*$"
+
 
 class Hardware(BaseModel):
     """One GPU and its share of the host."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # finite numbers in ranges that keep every estimate and step time finite
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str
-    aliases: tuple[str, ...] = ()
-    memory_bytes: int = Field(ge=1, description="Device memory as the driver reports it.")
-    bf16_flops: float = Field(gt=0, description="Dense bf16 tensor-core FLOP/s.")
-    memory_bandwidth_bytes_per_s: float = Field(gt=0)
-    host_link: str = Field(description="Host interconnect, e.g. 'PCIe Gen5 x16'.")
-    host_link_bytes_per_s: float = Field(gt=0, description="Per direction.")
-    cuda_context_bytes: int = Field(ge=0, description="Uncalibrated default context size.")
+    name: str = Field(max_length=100, pattern=_TEXT)
+    aliases: tuple[Annotated[str, Field(max_length=100, pattern=_TEXT)], ...] = ()
+    memory_bytes: int = Field(ge=1, le=2**50, description="Device memory as the driver reports it.")
+    bf16_flops: float = Field(ge=1, le=1e21, description="Dense bf16 tensor-core FLOP/s.")
+    memory_bandwidth_bytes_per_s: float = Field(ge=1, le=1e16)
+    host_link: str = Field(
+        max_length=200, pattern=_TEXT, description="Host interconnect, e.g. 'PCIe Gen5 x16'."
+    )
+    host_link_bytes_per_s: float = Field(ge=1, le=1e16, description="Per direction.")
+    cuda_context_bytes: int = Field(
+        ge=0, le=2**50, description="Uncalibrated default context size."
+    )
     allocator_overhead_fraction: float = Field(
         ge=0, lt=1, description="Uncalibrated default: reserved minus allocated, over allocated."
     )
     host_memory_bytes: int | None = Field(
-        default=None, ge=1, description="Host RAM available to the GPUs of one node."
+        default=None, ge=1, le=2**60, description="Host RAM available to the GPUs of one node."
     )
-    gpus_per_node: int = Field(default=1, ge=1, description="GPUs sharing the host RAM.")
-    source: str = Field(default="custom", description="Where the numbers come from.")
+    gpus_per_node: int = Field(default=1, ge=1, le=1024, description="GPUs sharing the host RAM.")
+    source: str = Field(
+        default="custom", max_length=4000, pattern=_TEXT, description="Where the numbers come from."
+    )
 
 
 @cache

@@ -6,6 +6,7 @@ deepseek_v2, which shares the layout). Nothing is downloaded; only the JSON is r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,35 @@ def _get(
             f"config.json ({config.get('model_type')}): missing required field '{key}'", field=key
         )
     return default
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _int(config: Mapping[str, Any], key: str, default: int) -> int:
+    """An integer field (``3`` or ``"3"``; not a bool, a float or anything else)."""
+    value = _get(config, key, default)
+    digits = isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", value)
+    integral = isinstance(value, float) and value.is_integer() and abs(value) <= 2**53
+    if digits or integral:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"config.json: {key} must be an integer, got {_show(value)}", field=key)
+    return value
+
+
+def _ints(config: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """A list of integers (absent or null: empty)."""
+    value = _get(config, key, [])
+    if not isinstance(value, list | tuple) or any(
+        isinstance(v, bool) or not isinstance(v, int) for v in value
+    ):
+        raise SpecError(
+            f"config.json: {key} must be a list of integers, got {_show(value)}", field=key
+        )
+    return tuple(value)
 
 
 def _ffn_kind(config: Mapping[str, Any]) -> str:
@@ -76,8 +106,8 @@ def _qwen2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _qwen2(config, name)
-    step = int(_get(config, "decoder_sparse_step", 1))
-    shared = int(_get(config, "shared_expert_intermediate_size", 0))
+    step = _int(config, "decoder_sparse_step", 1)
+    shared = _int(config, "shared_expert_intermediate_size", 0)
     spec["moe"] = MoESpec(
         num_experts=_get(config, "num_experts", required=True),
         top_k=_get(config, "num_experts_per_tok", required=True),
@@ -87,7 +117,7 @@ def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
         shared_expert_gate=bool(shared),
         dense_first_layers=step - 1,
         layer_freq=step,
-        dense_layers=tuple(_get(config, "mlp_only_layers", ())),
+        dense_layers=_ints(config, "mlp_only_layers"),
     )
     return spec
 
@@ -109,12 +139,12 @@ def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
             num_experts=experts,
             top_k=_get(config, "num_experts_per_tok", required=True),
             expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
-            num_shared_experts=int(_get(config, "n_shared_experts", 0)),
-            dense_first_layers=int(_get(config, "first_k_dense_replace", 0)),
-            layer_freq=int(_get(config, "moe_layer_freq", 1)),
+            num_shared_experts=_int(config, "n_shared_experts", 0),
+            dense_first_layers=_int(config, "first_k_dense_replace", 0),
+            layer_freq=_int(config, "moe_layer_freq", 1),
             router_bias=_get(config, "topk_method") == "noaux_tc",
         )
-    spec["num_mtp_layers"] = int(_get(config, "num_nextn_predict_layers", 0))
+    spec["num_mtp_layers"] = _int(config, "num_nextn_predict_layers", 0)
     return spec
 
 

@@ -7,43 +7,79 @@ One frozen pydantic model describes the architecture; its parameter inventory li
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: upper bounds that keep every estimate finite and fast: sizes (vocab, hidden, FFN, head and
+#: rank dims), counts (heads, experts), layers (the estimator walks every layer) and factors
+_MAX_SIZE = 2**24
+_MAX_COUNT = 2**20
+_MAX_LAYERS = 4096
+_MAX_FACTOR = 10_000.0
+#: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
+#: check refuses lone surrogates, which no UTF-8 encoder writes)
+_TEXT = r"^[^\x00]*$"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class MoESpec(_Frozen):
     """Mixture-of-Experts feed-forward layers."""
 
-    num_experts: int = Field(ge=1, description="Routed experts per MoE layer.")
-    top_k: int = Field(ge=1, description="Routed experts each token is sent to.")
-    expert_ffn_size: int = Field(ge=1, description="Intermediate size of one routed expert.")
-    num_shared_experts: int = Field(default=0, ge=0, description="Always-active shared experts.")
+    num_experts: int = Field(ge=1, le=_MAX_COUNT, description="Routed experts per MoE layer.")
+    top_k: int = Field(ge=1, le=_MAX_COUNT, description="Routed experts each token is sent to.")
+    expert_ffn_size: int = Field(
+        ge=1, le=_MAX_SIZE, description="Intermediate size of one routed expert."
+    )
+    num_shared_experts: int = Field(
+        default=0, ge=0, le=_MAX_COUNT, description="Always-active shared experts."
+    )
     shared_expert_ffn_size: int | None = Field(
-        default=None, ge=1, description="Intermediate size of one shared expert (default: expert)."
+        default=None,
+        ge=1,
+        le=_MAX_SIZE,
+        description="Intermediate size of one shared expert (default: expert).",
     )
     shared_expert_gate: bool = Field(
         default=False, description="A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."
     )
     dense_first_layers: int = Field(
-        default=0, ge=0, description="Leading layers that use the dense FFN instead of experts."
+        default=0,
+        ge=0,
+        le=_MAX_LAYERS,
+        description="Leading layers that use the dense FFN instead of experts.",
     )
     layer_freq: int = Field(
-        default=1, ge=1, description="After the dense-first layers, every k-th layer is MoE."
+        default=1,
+        ge=1,
+        le=_MAX_LAYERS,
+        description="After the dense-first layers, every k-th layer is MoE.",
     )
-    dense_layers: tuple[int, ...] = Field(
-        default=(), description="Layer indices forced dense (Qwen2-MoE mlp_only_layers)."
+    dense_layers: tuple[Annotated[int, Field(ge=0, lt=_MAX_LAYERS)], ...] = Field(
+        default=(),
+        max_length=_MAX_LAYERS,
+        description="Layer indices forced dense (Qwen2-MoE mlp_only_layers).",
     )
     router_bias: bool = Field(
         default=False, description="A per-expert routing bias (DeepSeek-V3 aux-loss-free)."
     )
     capacity_factor: float | None = Field(
-        default=None, gt=0, description="Architecture's capacity factor; training spec overrides."
+        default=None,
+        gt=0,
+        le=_MAX_FACTOR,
+        description="Architecture's capacity factor; training spec overrides.",
     )
+
+    @field_validator("dense_layers", mode="before")
+    @classmethod
+    def _few_enough(cls, value: Any) -> Any:
+        # refused before its items are: 100k bad items make 100k errors, seconds to report
+        if isinstance(value, list | tuple) and len(value) > _MAX_LAYERS:
+            raise ValueError(f"at most {_MAX_LAYERS} layer indices, got {len(value)}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -62,24 +98,32 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint KV projections."""
 
-    q_lora_rank: int | None = Field(default=None, ge=1, description="Q down-projection rank.")
-    kv_lora_rank: int = Field(ge=1, description="Joint KV compression rank.")
-    qk_nope_head_dim: int = Field(ge=1, description="Per-head Q/K dims without RoPE.")
-    qk_rope_head_dim: int = Field(ge=0, description="Per-head Q/K dims carrying RoPE.")
-    v_head_dim: int = Field(ge=1, description="Per-head V dims.")
+    q_lora_rank: int | None = Field(
+        default=None, ge=1, le=_MAX_SIZE, description="Q down-projection rank."
+    )
+    kv_lora_rank: int = Field(ge=1, le=_MAX_SIZE, description="Joint KV compression rank.")
+    qk_nope_head_dim: int = Field(ge=1, le=_MAX_SIZE, description="Per-head Q/K dims without RoPE.")
+    qk_rope_head_dim: int = Field(
+        ge=0, le=_MAX_SIZE, description="Per-head Q/K dims carrying RoPE."
+    )
+    v_head_dim: int = Field(ge=1, le=_MAX_SIZE, description="Per-head V dims.")
 
 
 class ModelSpec(_Frozen):
     """A decoder-only transformer, dense or MoE."""
 
-    name: str = Field(default="custom", description="Display name.")
-    vocab_size: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int | None = Field(default=None, ge=1, description="GQA groups (default MHA).")
-    head_dim: int | None = Field(default=None, ge=1, description="Default hidden / heads.")
-    ffn_hidden_size: int = Field(ge=1, description="Dense FFN intermediate size.")
+    name: str = Field(default="custom", max_length=200, pattern=_TEXT, description="Display name.")
+    vocab_size: int = Field(ge=1, le=_MAX_SIZE)
+    hidden_size: int = Field(ge=1, le=_MAX_SIZE)
+    num_layers: int = Field(ge=1, le=_MAX_LAYERS)
+    num_heads: int = Field(ge=1, le=_MAX_COUNT)
+    num_kv_heads: int | None = Field(
+        default=None, ge=1, le=_MAX_COUNT, description="GQA groups (default MHA)."
+    )
+    head_dim: int | None = Field(
+        default=None, ge=1, le=_MAX_SIZE, description="Default hidden / heads."
+    )
+    ffn_hidden_size: int = Field(ge=1, le=_MAX_SIZE, description="Dense FFN intermediate size.")
     ffn_kind: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
@@ -89,9 +133,14 @@ class ModelSpec(_Frozen):
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     num_mtp_layers: int = Field(
-        default=0, ge=0, description="Multi-token-prediction modules (not trained by Headroom)."
+        default=0,
+        ge=0,
+        le=_MAX_LAYERS,
+        description="Multi-token-prediction modules (not trained by Headroom).",
     )
-    source: str | None = Field(default=None, description="Where this spec came from.")
+    source: str | None = Field(
+        default=None, max_length=4000, pattern=_TEXT, description="Where this spec came from."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -18,8 +18,14 @@ OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafact
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "none": 0}
 
 
+#: upper bounds that keep every estimate finite and fast (the estimator walks every stage)
+_MAX_DEGREE = 2**20
+_MAX_STAGES = 4096
+_MAX_FACTOR = 10_000.0
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Precision(_Frozen):
@@ -34,7 +40,7 @@ class Precision(_Frozen):
 class Recompute(_Frozen):
     """Block-wise recompute: keep a checkpoint every ``every_k`` layers."""
 
-    every_k: int = Field(ge=1, description="Layers per recomputed block.")
+    every_k: int = Field(ge=1, le=_MAX_STAGES, description="Layers per recomputed block.")
 
 
 RecomputePolicy = Literal["none", "selective", "full"] | Recompute
@@ -43,11 +49,15 @@ RecomputePolicy = Literal["none", "selective", "full"] | Recompute
 class Parallel(_Frozen):
     """Parallel degrees; the heaviest rank is reported."""
 
-    dp: int = Field(default=1, ge=1, description="Data-parallel replicas.")
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree.")
-    pp: int = Field(default=1, ge=1, description="Pipeline stages.")
-    ep: int = Field(default=1, ge=1, description="Expert-parallel degree (carved from dp x cp).")
-    cp: int = Field(default=1, ge=1, description="Context-parallel degree (sequence split).")
+    dp: int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Data-parallel replicas.")
+    tp: int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, ge=1, le=_MAX_STAGES, description="Pipeline stages.")
+    ep: int = Field(
+        default=1, ge=1, le=_MAX_DEGREE, description="Expert-parallel degree (carved from dp x cp)."
+    )
+    cp: int = Field(
+        default=1, ge=1, le=_MAX_DEGREE, description="Context-parallel degree (sequence split)."
+    )
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism.")
     zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
 
@@ -74,17 +84,22 @@ class Offload(_Frozen):
         default=1.0, ge=0.0, le=1.0, description="Optimizer mode: share of parameters offloaded."
     )
     checkpoint_every: int | None = Field(
-        default=None, ge=1, description="Streaming mode: layers per checkpointed block (default 1)."
+        default=None,
+        ge=1,
+        le=_MAX_STAGES,
+        description="Streaming mode: layers per checkpointed block (default 1).",
     )
-    num_buffers: int = Field(default=2, ge=2, description="Streaming mode: device weight buffers.")
+    num_buffers: int = Field(
+        default=2, ge=2, le=1024, description="Streaming mode: device weight buffers."
+    )
 
 
 class TrainSpec(_Frozen):
     """One training configuration."""
 
-    micro_batch_size: int = Field(default=1, ge=1)
-    seq_len: int = Field(default=4096, ge=1)
-    grad_accum_steps: int = Field(default=1, ge=1)
+    micro_batch_size: int = Field(default=1, ge=1, le=2**20)
+    seq_len: int = Field(default=4096, ge=1, le=2**30)
+    grad_accum_steps: int = Field(default=1, ge=1, le=2**30)
     precision: Precision = Precision()
     optimizer: OptimizerName = "adamw"
     optimizer_impl: Literal["foreach", "fused", "for_loop"] = Field(
@@ -94,14 +109,16 @@ class TrainSpec(_Frozen):
     )
     recompute: RecomputePolicy = "none"
     attention: Literal["flash", "eager"] = "flash"
-    activation_profile: str = Field(default="textbook", min_length=1)
+    activation_profile: str = Field(default="textbook", min_length=1, max_length=64)
     ema: Literal["none", "gpu", "host"] = "none"
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
     moe_capacity_factor: float | None = Field(
-        default=None, gt=0, description="Default: the model's, else 1.25."
+        default=None, gt=0, le=_MAX_FACTOR, description="Default: the model's, else 1.25."
     )
-    moe_imbalance: float = Field(default=1.0, ge=1.0, description="Hottest expert load / mean.")
+    moe_imbalance: float = Field(
+        default=1.0, ge=1.0, le=_MAX_FACTOR, description="Hottest expert load / mean."
+    )
     expandable_segments: bool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )

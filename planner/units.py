@@ -5,6 +5,7 @@ GiB means 2^30 and GB means 10^9, as everywhere in Headroom.
 
 from __future__ import annotations
 
+import math
 import re
 
 from planner.errors import SpecError
@@ -34,19 +35,24 @@ GIB = 2**30
 def parse_size(value: str | int | float, *, field: str = "size") -> int:
     """Parse a byte size such as ``"1.5TiB"``, ``"80GB"`` or ``123456`` into integer bytes."""
     if isinstance(value, bool):
-        raise SpecError(f"{field}: expected a size such as '80GiB' or '1.5TiB', got {value!r}")
+        raise SpecError(
+            f"{field}: expected a size such as '80GiB' or '1.5TiB', got {value!r}", field=field
+        )
     if isinstance(value, int | float):
-        if value < 0:
-            raise SpecError(f"{field}: must be >= 0 bytes, got {value!r}", field=field)
+        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+            raise SpecError(f"{field}: must be a finite number >= 0, got {value!r}", field=field)
         return int(value)
-    match = _SIZE_RE.match(value)
+    match = _SIZE_RE.match(value) if len(value) <= 64 else None
     if match is None or match.group(2).lower() not in _UNITS:
         allowed = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
         raise SpecError(
-            f"{field}: cannot read {value!r} as a size; use a number with one of {allowed}",
+            f"{field}: cannot read {value[:64]!r} as a size; use a number with one of {allowed}",
             field=field,
         )
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    size = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not math.isfinite(size):
+        raise SpecError(f"{field}: {value!r} is too large a size", field=field)
+    return int(size)
 
 
 def format_bytes(num_bytes: int | float) -> str:

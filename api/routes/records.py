@@ -40,6 +40,8 @@ def _run(row: Run) -> RunOut:
 RowId = Annotated[int, Path(ge=1, le=2**62)]
 Limit = Query(default=100, ge=1, le=500)
 Offset = Query(default=0, ge=0, le=2**31)
+#: filters are compared with text columns, and PostgreSQL refuses NUL in text
+NO_NUL = r"^[^\x00]*$"
 
 
 @router.get("/calibrations", tags=["calibration"], response_model=Page)
@@ -47,8 +49,8 @@ def list_calibrations(
     db: SessionDep,
     limit: int = Limit,
     offset: int = Offset,
-    model: str | None = Query(default=None, max_length=200),
-    gpu: str | None = Query(default=None, max_length=100),
+    model: str | None = Query(default=None, max_length=200, pattern=NO_NUL),
+    gpu: str | None = Query(default=None, max_length=100, pattern=NO_NUL),
 ) -> dict[str, Any]:
     rows, total = store.list_rows(db, Calibration, limit, offset, model_name=model, gpu_name=gpu)
     return {"items": [_calibration(r) for r in rows], "total": total}
@@ -114,7 +116,7 @@ def list_runs(
     db: SessionDep,
     limit: int = Limit,
     offset: int = Offset,
-    status: str | None = Query(default=None, max_length=16),
+    status: str | None = Query(default=None, max_length=16, pattern=NO_NUL),
 ) -> dict[str, Any]:
     rows, total = store.list_rows(db, Run, limit, offset, status=status)
     return {"items": [_run(r) for r in rows], "total": total}
