@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -33,16 +33,43 @@ def _spec_dump(
     }
 
 
-def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration, bool]:
-    """Store one measurement with the estimate it is compared against; (record, created)."""
-    uid = body.uid or uuid.uuid4().hex
-    existing = session.scalar(select(Calibration).where(Calibration.uid == uid))
-    if existing is not None:
+Row = TypeVar("Row", Calibration, Run)
+
+
+def _by_uid(session: Session, table: type[Row], uid: str) -> Row | None:
+    return session.scalar(select(table).where(table.uid == uid))
+
+
+def _insert_once(session: Session, row: Row) -> tuple[Row, bool]:
+    """Commit ``row``; if its uid was committed concurrently, return that one instead."""
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = _by_uid(session, type(row), row.uid)
+        if existing is None:
+            raise
         return existing, False
+    return row, True
+
+
+def _planned(
+    body: CalibrationIn | RunIn,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware, planner.Budget]:
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(body.gpu)
-    budget = planner.estimate(model, train, hw)
+    return model, train, hw, planner.estimate(model, train, hw)
+
+
+def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration, bool]:
+    """Store one measurement with the estimate it is compared against; (record, created)."""
+    uid = body.uid or uuid.uuid4().hex
+    existing = _by_uid(session, Calibration, uid)
+    if existing is not None:
+        return existing, False
+    model, train, hw, budget = _planned(body)
     m = body.measured
     comparison = compare(
         budget,
@@ -71,16 +98,7 @@ def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration,
         relative_error=comparison["relative_error"],
         notes=body.notes,
     )
-    session.add(record)
-    try:
-        session.commit()
-    except IntegrityError:  # the same uid committed concurrently: return that one
-        session.rollback()
-        existing = session.scalar(select(Calibration).where(Calibration.uid == uid))
-        if existing is None:
-            raise
-        return existing, False
-    return record, True
+    return _insert_once(session, record)
 
 
 def list_rows(
@@ -134,13 +152,10 @@ def coefficient_sets(session: Session) -> list[dict[str, Any]]:
 def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
     """Persist a run request (validated against the planner first); (run, created)."""
     uid = body.uid or uuid.uuid4().hex
-    existing = session.scalar(select(Run).where(Run.uid == uid))
+    existing = _by_uid(session, Run, uid)
     if existing is not None:
         return existing, False
-    model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
-    hw = planner.load_hardware(body.gpu)
-    budget = planner.estimate(model, train, hw)
+    model, train, hw, budget = _planned(body)
     run = Run(
         uid=uid,
         status="queued",
@@ -151,16 +166,7 @@ def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
         steps=body.steps,
         reason="queued: no launcher is attached to this service",
     )
-    session.add(run)
-    try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        existing = session.scalar(select(Run).where(Run.uid == uid))
-        if existing is None:
-            raise
-        return existing, False
-    return run, True
+    return _insert_once(session, run)
 
 
 def cancel_run(session: Session, run: Run) -> Run:

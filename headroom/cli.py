@@ -61,6 +61,26 @@ NodeOpt = Annotated[
     int | None, typer.Option("--gpus-per-node", min=1, help="GPUs sharing the host RAM.")
 ]
 FormatOpt = Annotated[TextOrJson, typer.Option("--format", help="Output format.")]
+MarginOpt = Annotated[
+    float | None,
+    typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
+]
+
+
+def _load(
+    model: str,
+    train: Path | None,
+    set_: list[str] | None,
+    gpu: str,
+    host_memory: str | None,
+    gpus_per_node: int | None,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
+    spec = planner.load_model(model)
+    train_spec = planner.load_train(_train_dict(train, set_ or []))
+    hw = planner.load_hardware(
+        gpu, host_memory=host_memory, gpus_per_node=gpus_per_node, host_memory_field="--host-memory"
+    )
+    return spec, train_spec, hw
 
 
 @app.command()
@@ -76,14 +96,7 @@ def estimate(
 ) -> None:
     """Predict per-bucket GPU and host memory, the peak phase, and whether it fits."""
     try:
-        spec = planner.load_model(model)
-        train_spec = planner.load_train(_train_dict(train, set_ or []))
-        hw = planner.load_hardware(
-            gpu,
-            host_memory=host_memory,
-            gpus_per_node=gpus_per_node,
-            host_memory_field="--host-memory",
-        )
+        spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
         budget = planner.estimate(spec, train_spec, hw)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
     except planner.HeadroomError as exc:
@@ -107,22 +120,6 @@ class GateFormat(StrEnum):
     json = "json"
     github = "github"
     junit = "junit"
-
-
-def _load(
-    model: str,
-    train: Path | None,
-    set_: list[str] | None,
-    gpu: str,
-    host_memory: str | None,
-    gpus_per_node: int | None,
-) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
-    spec = planner.load_model(model)
-    train_spec = planner.load_train(_train_dict(train, set_ or []))
-    hw = planner.load_hardware(
-        gpu, host_memory=host_memory, gpus_per_node=gpus_per_node, host_memory_field="--host-memory"
-    )
-    return spec, train_spec, hw
 
 
 def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
@@ -153,10 +150,7 @@ def gate(
     gpu: GpuOpt = "H100-80GB",
     host_memory: HostOpt = None,
     gpus_per_node: NodeOpt = None,
-    margin: Annotated[
-        float | None,
-        typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
-    ] = None,
+    margin: MarginOpt = None,
     require_calibration: Annotated[
         bool,
         typer.Option(
@@ -209,10 +203,7 @@ def fit(
     gpu: GpuOpt = "H100-80GB",
     host_memory: HostOpt = None,
     gpus_per_node: NodeOpt = None,
-    margin: Annotated[
-        float | None,
-        typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
-    ] = None,
+    margin: MarginOpt = None,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
     """Find the fastest configuration that fits (offload, micro-batch, recompute, ZeRO).
