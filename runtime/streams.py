@@ -107,6 +107,7 @@ class DelayedBackend(CpuBackend):
     """Test backend: copies happen late and out of order unless an event forces them."""
 
     seed: int = 0
+    drift: float = 0.3  # chance that a pending copy completes at each later copy
     name: str = "delayed"
     pending: list[_Copy] = field(default_factory=list)
     copies: int = 0
@@ -129,7 +130,7 @@ class DelayedBackend(CpuBackend):
         self.rng.shuffle(self.pending)
         keep = []
         for copy in self.pending:
-            if self.rng.random() < 0.3:
+            if self.rng.random() < self.drift:
                 copy.dst.copy_(copy.src)
                 copy.done = True
             else:

@@ -294,7 +294,10 @@ class Pool:
     """``size`` device buffers; a buffer is reused only after its consumer released it."""
 
     def __init__(self, size: int, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.buffers = [torch.empty(numel, dtype=dtype, device=device) for _ in range(size)]
+        # NaN until a copy lands: a read that did not wait for its copy cannot pass for data
+        self.buffers = [
+            torch.full((numel,), float("nan"), dtype=dtype, device=device) for _ in range(size)
+        ]
         self.owner: list[int | None] = [None] * size
         self.in_use = [False] * size
         self.released: list[Event | None] = [None] * size

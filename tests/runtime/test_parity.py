@@ -112,10 +112,11 @@ def test_streaming_without_waits_is_caught() -> None:
         def wait(self, event: object) -> None:  # type: ignore[override]
             return None
 
-    result = train_model(spec, train, RunConfig(steps=2), backend=NoWait(seed=0))
+    result = train_model(spec, train, RunConfig(steps=2), backend=NoWait(seed=0, drift=0.0))
     ref = reference("tiny-dense", 1)
+    # unwaited copies never land: the compute reads the pool's NaN fill, not the weights
     assert any(
-        abs(a - b) > TOL * abs(b) for a, b in zip(result.losses, ref.losses[:2], strict=True)
+        not abs(a - b) <= TOL * abs(b) for a, b in zip(result.losses, ref.losses[:2], strict=True)
     )
 
 
