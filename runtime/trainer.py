@@ -83,6 +83,30 @@ def _noop(phase: str, step: int) -> None:
 # none / reference
 
 
+def _accumulate(
+    model: DecoderLM,
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    step: int,
+    on_phase: PhaseHook,
+) -> float:
+    """Forward and backward over the step's micro-batches with autograd on a resident model;
+    gradients accumulate in ``.grad``. Returns the sum of the micro-batch losses."""
+    device = torch.device(cfg.device)
+    total = 0.0
+    for micro in range(train.grad_accum_steps):
+        ids, labels = synthetic_batch(
+            spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+        )
+        loss = loss_fn(model(ids.to(device)), labels.to(device))
+        on_phase("forward", step)
+        (loss / train.grad_accum_steps).backward()
+        on_phase("backward", step)
+        total += loss.item()
+    return total
+
+
 def _train_reference(
     spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook
 ) -> Result:
@@ -107,17 +131,7 @@ def _train_reference(
     start = time.perf_counter()
     on_phase("placement", 0)
     for step in range(1, cfg.steps + 1):
-        total = 0.0
-        for micro in range(train.grad_accum_steps):
-            ids, labels = synthetic_batch(
-                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-            )
-            logits = model(ids.to(device))
-            loss = loss_fn(logits, labels.to(device))
-            on_phase("forward", step)
-            (loss / train.grad_accum_steps).backward()
-            on_phase("backward", step)
-            total += loss.item()
+        total = _accumulate(model, spec, train, cfg, step, on_phase)
         if cfg.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=False)
         optimizer.step()
@@ -194,16 +208,7 @@ def _train_optimizer_offload(
     start = time.perf_counter()
     on_phase("placement", 0)
     for step in range(1, cfg.steps + 1):
-        total = 0.0
-        for micro in range(train.grad_accum_steps):
-            ids, labels = synthetic_batch(
-                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-            )
-            loss = loss_fn(model(ids.to(device)), labels.to(device))
-            on_phase("forward", step)
-            (loss / train.grad_accum_steps).backward()
-            on_phase("backward", step)
-            total += loss.item()
+        total = _accumulate(model, spec, train, cfg, step, on_phase)
         norm_sq = sum(float(p.grad.float().pow(2).sum()) for _, p in named if p.grad is not None)
         coef = clip_coefficient(norm_sq, cfg.clip_norm)
         # gradients of the offloaded tensors go down first, then both sides update
