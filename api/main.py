@@ -15,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
-from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -170,8 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         head = migrate.head_revision()
         try:
             with engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            current = migrate.current_revision(settings.database_url)
+                current = migrate.revision_of(connection)  # reads alembic_version: reachable
         except Exception as exc:  # any driver error means not ready
             return problem(503, f"database unreachable: {type(exc).__name__}", title="Not ready")
         if current != head:

@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
 from api.db import make_engine
 
@@ -33,10 +34,15 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
+def revision_of(connection: Connection) -> str | None:
+    """The revision the database behind ``connection`` is at (None: never migrated)."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
 def current_revision(url: str) -> str | None:
     engine = make_engine(url)
     try:
         with engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
+            return revision_of(connection)
     finally:
         engine.dispose()

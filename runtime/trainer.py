@@ -83,6 +83,11 @@ def _noop(phase: str, step: int) -> None:
 # none / reference
 
 
+def _tokens(train: TrainSpec, cfg: RunConfig) -> int:
+    """Tokens the run trained on."""
+    return cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len
+
+
 def _accumulate(
     model: DecoderLM,
     spec: ModelSpec,
@@ -147,7 +152,7 @@ def _train_reference(
     return Result(
         losses,
         cfg.steps,
-        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        _tokens(train, cfg),
         seconds,
         {"mode": "none", "reference": cfg.reference},
         state,
@@ -255,7 +260,7 @@ def _train_optimizer_offload(
     return Result(
         losses,
         cfg.steps,
-        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        _tokens(train, cfg),
         seconds,
         {
             "mode": "optimizer",
@@ -566,7 +571,7 @@ def _train_streaming(
     return Result(
         losses,
         cfg.steps,
-        cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len,
+        _tokens(train, cfg),
         seconds,
         {
             "mode": "streaming",

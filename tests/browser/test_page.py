@@ -27,24 +27,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+import planner
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-GPU_BUCKETS = (
-    "params",
-    "grads",
-    "master_params",
-    "optimizer_states",
-    "ema",
-    "activations",
-    "logits",
-    "moe_dispatch",
-    "transfer_buffers",
-    "cuda_context",
-    "allocator_overhead",
-)
-PHASES = ("step1_forward", "step1_backward", "forward", "backward", "optimizer")
+GPU_BUCKETS = planner.GPU_BUCKETS  # the one vocabulary: code, JSON and page
+PHASES = planner.PHASES
 WAIT_S = 10.0
 
 
