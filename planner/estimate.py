@@ -509,6 +509,31 @@ def _phase_totals(
     )
 
 
+def _peak(
+    all_states: tuple[tuple[Any, ...], ...],
+    all_acts: tuple[tuple[Any, ...], ...],
+    stages: tuple[int, ...],
+    grad_accum: int,
+    streaming: bool,
+    context: int,
+    fraction: float,
+) -> tuple[int, int, int]:
+    """The GPU peak over ``stages`` (allocated + context + allocator overhead): (bytes, index of
+    the peak stage in ``stages``, index of the peak phase in PHASES)."""
+    pp = stages[-1] + 1
+    accumulating = grad_accum > 1
+    peak, where, index = -1, 0, 0
+    for i, s in enumerate(stages):
+        totals = _phase_totals(
+            all_states[i], all_acts[i], min(pp - s, grad_accum), streaming, accumulating
+        )
+        allocated = max(totals)
+        total = allocated + context + b.allocator_overhead_bytes(allocated, fraction)
+        if total > peak:
+            peak, where, index = total, i, totals.index(allocated)
+    return peak, where, index
+
+
 def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     """Allocated bytes per GPU bucket (first nine, DESIGN order) in each phase (PHASES order)."""
     (
@@ -650,17 +675,12 @@ def evaluate(
     coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
     context, fraction = _overheads(coeffs, hardware, kn.expandable_segments)
     pp = kn.pp
-    streaming = kn.offload == "streaming"
-    accumulating = kn.grad_accum > 1
-    peak = -1
     stages = (0, pp - 1) if pp > 1 else (0,)
     all_states, all_acts = _stage_parts(model, kn, coeffs, stages)
-    for s, states, acts in zip(stages, all_states, all_acts, strict=True):
-        totals = _phase_totals(states, acts, min(pp - s, kn.grad_accum), streaming, accumulating)
-        allocated = max(totals)
-        total = allocated + context + b.allocator_overhead_bytes(allocated, fraction)
-        if total > peak:
-            peak, stage, host, index = total, s, states[13], totals.index(allocated)
+    peak, i, index = _peak(
+        all_states, all_acts, stages, kn.grad_accum, kn.offload == "streaming", context, fraction
+    )
+    stage, host = stages[i], all_states[i][13]
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
     host_peak = sum(host) * ranks

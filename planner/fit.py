@@ -1,31 +1,37 @@
 """The auto-fit ladder: the fastest configuration that fits, found analytically.
 
-Candidates step down from the given spec: offload none → optimizer fractions 0.25 … 1.0 →
-streaming (checkpoint every 1, 2, 4, 8 layers); micro-batch halved with gradient accumulation
-raised to keep the global batch; recompute none → selective → every-K → full; ZeRO stages up
-to 3 where data parallelism allows. Each candidate is estimated (``planner.evaluate`` on
+Candidates span: offload none → optimizer fractions 0.125 … 1.0 → streaming (checkpoint every
+1, 2, 4, 8, 16 layers); every power-of-two micro-batch that divides the global batch per rank,
+with gradient accumulation set to keep it; recompute none → selective → every-K (powers of two
+below the layer count) → full; ZeRO stages up to 3 where data parallelism allows; the
+allocator's expandable segments on or as given. Each candidate is estimated (``planner.evaluate`` on
 flattened knobs, no spec validation per candidate); the ones whose peak plus margin fits the GPU
 and whose host buckets fit host RAM are ranked by predicted tokens per second.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+from collections.abc import Collection
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
 from planner.budget import BudgetModel
 from planner.coefficients import Coefficients, default_coefficients
-from planner.estimate import Knobs, _stage_terms, estimate, evaluate, knobs
+from planner.estimate import Knobs, _overheads, _peak, _stage_parts, estimate, knobs
 from planner.hardware import Hardware
 from planner.model import ModelSpec
-from planner.steptime import step_time
+from planner.steptime import StepModel, StepTime
 from planner.train import TrainSpec
 
-OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
-STREAMING_EVERY = (1, 2, 4, 8)
-EVERY_K = (8, 4, 2)
+#: optimizer-offload fractions (whole tensors in order, so a finer grid buys little)
+OFFLOAD_FRACTIONS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+#: streaming: layers per checkpointed block
+STREAMING_EVERY = (1, 2, 4, 8, 16)
+#: largest micro-batch the ladder proposes (it never exceeds the global batch per rank)
+MAX_MICRO_BATCH = 1024
 
 
 class Considered(BaseModel):
@@ -52,67 +58,143 @@ class FitResult(BaseModel):
     runners_up: list[Considered]
     rejected: list[Considered] = Field(description="Rejected candidates (the first few).")
     rejected_total: int
+    margin_pct: float | None = Field(
+        default=None, description="Safety margin applied (None: the coefficients' own)."
+    )
+    excluded: int = Field(default=0, description="Candidates skipped as already tried.")
     reason: str
 
 
-def _recompute_options(train: TrainSpec, num_layers: int) -> list[tuple[Any, bool, int | None]]:
+Choice = tuple[dict[str, Any], dict[str, Any], bool]
+
+
+class Grid(NamedTuple):
+    """The ladder's dimensions; a candidate is one choice from each. Each choice is (knob
+    values, the training-spec keys it sets, whether that differs from the input spec)."""
+
+    micro: list[Choice]
+    placements: list[Choice]
+    zeros: list[Choice]
+    segments: list[Choice]
+    recompute: list[Choice]
+
+
+def _recompute_choices(train: TrainSpec, num_layers: int) -> list[tuple[Any, bool, int | None]]:
+    every = []
+    k = 2
+    while k < num_layers:
+        every.append(k)
+        k *= 2
     options: list[tuple[Any, bool, int | None]] = [("none", False, None), ("selective", True, None)]
-    options += [({"every_k": k}, False, k) for k in EVERY_K if k < num_layers]
+    options += [({"every_k": k}, False, k) for k in reversed(every)]
     options.append(("full", False, 1))
     return options
 
 
-def candidates(model: ModelSpec, train: TrainSpec) -> list[tuple[Knobs, dict[str, Any]]]:
-    """Every ladder candidate as (knobs, the training-spec keys it changes)."""
-    base = knobs(train)
+def grid(model: ModelSpec, train: TrainSpec) -> Grid:
+    """The ladder's dimensions for ``train`` (see the module docstring)."""
     p = train.parallel
     batch = train.micro_batch_size * train.grad_accum_steps
+    current_offload = train.offload.model_dump()
     micro = []
-    m = train.micro_batch_size
-    while m >= 1:
+    m = 1
+    while m <= min(batch, MAX_MICRO_BATCH):
         if batch % m == 0:
-            micro.append((m, batch // m))
-        m //= 2
-    placements: list[tuple[dict[str, Any], dict[str, Any]]] = [
-        ({"offload": "none"}, {"mode": "none"})
-    ]
-    placements += [
-        ({"offload": "optimizer", "fraction": f}, {"mode": "optimizer", "fraction": f})
-        for f in OFFLOAD_FRACTIONS
-    ]
-    if p.tp == 1 and p.pp == 1:
-        placements += [
+            keys = {"micro_batch_size": m, "grad_accum_steps": batch // m}
+            micro.append(
+                (
+                    {"micro_batch": m, "grad_accum": batch // m},
+                    keys,
+                    m != train.micro_batch_size,
+                )
+            )
+        m *= 2
+    if not any(not changed for _, _, changed in micro):  # the input's own shape is a candidate
+        m = train.micro_batch_size
+        micro.append(
             (
-                {"offload": "streaming", "checkpoint_every": k},
-                {"mode": "streaming", "checkpoint_every": k},
+                {"micro_batch": m, "grad_accum": train.grad_accum_steps},
+                {"micro_batch_size": m, "grad_accum_steps": train.grad_accum_steps},
+                False,
             )
-            for k in STREAMING_EVERY
-        ]
-    zeros = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
-    recompute = _recompute_options(train, model.num_layers)
-    out: list[tuple[Knobs, dict[str, Any]]] = []
-    for (mb, ga), (pk, offload), z in (
-        (mg, pl, z) for mg in micro for pl in placements for z in zeros
-    ):
-        streaming = pk["offload"] == "streaming"
-        for policy, selective, k in recompute[:1] if streaming else recompute:
-            kn = base._replace(
-                micro_batch=mb,
-                grad_accum=ga,
-                offload=pk["offload"],
-                fraction=pk.get("fraction", 1.0),
-                selective=selective and not streaming,
-                checkpoint_every=pk["checkpoint_every"] if streaming else k,
-                zero=z,
+        )
+    placements: list[Choice] = [
+        (
+            {"offload": "none", "fraction": 1.0},
+            {"offload": {"mode": "none"}},
+            current_offload["mode"] != "none",
+        )
+    ]
+    for f in OFFLOAD_FRACTIONS:
+        placements.append(
+            (
+                {"offload": "optimizer", "fraction": f},
+                {"offload": {"mode": "optimizer", "fraction": f}},
+                (current_offload["mode"], current_offload["fraction"]) != ("optimizer", f),
             )
-            changes: dict[str, Any] = {
-                "micro_batch_size": mb,
-                "grad_accum_steps": ga,
-                "recompute": "none" if streaming else policy,
-                "offload": offload,
-                "parallel.zero_stage": z,
-            }
-            out.append((kn, changes))
+        )
+    if p.tp == 1 and p.pp == 1:
+        for k in STREAMING_EVERY:
+            if k > max(model.num_layers, 1) and k != 1:
+                continue
+            placements.append(
+                (
+                    {"offload": "streaming", "fraction": 1.0, "checkpoint_every": k},
+                    {"offload": {"mode": "streaming", "checkpoint_every": k}},
+                    (current_offload["mode"], train.offload.checkpoint_every or 1)
+                    != ("streaming", k),
+                )
+            )
+    zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
+    zeros = [({"zero": z}, {"parallel.zero_stage": z}, z != p.zero_stage) for z in zero_range]
+    segments = [
+        (
+            {"expandable_segments": e},
+            {"expandable_segments": e},
+            e != train.expandable_segments,
+        )
+        for e in dict.fromkeys((train.expandable_segments, True))
+    ]
+    current_recompute = (
+        train.recompute if isinstance(train.recompute, str) else train.recompute.model_dump()
+    )
+    recompute = [
+        (
+            {"selective": selective, "checkpoint_every": k},
+            {"recompute": policy},
+            policy != current_recompute,
+        )
+        for policy, selective, k in _recompute_choices(train, model.num_layers)
+    ]
+    return Grid(micro, placements, zeros, segments, recompute)
+
+
+def _combine(base: Knobs, choices: tuple[Choice, ...]) -> tuple[Knobs, dict[str, Any], int]:
+    """One candidate from one choice per dimension, applied in order (the placement last, so
+    streaming's block size wins): (knobs, the spec keys it sets, how many differ from input)."""
+    values: dict[str, Any] = {}
+    keys: dict[str, Any] = {}
+    changed = 0
+    for knob_values, spec_keys, differs in choices:
+        values.update(knob_values)
+        keys.update(spec_keys)
+        changed += differs
+    return base._replace(**values), keys, changed
+
+
+def candidates(model: ModelSpec, train: TrainSpec) -> list[tuple[Knobs, dict[str, Any]]]:
+    """Every ladder candidate as (knobs, the training-spec keys it sets)."""
+    base = knobs(train)
+    g = grid(model, train)
+    out = []
+    for mb in g.micro:
+        for pl in g.placements:
+            streaming = pl[0]["offload"] == "streaming"
+            for z in g.zeros:
+                for es in g.segments:
+                    for rc in g.recompute[:1] if streaming else g.recompute:
+                        kn, keys, _ = _combine(base, (mb, z, es, rc, pl))
+                        out.append((kn, keys))
     return out
 
 
@@ -141,8 +223,14 @@ def _diff(train: TrainSpec, changes: dict[str, Any]) -> dict[str, Any]:
             if k in changes["offload"] and k != "num_buffers"
         },
         "parallel.zero_stage": train.parallel.zero_stage,
+        "expandable_segments": train.expandable_segments,
     }
     return {k: v for k, v in changes.items() if current.get(k) != v}
+
+
+def candidate_key(changes: dict[str, Any]) -> str:
+    """A candidate's identity (its spec keys), to exclude ones already tried."""
+    return json.dumps(changes, sort_keys=True)
 
 
 def fit(
@@ -152,38 +240,105 @@ def fit(
     coefficients: Coefficients | None = None,
     margin_pct: float | None = None,
     max_listed: int = 20,
+    exclude: Collection[str] = (),
 ) -> FitResult:
-    """The fastest ladder candidate that fits (see module docstring)."""
+    """The fastest ladder candidate that fits (see module docstring).
+
+    ``exclude`` holds ``candidate_key``s of candidates not to choose again (a probe ran them out
+    of memory). The search walks the grid with the placement and ZeRO choices outside and the
+    batch shape and recompute inside, so each half of the estimate is looked up once per value
+    and a candidate costs the phase arithmetic and, if it fits, its step time.
+    """
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
     cap, host_cap = hardware.memory_bytes, hardware.host_memory_bytes
-    fitting: list[tuple[float, int, int, dict[str, Any], Any]] = []
+    base = knobs(train)
+    g = grid(model, train)
+    pp = base.pp
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    ranks = min(hardware.gpus_per_node, base.dp * base.tp * pp * base.cp)
+    overheads = {e: _overheads(coeffs, hardware, e) for e in (False, True)}
+    margin_fraction = coeffs.margin_fraction if margin_pct is None else margin_pct / 100
+    price = StepModel(model, base.seq_len, base.cp, hardware, coeffs)
+    fitting: list[tuple[float, int, int, int, tuple[Choice, ...], StepTime]] = []
     rejected: list[Considered] = []
-    rejected_total = 0
-    all_candidates = candidates(model, train)
-    for kn, changes in all_candidates:
-        b = evaluate(model, kn, hardware, coeffs)
-        peak = b.gpu_peak_bytes
-        margin = b.margin_bytes if margin_pct is None else math.ceil(peak * margin_pct / 100)
-        reason = None
-        if peak + margin > cap:
-            reason = f"GPU peak {peak} B + margin {margin} B > capacity {cap} B ({b.peak_phase})"
-        elif host_cap is not None and b.host_peak_bytes > host_cap:
-            reason = f"host RAM {b.host_peak_bytes} B > capacity {host_cap} B"
-        if reason is not None:
-            rejected_total += 1
-            if len(rejected) < max_listed:
-                rejected.append(
-                    Considered(
-                        changes=_diff(train, changes),
-                        gpu_peak_bytes=peak,
-                        host_peak_bytes=b.host_peak_bytes,
-                        reason=reason,
+    rejected_total = considered = excluded = 0
+    states_of: dict[tuple[int, int, bool], tuple[tuple[Any, ...], ...]] = {}
+    acts_of: dict[tuple[int, int], tuple[tuple[Any, ...], ...]] = {}
+    inner_all = [
+        ((mb, rc), {**mb[0], **rc[0]}, mb[2] + rc[2], mb[0]["grad_accum"] > 1, m_i, r_i)
+        for m_i, mb in enumerate(g.micro)
+        for r_i, rc in enumerate(g.recompute)
+    ]
+    inner_streaming = [i for i in inner_all if i[5] == 0]
+    for p_i, pl in enumerate(g.placements):
+        streaming = pl[0]["offload"] == "streaming"
+        inner = inner_streaming if streaming else inner_all
+        for z in g.zeros:
+            for es in g.segments:
+                context, fraction = overheads[es[0]["expandable_segments"]]
+                outer = {**z[0], **es[0], **pl[0]}
+                outer_changed = z[2] + es[2] + pl[2]
+                for (mb, rc), inner_values, inner_changed, accumulating, m_i, r_i in inner:
+                    considered += 1
+                    choices = (mb, z, es, rc, pl)
+                    if exclude and candidate_key(_combine(base, choices)[1]) in exclude:
+                        excluded += 1
+                        continue
+                    kn = None
+                    skey = (p_i, z[0]["zero"], accumulating)
+                    all_states = states_of.get(skey)
+                    akey = (m_i, -p_i if streaming else r_i)
+                    all_acts = acts_of.get(akey)
+                    if all_states is None or all_acts is None:
+                        kn = base._replace(**{**inner_values, **outer})
+                        all_states, all_acts = _stage_parts(model, kn, coeffs, stages)
+                        states_of[skey], acts_of[akey] = all_states, all_acts
+                    grad_accum = mb[0]["grad_accum"]
+                    peak, where, _ = _peak(
+                        all_states, all_acts, stages, grad_accum, streaming, context, fraction
                     )
-                )
-            continue
-        t = step_time(model, kn, hardware, coeffs, _stage_terms(model, kn, coeffs, b.stage))
-        fitting.append((t.tokens_per_second, peak, b.host_peak_bytes, changes, t))
-    fitting.sort(key=lambda f: (-f[0], f[1]))
+                    host_peak = sum(all_states[where][13]) * ranks
+                    margin = math.ceil(peak * margin_fraction)
+                    if peak + margin > cap or (host_cap is not None and host_peak > host_cap):
+                        rejected_total += 1
+                        if len(rejected) < max_listed:
+                            reason = (
+                                f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
+                                if peak + margin > cap
+                                else f"host RAM {host_peak} B > capacity {host_cap} B"
+                            )
+                            rejected.append(
+                                Considered(
+                                    changes=_diff(train, _combine(base, choices)[1]),
+                                    gpu_peak_bytes=peak,
+                                    host_peak_bytes=host_peak,
+                                    reason=reason,
+                                )
+                            )
+                        continue
+                    sp = all_acts[where][8]
+                    if kn is None:
+                        kn = base._replace(**{**inner_values, **outer})
+                    t = price(kn, sp.dense_numel + sp.expert_numel, all_states[where][2])
+                    fitting.append(
+                        (
+                            t.tokens_per_second,
+                            outer_changed + inner_changed,
+                            peak,
+                            host_peak,
+                            choices,
+                            t,
+                        )
+                    )
+    fitting.sort(key=lambda f: (-f[0], f[1], f[2]))
+    common = {
+        "candidates_considered": considered,
+        "candidates_fitting": len(fitting),
+        "rejected": rejected,
+        "rejected_total": rejected_total,
+        "margin_pct": margin_pct,
+        "excluded": excluded,
+    }
     if not fitting:
         return FitResult(
             fits=False,
@@ -191,26 +346,23 @@ def fit(
             budget=None,
             predicted_step_seconds=None,
             predicted_tokens_per_second=None,
-            candidates_considered=len(all_candidates),
-            candidates_fitting=0,
             runners_up=[],
-            rejected=rejected,
-            rejected_total=rejected_total,
             reason="no candidate fits: the model states exceed the GPU and host even with "
             "every offload, recompute and ZeRO option",
+            **common,
         )
-    _, _, _, changes, t = fitting[0]
-    plan = _plan(train, changes)
+    _, _, _, _, best, t = fitting[0]
+    plan = _plan(train, _combine(base, best)[1])
     budget = estimate(model, plan, hardware, coeffs)
     runners_up = [
         Considered(
-            changes=_diff(train, c),
+            changes=_diff(train, _combine(base, c)[1]),
             gpu_peak_bytes=peak,
             host_peak_bytes=host_peak,
             step_seconds=st.step_seconds,
             tokens_per_second=st.tokens_per_second,
         )
-        for _, peak, host_peak, c, st in fitting[1 : 1 + max_listed]
+        for _, _, peak, host_peak, c, st in fitting[1 : 1 + max_listed]
     ]
     return FitResult(
         fits=True,
@@ -218,10 +370,7 @@ def fit(
         budget=BudgetModel.model_validate(budget.model_dump()),
         predicted_step_seconds=t.step_seconds,
         predicted_tokens_per_second=t.tokens_per_second,
-        candidates_considered=len(all_candidates),
-        candidates_fitting=len(fitting),
         runners_up=runners_up,
-        rejected=rejected,
-        rejected_total=rejected_total,
         reason=f"fastest of {len(fitting)} fitting candidate(s) by predicted tokens/s",
+        **common,
     )

@@ -34,35 +34,54 @@ class StepTime(NamedTuple):
     tokens_per_second: float
 
 
+class StepModel:
+    """The step-time model of one (model, sequence length, hardware, coefficients): the
+    per-model constants are resolved once, so a search prices a candidate in a few operations."""
+
+    def __init__(
+        self, model: ModelSpec, seq_len: int, cp: int, hw: Hardware, coeffs: Coefficients
+    ) -> None:
+        counts = count_params(model)
+        d_attn = model.num_heads * model.dim_per_head
+        matmul = 2 * counts.per_token_active
+        attention = model.num_layers * d_attn * seq_len  # causal: half of 2·L·d·s per token
+        self.seq_len = seq_len
+        self.cp = cp
+        self.flops_base = 3 * matmul + 6 * attention
+        self.flops_recompute = matmul + 2 * attention
+        self.flops_selective = 2 * attention
+        self.flops_per_s = hw.bf16_flops * coeffs.compute_efficiency
+        self.link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
+        self.cpu_rate = coeffs.cpu_optimizer_params_per_s
+
+    def __call__(self, kn: Knobs, stage_numel: int, offloaded_numel: int) -> StepTime:
+        """Predicted time of one optimizer step of a rank holding ``stage_numel`` parameters,
+        ``offloaded_numel`` of them updated on the host (optimizer offload)."""
+        tokens_rank = kn.micro_batch * self.seq_len * kn.grad_accum // self.cp
+        streaming = kn.offload == "streaming"
+        flops_per_token = self.flops_base
+        if streaming or kn.checkpoint_every is not None:
+            flops_per_token += self.flops_recompute
+        elif kn.selective:
+            flops_per_token += self.flops_selective
+        compute = flops_per_token * tokens_rank / (kn.tp * kn.pp) / self.flops_per_s
+        grad_bytes = 2 if kn.bg <= 2 else 4
+        if streaming:
+            transferred = kn.grad_accum * stage_numel * (2 * kn.bp + grad_bytes)
+            updated_on_cpu = stage_numel
+        else:
+            transferred = offloaded_numel * (kn.bp + grad_bytes)
+            updated_on_cpu = offloaded_numel
+        transfer = transferred / self.link
+        cpu = updated_on_cpu / self.cpu_rate
+        step = max(compute, transfer, cpu) if streaming else compute + max(transfer, cpu)
+        tokens = kn.micro_batch * self.seq_len * kn.grad_accum * kn.dp
+        return StepTime(compute, transfer, cpu, step, tokens, tokens / step if step else 0.0)
+
+
 def step_time(
     model: ModelSpec, kn: Knobs, hw: Hardware, coeffs: Coefficients, terms: StageTerms
 ) -> StepTime:
     """Predicted time of one optimizer step for the rank described by ``terms``."""
-    counts = count_params(model)
-    tokens_rank = kn.micro_batch * kn.seq_len * kn.grad_accum // kn.cp
-    shards = kn.tp * kn.pp
-    streaming = kn.offload == "streaming"
-    d_attn = model.num_heads * model.dim_per_head
-    matmul = 2 * counts.per_token_active
-    attention = model.num_layers * d_attn * kn.seq_len  # causal: half of 2·L·d·s per token
-    flops_per_token = 3 * matmul + 6 * attention
-    if streaming or kn.checkpoint_every is not None:
-        flops_per_token += matmul + 2 * attention
-    elif kn.selective:
-        flops_per_token += 2 * attention
-    compute = flops_per_token * tokens_rank / shards / (hw.bf16_flops * coeffs.compute_efficiency)
-
-    link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
-    grad_bytes = 2 if kn.bg <= 2 else 4
-    if streaming:
-        numel = terms.sp.dense_numel + terms.sp.expert_numel
-        transferred = kn.grad_accum * numel * (2 * kn.bp + grad_bytes)
-        updated_on_cpu = numel
-    else:
-        transferred = terms.offloaded_numel * (kn.bp + grad_bytes)
-        updated_on_cpu = terms.offloaded_numel
-    transfer = transferred / link
-    cpu = updated_on_cpu / coeffs.cpu_optimizer_params_per_s
-    step = max(compute, transfer, cpu) if streaming else compute + max(transfer, cpu)
-    tokens = kn.micro_batch * kn.seq_len * kn.grad_accum * kn.dp
-    return StepTime(compute, transfer, cpu, step, tokens, tokens / step if step else 0.0)
+    numel = terms.sp.dense_numel + terms.sp.expert_numel
+    return StepModel(model, kn.seq_len, kn.cp, hw, coeffs)(kn, numel, terms.offloaded_numel)

@@ -67,3 +67,70 @@ def test_a_model_that_cannot_fit_anywhere_is_refused_with_a_reason() -> None:
     assert not result.fits and result.plan is None and result.budget is None
     assert result.candidates_fitting == 0 and result.rejected_total == result.candidates_considered
     assert "no candidate fits" in result.reason
+
+
+def test_the_search_agrees_with_the_estimate_on_every_candidate() -> None:
+    """The search's inlined peak and host checks give the same verdicts as ``evaluate``."""
+    model = planner.load_model("llama-3-8b")
+    train = planner.TrainSpec(micro_batch_size=2, grad_accum_steps=4, parallel={"dp": 2})
+    hw = planner.load_hardware("H100-80GB", host_memory="1TiB", gpus_per_node=2)
+    coeffs = planner.default_coefficients(train.activation_profile, hw.name)
+    result = planner.fit(model, train, hw, max_listed=10_000)
+    all_candidates = candidates(model, train)
+    assert result.candidates_considered == len(all_candidates)
+    verdicts = [planner.evaluate(model, kn, hw, coeffs) for kn, _ in all_candidates]
+    assert result.candidates_fitting == sum(b.fits for b in verdicts)
+    rejected_peaks = sorted(r.gpu_peak_bytes for r in result.rejected)
+    assert rejected_peaks == sorted(b.gpu_peak_bytes for b in verdicts if not b.fits)
+    listed = sorted(r.gpu_peak_bytes for r in result.runners_up)
+    fitting = sorted(b.gpu_peak_bytes for b in verdicts if b.fits)
+    assert set(listed) <= set(fitting)
+
+
+def test_the_grid_keeps_the_global_batch_and_spans_every_dimension() -> None:
+    import importlib
+
+    fit_module = importlib.import_module("planner.fit")
+    model = planner.load_model("llama-3-8b")  # 32 layers
+    train = planner.TrainSpec(micro_batch_size=4, grad_accum_steps=8, parallel={"dp": 4})
+    g = fit_module.grid(model, train)
+    shapes = [(keys["micro_batch_size"], keys["grad_accum_steps"]) for _, keys, _ in g.micro]
+    assert shapes == [(1, 32), (2, 16), (4, 8), (8, 4), (16, 2), (32, 1)]
+    assert [keys["recompute"] for _, keys, _ in g.recompute] == [
+        "none",
+        "selective",
+        {"every_k": 16},
+        {"every_k": 8},
+        {"every_k": 4},
+        {"every_k": 2},
+        "full",
+    ]
+    modes = [keys["offload"]["mode"] for _, keys, _ in g.placements]
+    assert modes.count("optimizer") == 8 and modes.count("streaming") == 5
+    assert [keys["parallel.zero_stage"] for _, keys, _ in g.zeros] == [0, 1, 2, 3]
+    # the input configuration is a candidate, marked unchanged in every dimension
+    unchanged = [sum(not c[2] for c in dim) for dim in g]
+    assert unchanged == [1, 1, 1, 1, 1]
+
+
+def test_excluded_candidates_are_not_chosen_again() -> None:
+    import importlib
+
+    fit_module = importlib.import_module("planner.fit")
+    model = planner.load_model("llama-3-8b")
+    train = planner.TrainSpec(micro_batch_size=8)
+    hw = planner.gpu("H100-80GB")
+    first = planner.fit(model, train, hw)
+    assert first.plan is not None
+    tried = {
+        fit_module.candidate_key(keys)
+        for kn, keys in candidates(model, train)
+        if planner.knobs(planner.TrainSpec.model_validate(first.plan)) == kn
+    }
+    assert len(tried) == 1
+    second = planner.fit(model, train, hw, exclude=tried)
+    assert second.excluded == 1 and second.plan != first.plan
+    assert second.candidates_fitting == first.candidates_fitting - 1
+    assert second.predicted_tokens_per_second is not None
+    assert first.predicted_tokens_per_second is not None
+    assert second.predicted_tokens_per_second <= first.predicted_tokens_per_second
