@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 import planner
 from api.db import Calibration, CoefficientSet, Run, utcnow
-from api.schemas import CalibrationIn, RunIn
+from api.schemas import CalibrationIn, Measured, RunIn
 from calibration.compare import compare
 
 #: the largest value of a BigInteger column (SQLite INTEGER, PostgreSQL bigint)
@@ -70,7 +70,23 @@ def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration,
     if existing is not None:
         return existing, False
     model, train, hw, budget = _planned(body)
-    m = body.measured
+    return record_calibration(
+        session, uid, model, train, hw, budget, body.measured, body.source, body.notes
+    )
+
+
+def record_calibration(
+    session: Session,
+    uid: str,
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hw: planner.Hardware,
+    budget: planner.Budget,
+    m: Measured,
+    source: str,
+    notes: str = "",
+) -> tuple[Calibration, bool]:
+    """Store a measurement of validated specs against ``budget`` (their estimate)."""
     comparison = compare(
         budget,
         m.allocated_bytes,
@@ -86,7 +102,7 @@ def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration,
         )
     record = Calibration(
         uid=uid,
-        source=body.source,
+        source=source,
         model_name=model.name,
         gpu_name=hw.name,
         activation_profile=train.activation_profile,
@@ -96,7 +112,7 @@ def add_calibration(session: Session, body: CalibrationIn) -> tuple[Calibration,
         measured_peak_bytes=m.allocated_bytes,
         predicted_peak_bytes=comparison["predicted_allocated_bytes"],
         relative_error=comparison["relative_error"],
-        notes=body.notes,
+        notes=notes,
     )
     return _insert_once(session, record)
 

@@ -16,6 +16,7 @@ from rich.console import Console
 
 import planner
 from planner.io import apply_overrides, read_file
+from planner.units import parse_size
 
 app = typer.Typer(
     name="headroom",
@@ -195,6 +196,93 @@ def gate(
     raise typer.Exit(verdict.exit_code)
 
 
+class ProbeDevice(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _probe_device(choice: ProbeDevice) -> str:
+    if choice is not ProbeDevice.auto:
+        if choice is ProbeDevice.cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise _fail("--probe-device: cuda is not available here; allowed here: cpu, auto")
+        return choice.value
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+ProbeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--probe",
+        help="Confirm the plan by running it into step 2 on the bundled trainer; step down on "
+        "out-of-memory.",
+    ),
+]
+ProbeDeviceOpt = Annotated[
+    ProbeDevice,
+    typer.Option(
+        "--probe-device",
+        help="Where probes run: cuda, or cpu under a simulated device of the GPU's memory.",
+    ),
+]
+MaxProbesOpt = Annotated[
+    int, typer.Option("--max-probes", min=1, max=20, help="Probes before giving up.")
+]
+RecordOpt = Annotated[
+    bool,
+    typer.Option("--record/--no-record", help="Store each probe as a calibration record."),
+]
+
+
+def _autofit(
+    model: str,
+    spec: planner.ModelSpec,
+    train_spec: planner.TrainSpec,
+    hw: planner.Hardware,
+    margin: float | None,
+    device: str,
+    max_probes: int,
+    record: bool,
+) -> Any:
+    from headroom.autofit import autofit, subprocess_prober
+
+    recorder = None
+    if record:
+        from headroom.records import open_store, probe_recorder
+
+        recorder = probe_recorder(open_store(), spec, hw)
+    prober = subprocess_prober(model, hw, device)
+    return autofit(
+        spec, train_spec, hw, prober, margin_pct=margin, max_probes=max_probes, record=recorder
+    )
+
+
+def _print_fit(result: planner.FitResult, hw: planner.Hardware, console: Console) -> None:
+    console.print(
+        f"{result.candidates_considered} candidates, {result.candidates_fitting} fit; "
+        f"{result.reason}"
+    )
+    if result.plan is not None and result.budget is not None:
+        p = result.plan
+        console.print(
+            f"plan: micro_batch_size={p['micro_batch_size']} "
+            f"grad_accum_steps={p['grad_accum_steps']} recompute={p['recompute']} "
+            f"offload={p['offload']} zero_stage={p['parallel']['zero_stage']} "
+            f"expandable_segments={p['expandable_segments']}"
+        )
+        console.print(
+            f"predicted: {result.predicted_step_seconds:.3f} s/step, "
+            f"{result.predicted_tokens_per_second:,.0f} tokens/s, GPU peak "
+            f"{planner.format_bytes(result.budget.gpu.peak_bytes)} "
+            f"({result.budget.peak_phase}) of {planner.format_bytes(hw.memory_bytes)}"
+        )
+
+
 @app.command()
 def fit(
     model: ModelArg,
@@ -204,37 +292,66 @@ def fit(
     host_memory: HostOpt = None,
     gpus_per_node: NodeOpt = None,
     margin: MarginOpt = None,
+    probe: ProbeOpt = False,
+    probe_device: ProbeDeviceOpt = ProbeDevice.auto,
+    max_probes: MaxProbesOpt = 3,
+    record: RecordOpt = True,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
     """Find the fastest configuration that fits (offload, micro-batch, recompute, ZeRO).
-    Exit 0 with a plan, 1 when nothing fits, 2 on invalid input."""
+    Exit 0 with a plan, 1 when nothing fits (or no probe confirmed one), 2 on invalid input."""
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
-        result = planner.fit(spec, train_spec, hw, margin_pct=margin)
+        if probe:
+            from runtime.model import check_supported
+
+            check_supported(spec)
+            auto = _autofit(
+                model,
+                spec,
+                train_spec,
+                hw,
+                margin,
+                _probe_device(probe_device),
+                max_probes,
+                record,
+            )
+            result = auto.fit
+        else:
+            result = planner.fit(spec, train_spec, hw, margin_pct=margin)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
+    fits = auto.fits if probe else result.fits
     if format is TextOrJson.json:
-        typer.echo(result.model_dump_json(indent=2))
+        out = result.model_dump(mode="json")
+        if probe:
+            out.update(
+                fits=auto.fits,
+                plan=auto.plan,
+                probes=[p.model_dump(mode="json") for p in auto.probes],
+                margin_pct=auto.margin_pct,
+                reason=auto.reason,
+            )
+        typer.echo(json.dumps(out, indent=2))
     else:
         console = Console()
-        console.print(
-            f"{result.candidates_considered} candidates, {result.candidates_fitting} fit; "
-            f"{result.reason}"
-        )
-        if result.plan is not None and result.budget is not None:
-            p = result.plan
-            console.print(
-                f"plan: micro_batch_size={p['micro_batch_size']} "
-                f"grad_accum_steps={p['grad_accum_steps']} recompute={p['recompute']} "
-                f"offload={p['offload']} zero_stage={p['parallel']['zero_stage']}"
-            )
-            console.print(
-                f"predicted: {result.predicted_step_seconds:.3f} s/step, "
-                f"{result.predicted_tokens_per_second:,.0f} tokens/s, GPU peak "
-                f"{planner.format_bytes(result.budget.gpu.peak_bytes)} "
-                f"({result.budget.peak_phase}) of {planner.format_bytes(hw.memory_bytes)}"
-            )
-    raise typer.Exit(0 if result.fits else 1)
+        _print_fit(result, hw, console)
+        if probe:
+            for p in auto.probes:
+                o = p.outcome
+                measured = (
+                    planner.format_bytes(o.measured_peak_bytes)
+                    if o.measured_peak_bytes is not None
+                    else "n/a"
+                )
+                verdict = "ok" if o.ok else ("out of memory" if o.oom else f"exit {o.exit_code}")
+                console.print(
+                    f"probe {p.attempt}: {verdict} in {o.seconds:.1f} s; predicted "
+                    f"{planner.format_bytes(p.predicted_peak_bytes)}, measured {measured}, "
+                    f"margin {p.margin_pct:g}%, changes {p.changes}"
+                )
+            console.print(auto.reason)
+    raise typer.Exit(0 if fits else 1)
 
 
 @app.command()
@@ -305,25 +422,45 @@ def train(
     report: Annotated[
         Path | None, typer.Option("--report", help="Write the JSON report here.", dir_okay=False)
     ] = None,
+    memory_cap: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-cap",
+            help="Device memory to allow, e.g. 48MiB: on CUDA the allocator's per-process "
+            "fraction; on a CPU a simulated device that runs out of memory past it.",
+        ),
+    ] = None,
 ) -> None:
     """Train with the bundled trainer on synthetic tokens; exit 3 on out-of-memory."""
     try:
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
+        cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
         from runtime.model import check_supported
 
         check_supported(spec)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
+    import contextlib
+
     import torch
 
+    from runtime.cap import DeviceCap
     from runtime.probe import MemoryProbe
     from runtime.trainer import RunConfig, train_model
 
     if device is Device.cuda and not torch.cuda.is_available():
         raise _fail("--device: cuda is not available on this machine; allowed here: cpu")
     torch_device = torch.device(device.value)
-    probe = MemoryProbe(torch_device)
+    cap: DeviceCap | None = None
+    if cap_bytes is not None and device is Device.cuda:
+        total = torch.cuda.get_device_properties(torch_device).total_memory
+        if cap_bytes > total:
+            raise _fail(f"--memory-cap: {cap_bytes} bytes is more than the device's {total}")
+        torch.cuda.set_per_process_memory_fraction(cap_bytes / total, torch_device)
+    elif cap_bytes is not None:
+        cap = DeviceCap(cap_bytes)
+    probe = MemoryProbe(torch_device, cap)
     cfg = RunConfig(
         steps=steps,
         device=device.value,
@@ -339,8 +476,11 @@ def train(
         "seed": seed,
     }
     code = 0
+    if cap_bytes is not None:
+        out["memory_cap_bytes"] = cap_bytes
     try:
-        result = train_model(spec, train_spec, cfg, on_phase=probe)
+        with cap if cap is not None else contextlib.nullcontext():
+            result = train_model(spec, train_spec, cfg, on_phase=probe)
         out.update(
             losses=result.losses,
             steps=result.steps,

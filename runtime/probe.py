@@ -3,7 +3,9 @@
 Per phase (placement, forward, backward, optimizer; step 1 and the steady state) it records the
 allocator's allocated, reserved and active peaks since the previous phase, ``num_alloc_retries``
 and ``num_ooms``, the driver's free and total memory, and the allocator configuration. On a CPU
-there are no device counters: the report says so and invents none.
+there are no device counters: the report says so and invents none. A CPU run under a
+``DeviceCap`` (``headroom train --memory-cap``) reports the cap's own count of live device
+storages per phase instead, marked ``simulated``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from typing import Any
 
 import torch
 
+from runtime.cap import DeviceCap
+
 
 class MemoryProbe:
     """Callable phase hook for ``runtime.trainer.train_model``."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, cap: DeviceCap | None = None) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.cap = cap
         self.snapshots: list[dict[str, Any]] = []
         self.last: tuple[str, int] | None = None
         if self.cuda:
@@ -28,6 +33,15 @@ class MemoryProbe:
     def __call__(self, phase: str, step: int) -> None:
         self.last = (phase, step)
         if not self.cuda:
+            if self.cap is not None:
+                self.snapshots.append(
+                    {
+                        "phase": phase,
+                        "step": step,
+                        "allocated_bytes": self.cap.live_bytes,
+                        "allocated_peak_bytes": self.cap.take_window_peak(),
+                    }
+                )
             return
         torch.cuda.synchronize(self.device)
         stats = torch.cuda.memory_stats(self.device)
@@ -63,11 +77,24 @@ class MemoryProbe:
 
     def report(self) -> dict[str, Any]:
         if not self.cuda:
-            return {
+            out: dict[str, Any] = {
                 "available": False,
                 "reason": f"device {self.device.type}: allocator counters exist only on CUDA; "
                 "none are reported",
             }
+            if self.cap is not None:
+                out["simulated"] = {
+                    "cap_bytes": self.cap.cap_bytes,
+                    "allocated_peak_bytes": self.cap.peak_bytes,
+                    "failed_request": None
+                    if self.cap.failed_request is None
+                    else {
+                        "requested_bytes": self.cap.failed_request[0],
+                        "live_bytes": self.cap.failed_request[1],
+                    },
+                    "phases": self.snapshots,
+                }
+            return out
         peak = max((s["allocated_peak_bytes"] for s in self.snapshots), default=0)
         reserved = max((s["reserved_peak_bytes"] for s in self.snapshots), default=0)
         return {

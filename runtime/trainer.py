@@ -33,6 +33,7 @@ from torch.func import functional_call
 from planner.model import ModelSpec
 from planner.train import TrainSpec
 from runtime.adam import AdamWConfig, adamw_step, clip_coefficient
+from runtime.cap import host
 from runtime.model import (
     DecoderLayer,
     DecoderLM,
@@ -148,7 +149,8 @@ def _train_reference(
         on_phase("optimizer", step)
         losses.append(total / train.grad_accum_steps)
     seconds = time.perf_counter() - start
-    state = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
+    with host():
+        state = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
     return Result(
         losses,
         cfg.steps,
@@ -190,25 +192,27 @@ def _train_optimizer_offload(
     cut = offload_split([p.numel() for _, p in named], train.offload.fraction)
     o = cfg.optim
     # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor
-    host: dict[str, dict[str, Tensor]] = {}
-    for name, p in named[:cut]:
-        flat = p.detach().float().reshape(-1).cpu()
-        host[name] = {
-            "master": backend.pinned(flat.numel(), torch.float32).copy_(flat),
-            "m": backend.pinned(flat.numel(), torch.float32),
-            "v": backend.pinned(flat.numel(), torch.float32),
-            "grad": backend.pinned(flat.numel(), p.dtype),
-        }
+    offloaded: dict[str, dict[str, Tensor]] = {}
+    with host():
+        for name, p in named[:cut]:
+            flat = p.detach().float().reshape(-1).cpu()
+            offloaded[name] = {
+                "master": backend.pinned(flat.numel(), torch.float32).copy_(flat),
+                "m": backend.pinned(flat.numel(), torch.float32),
+                "v": backend.pinned(flat.numel(), torch.float32),
+                "grad": backend.pinned(flat.numel(), p.dtype),
+            }
     # device side: fp32 master (the parameter itself in fp32 mode) and moments
     dev: dict[str, dict[str, Tensor]] = {}
     for name, p in named[cut:]:
         master = p.data.reshape(-1) if p.dtype == torch.float32 else p.detach().float().reshape(-1)
         dev[name] = {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}
-    ema = (
-        {n: p.detach().float().reshape(-1).clone().cpu() for n, p in named}
-        if train.ema != "none"
-        else None
-    )
+    with host():
+        ema = (
+            {n: p.detach().float().reshape(-1).clone().cpu() for n, p in named}
+            if train.ema != "none"
+            else None
+        )
     losses: list[float] = []
     start = time.perf_counter()
     on_phase("placement", 0)
@@ -218,7 +222,7 @@ def _train_optimizer_offload(
         coef = clip_coefficient(norm_sq, cfg.clip_norm)
         # gradients of the offloaded tensors go down first, then both sides update
         events = [
-            backend.d2h(host[name]["grad"], p.grad.reshape(-1))
+            backend.d2h(offloaded[name]["grad"], p.grad.reshape(-1))
             for name, p in named[:cut]
             if p.grad is not None
         ]
@@ -240,13 +244,15 @@ def _train_optimizer_offload(
             backend.synchronize(event)
         uploads = []
         for name, p in named[:cut]:
-            h = host[name]
-            adamw_step(o, step, h["master"], h["grad"].float(), h["m"], h["v"], grad_scale=coef)
-            uploads.append(backend.h2d(p.data.reshape(-1), h["master"].to(p.dtype)))
+            h = offloaded[name]
+            with host():
+                adamw_step(o, step, h["master"], h["grad"].float(), h["m"], h["v"], grad_scale=coef)
+                working = h["master"].to(p.dtype)
+            uploads.append(backend.h2d(p.data.reshape(-1), working))
         for event in uploads:
             backend.wait(event)
         if ema is not None:
-            with torch.no_grad():
+            with torch.no_grad(), host():
                 for name, p in named:
                     ema[name].lerp_(p.detach().float().reshape(-1).cpu(), 1 - o.ema_decay)
         model.zero_grad(set_to_none=True)
@@ -254,9 +260,10 @@ def _train_optimizer_offload(
         losses.append(total / train.grad_accum_steps)
     seconds = time.perf_counter() - start
     state = {}
-    for name, p in named:
-        flat = host[name]["master"] if name in host else dev[name]["master"]
-        state[name] = flat.detach().float().cpu().reshape(p.shape).clone()
+    with host():
+        for name, p in named:
+            flat = offloaded[name]["master"] if name in offloaded else dev[name]["master"]
+            state[name] = flat.detach().float().cpu().reshape(p.shape).clone()
     return Result(
         losses,
         cfg.steps,
@@ -399,18 +406,8 @@ def _full_name(unit: Unit, name: str) -> str:
     return f"{unit.name}.{name}"
 
 
-def _train_streaming(
-    spec: ModelSpec,
-    train: TrainSpec,
-    cfg: RunConfig,
-    on_phase: PhaseHook,
-    backend: CpuBackend | None = None,
-) -> Result:
-    device = torch.device(cfg.device)
-    backend = backend or make_backend(device)
-    dtype = cfg.dtype
-    # initial weights: built on the host in fp32, then packed per unit
-    init = build_model(spec, seed=cfg.seed, dtype=torch.float32, device="cpu")
+def _pack(init: DecoderLM, train: TrainSpec, backend: CpuBackend, dtype: torch.dtype) -> list[Unit]:
+    """The host side of streaming: each unit's state packed in contiguous (pinned) buffers."""
     params = dict(init.named_parameters())
     units = _units(init)
     for u in units:
@@ -425,6 +422,24 @@ def _train_streaming(
         }
         if train.ema != "none":
             u.host["ema"] = backend.pinned(u.numel, torch.float32).copy_(master)
+    return units
+
+
+def _train_streaming(
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    on_phase: PhaseHook,
+    backend: CpuBackend | None = None,
+) -> Result:
+    device = torch.device(cfg.device)
+    backend = backend or make_backend(device)
+    dtype = cfg.dtype
+    # initial weights: built on the host in fp32, then packed per unit
+    with host():
+        init = build_model(spec, seed=cfg.seed, dtype=torch.float32, device="cpu")
+        units = _pack(init, train, backend, dtype)
+
     # compute templates: module structure without storage; weights come from the pool
     with torch.device("meta"):
         templates = [
@@ -432,7 +447,7 @@ def _train_streaming(
             for i in range(spec.num_layers)
         ]
         head_norm = type(init.norm)(spec.hidden_size, spec.norm)
-    del init, params
+    del init
     largest = max(u.numel for u in units)
     pool = Pool(train.offload.num_buffers, largest, dtype, device)
     stream = Streamer(units, pool, backend)
@@ -445,7 +460,8 @@ def _train_streaming(
         """Evacuate one unit's gradient to its host slab and add it to the accumulator."""
         event = backend.d2h(unit.host["slab"], grad.detach().reshape(-1).to(dtype))
         backend.synchronize(event)
-        unit.host["grad"].add_(unit.host["slab"].float())
+        with host():
+            unit.host["grad"].add_(unit.host["slab"].float())
 
     def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
@@ -541,33 +557,35 @@ def _train_streaming(
             land(units[0], embed_grad)
             on_phase("backward", step)
         # the CPU optimizer, unit by unit, with the clipping coefficient of the whole step
-        norm_sq = sum(float(u.host["grad"].pow(2).sum()) for u in units)
-        coef = clip_coefficient(norm_sq, cfg.clip_norm)
-        for u in units:
-            adamw_step(
-                o,
-                step,
-                u.host["master"],
-                u.host["grad"],
-                u.host["m"],
-                u.host["v"],
-                grad_scale=coef,
-                ema=u.host.get("ema"),
-                working=u.host["working"],
-            )
-            u.host["grad"].zero_()
+        with host():
+            norm_sq = sum(float(u.host["grad"].pow(2).sum()) for u in units)
+            coef = clip_coefficient(norm_sq, cfg.clip_norm)
+            for u in units:
+                adamw_step(
+                    o,
+                    step,
+                    u.host["master"],
+                    u.host["grad"],
+                    u.host["m"],
+                    u.host["v"],
+                    grad_scale=coef,
+                    ema=u.host.get("ema"),
+                    working=u.host["working"],
+                )
+                u.host["grad"].zero_()
         stream.invalidate()
         on_phase("optimizer", step)
         losses.append(total / train.grad_accum_steps)
     seconds = time.perf_counter() - start
     state: dict[str, Tensor] = {}
     ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
-    for u in units:
-        for n, t in u.views(u.host["master"]).items():
-            state[_full_name(u, n)] = t.clone()
-        if ema is not None:
-            for n, t in u.views(u.host["ema"]).items():
-                ema[_full_name(u, n)] = t.clone()
+    with host():
+        for u in units:
+            for n, t in u.views(u.host["master"]).items():
+                state[_full_name(u, n)] = t.clone()
+            if ema is not None:
+                for n, t in u.views(u.host["ema"]).items():
+                    ema[_full_name(u, n)] = t.clone()
     return Result(
         losses,
         cfg.steps,

@@ -1,0 +1,291 @@
+"""Fit, then confirm with a probe: the ladder's plan runs on the bundled trainer into step 2.
+
+The analytical ladder (``planner.fit``) chooses the fastest candidate whose predicted peak plus
+margin fits. A probe runs that plan for two optimizer steps (the optimizer state exists from
+step 1 on, so step 2 is the steady state) as a subprocess of ``headroom train`` under the
+hardware's memory (on CUDA the allocator's per-process cap, on a CPU the simulated device of
+``runtime.cap``). If it runs out of memory the prediction was low by at least the cap over the
+predicted peak: the margin is widened past that ratio, the plan is excluded, and the ladder
+chooses again, up to ``max_probes`` times. Every probe can be recorded as a calibration.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+import planner
+from planner.fit import FitResult, candidate_key
+
+#: exit code of ``headroom train`` on out-of-memory
+EXIT_OOM = 3
+#: percentage points a failed probe adds to the margin beyond the error it proved
+MARGIN_STEP_PCT = 5.0
+
+
+class ProbeOutcome(BaseModel):
+    """What one probe of a plan showed."""
+
+    exit_code: int
+    ok: bool
+    oom: bool
+    seconds: float
+    measured_peak_bytes: int | None = Field(
+        default=None, description="Allocated peak the run reached (a lower bound after an OOM)."
+    )
+    peak_phase: str | None = None
+    oom_at: dict[str, Any] | None = None
+    message: str = ""
+
+
+class ProbeRecord(BaseModel):
+    """One probe: the plan's spec keys, what the ladder predicted, and what happened."""
+
+    attempt: int
+    changes: dict[str, Any]
+    margin_pct: float
+    predicted_peak_bytes: int
+    outcome: ProbeOutcome
+    calibration_uid: str | None = None
+
+
+class AutoFitResult(BaseModel):
+    """The plan that a probe confirmed (or why there is none), with every probe made."""
+
+    fits: bool
+    plan: dict[str, Any] | None
+    fit: FitResult = Field(description="The ladder's answer for the confirmed plan.")
+    probes: list[ProbeRecord]
+    margin_pct: float = Field(description="The margin the confirmed plan was chosen with.")
+    reason: str
+
+
+Prober = Callable[[planner.TrainSpec], ProbeOutcome]
+Recorder = Callable[[planner.TrainSpec, planner.Budget, ProbeOutcome], str | None]
+
+
+def _runtime_dtype(train: planner.TrainSpec) -> str:
+    return "float32" if train.precision.params == "fp32" else "bfloat16"
+
+
+def probe_cap_bytes(hw: planner.Hardware) -> int:
+    """Device bytes a probe may allocate: the card less what the CUDA context takes."""
+    return hw.memory_bytes - hw.cuda_context_bytes
+
+
+def subprocess_prober(
+    model_arg: str,
+    hw: planner.Hardware,
+    device: str,
+    steps: int = 2,
+    timeout_s: float = 3600,
+    workdir: Path | None = None,
+) -> Prober:
+    """A prober that runs ``headroom train`` (this interpreter, no shell) on each plan."""
+
+    def probe(plan: planner.TrainSpec) -> ProbeOutcome:
+        with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+            plan_file = Path(tmp) / "plan.json"
+            report_file = Path(tmp) / "report.json"
+            plan_file.write_text(json.dumps(plan.model_dump(mode="json")))
+            argv = [
+                sys.executable,
+                "-m",
+                "headroom",
+                "train",
+                model_arg,
+                "--train",
+                str(plan_file),
+                "--steps",
+                str(steps),
+                "--device",
+                device,
+                "--dtype",
+                _runtime_dtype(plan),
+                "--memory-cap",
+                str(probe_cap_bytes(hw)),
+                "--report",
+                str(report_file),
+            ]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return ProbeOutcome(
+                    exit_code=-1,
+                    ok=False,
+                    oom=False,
+                    seconds=time.perf_counter() - start,
+                    message=f"probe timed out after {timeout_s:g} s",
+                )
+            seconds = time.perf_counter() - start
+            report = json.loads(report_file.read_text()) if report_file.exists() else {}
+        return outcome_of(proc.returncode, report, seconds, proc.stderr)
+
+    return probe
+
+
+def planner_phase(phase: str, step: int) -> str | None:
+    """The planner's name for a trainer phase: step 1's forward and backward run before any
+    optimizer state exists (``step1_*``); ``placement`` has no planner phase."""
+    if phase in ("forward", "backward"):
+        return f"step1_{phase}" if step <= 1 else phase
+    return "optimizer" if phase == "optimizer" else None
+
+
+def outcome_of(code: int, report: dict[str, Any], seconds: float, stderr: str) -> ProbeOutcome:
+    """A probe's outcome from ``headroom train``'s exit code and JSON report."""
+    memory = report.get("memory", {})
+    measured = peak_phase = None
+    if memory.get("available"):
+        phases = memory.get("phases", [])
+        measured = memory.get("allocated_peak_bytes")
+    else:
+        sim = memory.get("simulated") or {}
+        phases = sim.get("phases", [])
+        measured = sim.get("allocated_peak_bytes")
+        failed = sim.get("failed_request")
+        if failed:  # the run needed at least what it held plus what it asked for
+            measured = max(measured or 0, failed["live_bytes"] + failed["requested_bytes"])
+    if phases:
+        top = max(phases, key=lambda p: p["allocated_peak_bytes"])
+        peak_phase = planner_phase(top["phase"], top["step"])
+    oom = code == EXIT_OOM
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return ProbeOutcome(
+        exit_code=code,
+        ok=code == 0,
+        oom=oom,
+        seconds=seconds,
+        measured_peak_bytes=measured or None,
+        peak_phase=peak_phase,
+        oom_at=report.get("oom"),
+        message=lines[-1] if lines and code else "",
+    )
+
+
+def widened_margin(
+    current_pct: float, predicted: int, capacity: int, measured: int | None
+) -> float:
+    """The margin after a probe ran out of memory: the run needed more than ``capacity`` (at
+    least ``measured`` where known), so the estimate was low by at least that over
+    ``predicted``; the new margin covers that error and one step more."""
+    needed = max(capacity, measured or 0)
+    proven_pct = (needed / predicted - 1) * 100 if predicted else 0.0
+    return math.ceil(max(current_pct + MARGIN_STEP_PCT, proven_pct + MARGIN_STEP_PCT))
+
+
+def autofit(
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hw: planner.Hardware,
+    prober: Prober,
+    coefficients: planner.Coefficients | None = None,
+    margin_pct: float | None = None,
+    max_probes: int = 3,
+    record: Recorder | None = None,
+) -> AutoFitResult:
+    """The ladder's plan, confirmed by probes, stepping down on out-of-memory (module doc)."""
+    coeffs = coefficients or planner.default_coefficients(train.activation_profile, hw.name)
+    margin = margin_pct if margin_pct is not None else coeffs.margin_fraction * 100
+    tried: set[str] = set()
+    probes: list[ProbeRecord] = []
+    result = planner.fit(model, train, hw, coeffs, margin_pct=margin)
+    for attempt in range(1, max_probes + 1):
+        if not result.fits or result.plan is None or result.budget is None:
+            return AutoFitResult(
+                fits=False,
+                plan=None,
+                fit=result,
+                probes=probes,
+                margin_pct=margin,
+                reason=result.reason
+                if not probes
+                else f"after {len(probes)} probe(s) out of memory, {result.reason}",
+            )
+        plan = planner.TrainSpec.model_validate(result.plan)
+        outcome = prober(plan)
+        budget = planner.estimate(model, plan, hw, coeffs)
+        uid = record(plan, budget, outcome) if record is not None else None
+        keys = candidate_key(ladder_keys(plan))
+        probes.append(
+            ProbeRecord(
+                attempt=attempt,
+                changes=_changes(train, plan),
+                margin_pct=margin,
+                predicted_peak_bytes=budget.gpu_peak_bytes,
+                outcome=outcome,
+                calibration_uid=uid,
+            )
+        )
+        if outcome.ok:
+            return AutoFitResult(
+                fits=True,
+                plan=result.plan,
+                fit=result,
+                probes=probes,
+                margin_pct=margin,
+                reason=f"probe {attempt} ran the plan into step 2 within the card",
+            )
+        if not outcome.oom:
+            return AutoFitResult(
+                fits=False,
+                plan=None,
+                fit=result,
+                probes=probes,
+                margin_pct=margin,
+                reason=f"probe {attempt} failed for a reason other than memory "
+                f"(exit {outcome.exit_code}): {outcome.message}",
+            )
+        tried.add(keys)
+        margin = widened_margin(
+            margin, budget.gpu_peak_bytes, hw.memory_bytes, _with_context(outcome, hw)
+        )
+        result = planner.fit(model, train, hw, coeffs, margin_pct=margin, exclude=tried)
+    return AutoFitResult(
+        fits=False,
+        plan=None,
+        fit=result,
+        probes=probes,
+        margin_pct=margin,
+        reason=f"{max_probes} probe(s) ran out of memory; no plan confirmed",
+    )
+
+
+def _with_context(outcome: ProbeOutcome, hw: planner.Hardware) -> int | None:
+    """A probe's measured allocation as a card total (the context is outside the allocator)."""
+    if outcome.measured_peak_bytes is None:
+        return None
+    return outcome.measured_peak_bytes + hw.cuda_context_bytes
+
+
+def ladder_keys(plan: planner.TrainSpec) -> dict[str, Any]:
+    """The training-spec keys the ladder sets, as ``plan`` has them (``candidate_key``'s input)."""
+    offload: dict[str, Any] = {"mode": plan.offload.mode}
+    if plan.offload.mode == "optimizer":
+        offload["fraction"] = plan.offload.fraction
+    elif plan.offload.mode == "streaming":
+        offload["checkpoint_every"] = plan.offload.checkpoint_every or 1
+    recompute = plan.recompute if isinstance(plan.recompute, str) else plan.recompute.model_dump()
+    return {
+        "micro_batch_size": plan.micro_batch_size,
+        "grad_accum_steps": plan.grad_accum_steps,
+        "parallel.zero_stage": plan.parallel.zero_stage,
+        "expandable_segments": plan.expandable_segments,
+        "recompute": recompute,
+        "offload": offload,
+    }
+
+
+def _changes(train: planner.TrainSpec, plan: planner.TrainSpec) -> dict[str, Any]:
+    mine, theirs = ladder_keys(plan), ladder_keys(train)
+    return {k: v for k, v in mine.items() if theirs.get(k) != v}
