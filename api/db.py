@@ -100,6 +100,10 @@ class Run(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    owner: Mapped[str | None] = mapped_column(
+        String(200), nullable=True, doc="host:pid:start-ticks of the supervising process"
+    )
+    device: Mapped[str | None] = mapped_column(String(16), nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

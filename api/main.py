@@ -24,6 +24,7 @@ from api.db import make_engine, make_sessionmaker
 from api.metrics import Metrics
 from api.problems import document_validation_problems, problem, responses
 from api.routes import page, planning, records
+from api.runs import Supervisor
 from api.security import AuthError
 from api.settings import Settings
 
@@ -105,7 +106,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate:
             migrate.upgrade(settings.database_url)
+        supervisor = None
+        if settings.launch_runs:
+            supervisor = app.state.supervisor = Supervisor(app.state.sessionmaker, settings)
+            supervisor.start()
         yield
+        if supervisor is not None:
+            supervisor.close()
         engine.dispose()
 
     app = FastAPI(

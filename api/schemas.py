@@ -141,6 +141,16 @@ class RunIn(_In):
     gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
     steps: int = Field(default=10, ge=1, le=10_000_000)
     backend: Literal["local", "torchrun"] = "local"
+    fit: bool = Field(
+        default=True,
+        description="Let the auto-fit ladder choose the plan (otherwise the given spec must be "
+        "predicted to fit).",
+    )
+    probe: bool = Field(
+        default=False,
+        description="Confirm the plan with a probe into step 2 before launching (recorded as a "
+        "calibration; steps down on out-of-memory).",
+    )
 
 
 class RunOut(BaseModel):
@@ -154,6 +164,8 @@ class RunOut(BaseModel):
     gpu_name: str
     plan: dict[str, Any]
     steps: int
+    device: str | None
+    pid: int | None
     exit_code: int | None
     reason: str
     started_at: dt.datetime | None

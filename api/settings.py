@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,15 @@ class Settings(BaseSettings):
     )
     max_list: int = Field(default=500, ge=1, description="Most rows one list request returns.")
     run_dir: Path = Field(default=Path("runs"), description="Where launched runs keep their logs.")
+    launch_runs: bool = Field(
+        default=True, description="Supervise queued runs: launch, watch, finish, reconcile."
+    )
+    run_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where launched runs train (auto: cuda when NVML sees one)."
+    )
+    max_running: int = Field(
+        default=1, ge=1, le=64, description="Runs one service process trains at a time."
+    )
     migrate: bool = Field(
         default=True, description="Upgrade the database to the latest migration on start."
     )

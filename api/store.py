@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import planner
-from api.db import Calibration, CoefficientSet, Run, utcnow
+from api.db import Calibration, CoefficientSet, Run
 from api.schemas import CalibrationIn, Measured, RunIn
 from calibration.compare import compare
 
@@ -166,33 +166,57 @@ def coefficient_sets(session: Session) -> list[dict[str, Any]]:
 
 
 def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
-    """Persist a run request (validated against the planner first); (run, created)."""
+    """Persist a run request as ``queued`` (idempotent on ``uid``); (run, created).
+
+    With ``fit`` (the default) the ladder chooses the plan; without it the given spec must be
+    predicted to fit, as the CI gate would decide. Either way nothing that is predicted to run
+    out of memory is queued: the refusal is a ``SpecError`` naming the field."""
     uid = body.uid or uuid.uuid4().hex
     existing = _by_uid(session, Run, uid)
     if existing is not None:
         return existing, False
     model, train, hw, budget = _planned(body)
+    from runtime.support import check_supported
+
+    check_supported(model)
+    fitted = None
+    if body.fit:
+        fitted = planner.fit(model, train, hw)
+        if not fitted.fits or fitted.plan is None:
+            raise planner.SpecError(f"train: {fitted.reason}", field="train")
+        train = planner.TrainSpec.model_validate(fitted.plan)
+        budget = planner.estimate(model, train, hw)
+    elif not budget.fits:
+        raise planner.SpecError(
+            f"train: predicted out of memory on {hw.name} (peak {budget.gpu_peak_bytes} bytes "
+            f"in {budget.peak_phase}, capacity {hw.memory_bytes}); set fit=true to let the "
+            "ladder choose a plan that fits",
+            field="train",
+        )
+    plan: dict[str, Any] = {
+        **_spec_dump(model, train, hw),
+        "predicted_fits": budget.fits,
+        "predicted_peak_bytes": budget.gpu_peak_bytes,
+        "probe": body.probe,
+    }
+    if fitted is not None:
+        plan["fit"] = {
+            "predicted_step_seconds": fitted.predicted_step_seconds,
+            "candidates_considered": fitted.candidates_considered,
+            "candidates_fitting": fitted.candidates_fitting,
+            "reason": fitted.reason,
+        }
     run = Run(
         uid=uid,
         status="queued",
         backend=body.backend,
         model_name=model.name,
         gpu_name=hw.name,
-        plan={**_spec_dump(model, train, hw), "predicted_fits": budget.fits},
+        plan=plan,
         steps=body.steps,
-        reason="queued: no launcher is attached to this service",
+        reason="queued",
     )
     return _insert_once(session, run)
-
-
-def cancel_run(session: Session, run: Run) -> Run:
-    """Cancel a queued or running run; finished runs are left as they are."""
-    if run.status in ("queued", "running"):
-        run.status = "cancelled"
-        run.reason = "cancelled by request"
-        run.finished_at = utcnow()
-        session.commit()
-    return run
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:

@@ -19,24 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from planner.errors import SpecError
 from planner.model import ModelSpec
+from runtime.support import check_supported
 
 ROPE_THETA = 10_000.0
 NORM_EPS = 1e-5
 INIT_STD = 0.02
-
-
-def check_supported(spec: ModelSpec) -> None:
-    """The runtime trains the decoder family above; MLA and dropout models are estimate-only."""
-    if spec.mla is not None:
-        raise SpecError(
-            "model.mla: the bundled trainer has no multi-head latent attention; "
-            "estimate such models with the planner",
-            field="model.mla",
-        )
-    if spec.dropout:
-        raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
 
 
 class Norm(nn.Module):

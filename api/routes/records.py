@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
-from api import store
+from api import runs, store
 from api.db import Calibration, Run
 from api.deps import MetricsDep, SessionDep, SettingsDep
 from api.problems import responses
@@ -161,4 +161,4 @@ def cancel_run(run_id: RowId, db: SessionDep) -> RunOut:
     row = store.get_row(db, Run, run_id)
     if row is None:
         raise NotFound("run", run_id)
-    return _run(store.cancel_run(db, row))
+    return _run(runs.cancel(db, row))

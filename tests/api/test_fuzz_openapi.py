@@ -360,7 +360,7 @@ BODIES: dict[str, st.SearchStrategy[bytes]] = {
 @pytest.fixture(scope="module")
 def schema(tmp_path_factory: pytest.TempPathFactory) -> Any:
     db = tmp_path_factory.mktemp("fuzz") / "fuzz.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN))
+    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN, launch_runs=False))
     loaded = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)  # starts the lifespan
     yield loaded
     app.state.engine.dispose()

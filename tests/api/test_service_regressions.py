@@ -72,7 +72,7 @@ DEEPSEEK = {
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db = tmp_path_factory.mktemp("regressions") / "r.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN))
+    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN, launch_runs=False))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
@@ -342,7 +342,7 @@ def test_planner_error_field_is_the_full_path(client: TestClient) -> None:
 
 @pytest.fixture
 def any_client(database_url: str) -> Iterator[TestClient]:
-    app = create_app(Settings(database_url=database_url, token=TOKEN))
+    app = create_app(Settings(database_url=database_url, token=TOKEN, launch_runs=False))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
     app.state.engine.dispose()

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 import planner
 from api.main import create_app
+from api.migrate import head_revision
 from api.settings import Settings
 
 TOKEN = "test-token"
@@ -52,7 +53,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def client(database_url: str) -> Iterator[TestClient]:
-    app = create_app(Settings(database_url=database_url, token=TOKEN))
+    app = create_app(Settings(database_url=database_url, token=TOKEN, launch_runs=False))
     with TestClient(app) as c:  # the lifespan migrates the database
         yield c
 
@@ -206,7 +207,7 @@ def test_gate_verdicts(client: TestClient) -> None:
 def test_health_readiness_and_metrics(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/api/v1/readyz")
-    assert ready.status_code == 200 and ready.json()["revision"] == "0001"
+    assert ready.status_code == 200 and ready.json()["revision"] == head_revision()
     client.post("/api/v1/estimate", json={"model": "tiny-dense"})
     client.post("/api/v1/calibrations", json=RECORD, headers=AUTH)
     text = client.get("/metrics").text
@@ -217,11 +218,16 @@ def test_health_readiness_and_metrics(client: TestClient) -> None:
 
 def test_not_ready_before_migrations(tmp_path: Path) -> None:
     app = create_app(
-        Settings(database_url=f"sqlite:///{tmp_path}/bare.db", token=TOKEN, migrate=False)
+        Settings(
+            database_url=f"sqlite:///{tmp_path}/bare.db",
+            token=TOKEN,
+            migrate=False,
+            launch_runs=False,
+        )
     )
     with TestClient(app) as c:
         body = _problem(c.get("/readyz"), 503)
-        assert "expected 0001" in str(body["detail"])
+        assert f"expected {head_revision()}" in str(body["detail"])
 
 
 def test_local_gpus_says_why_there_are_none(client: TestClient) -> None:

@@ -1,0 +1,419 @@
+"""The run lifecycle: queued → running → succeeded | failed | cancelled, persisted at each step.
+
+A ``Supervisor`` (one per service process, a thread) claims queued runs with an atomic update,
+so several workers never start the same run; writes each run's validated specs into its own
+directory; starts ``headroom train`` through the run's launcher backend in a new process group;
+and records how it ended: the exit code and a reason read from the trainer's report (which
+phase ran out of memory) or from the signal that killed it. Cancelling ends the whole process
+group. Runs that a stopped service left ``running`` are reconciled when a supervisor starts:
+a trainer still alive is stopped, and the run ends as failed with the reason, or as succeeded
+if its report shows it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+import planner
+from api.db import Run, utcnow
+from api.settings import Settings
+from headroom.launcher import (
+    describe_exit,
+    end_process_group,
+    launcher,
+    process_cmdline,
+    process_start_ticks,
+)
+
+log = logging.getLogger("headroom.runs")
+
+
+def this_process() -> str:
+    """The owner tag of this process: host, pid and start time (a reused pid differs)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_start_ticks(os.getpid())}"
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """Whether the process ``owner`` names still runs (None: it is on another host)."""
+    if not owner:
+        return False
+    host, _, rest = owner.partition(":")
+    if host != socket.gethostname():
+        return None
+    pid_text, _, ticks = rest.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return str(process_start_ticks(pid)) == ticks
+
+
+def run_dir(settings: Settings, run: Run) -> Path:
+    return Path(settings.run_dir).resolve() / run.uid
+
+
+def report_of(run: Run) -> dict[str, Any]:
+    """The trainer's JSON report, if it wrote one."""
+    if not run.log_path:
+        return {}
+    path = Path(run.log_path).parent / "report.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _ours(run: Run) -> bool:
+    """Whether ``run.pid`` is still this run's trainer (its command line names the run)."""
+    return bool(run.pid) and run.uid in process_cmdline(run.pid or 0)
+
+
+def _finish(session: Session, run_id: int, status: str, reason: str, exit_code: int | None) -> bool:
+    """Move a running run to its end state; False if it was no longer running (cancelled)."""
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == "running")
+        .values(
+            status=status,
+            reason=reason,
+            exit_code=exit_code,
+            finished_at=utcnow(),
+            updated_at=utcnow(),
+        )
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def ending(run: Run, code: int) -> tuple[str, str]:
+    """(status, reason) of a trainer that exited with ``code``."""
+    report = report_of(run)
+    if code == 0:
+        return "succeeded", f"completed {len(report.get('losses', []))} step(s)"
+    reason = describe_exit(code)
+    oom = report.get("oom")
+    if code == 3 and isinstance(oom, dict):
+        reason = f"out of memory in {oom.get('phase')}, step {oom.get('step')} (exit 3)"
+    elif code > 0 and run.log_path:
+        try:
+            lines = Path(run.log_path).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        if lines:
+            reason += f": {lines[-1][:500]}"
+    return "failed", reason
+
+
+def host_ram_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def resolve_device(settings: Settings) -> str:
+    if settings.run_device != "auto":
+        return settings.run_device
+    from api.gpus import local_gpus
+
+    return "cuda" if local_gpus()["gpus"] else "cpu"
+
+
+def write_specs(run: Run, directory: Path) -> list[str]:
+    """Write the run's validated specs into its directory; the trainer's arguments."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = planner.ModelSpec.model_validate(run.plan["model"])
+    train = planner.TrainSpec.model_validate(run.plan["train"])
+    (directory / "model.json").write_text(json.dumps(model.model_dump(mode="json")))
+    (directory / "train.json").write_text(json.dumps(train.model_dump(mode="json")))
+    device = run.device or "cpu"
+    args = [
+        str(directory / "model.json"),
+        "--train",
+        str(directory / "train.json"),
+        "--steps",
+        str(run.steps),
+        "--device",
+        device,
+        "--dtype",
+        "float32" if train.precision.params == "fp32" else "bfloat16",
+        "--report",
+        str(directory / "report.json"),
+    ]
+    if device == "cpu":  # the planned card's memory, on a simulated device
+        hw = planner.Hardware.model_validate(run.plan["hardware"])
+        args += ["--memory-cap", str(hw.memory_bytes - hw.cuda_context_bytes)]
+    return args
+
+
+def cpu_refusal(run: Run) -> str | None:
+    """Why a CPU run would exhaust this host's RAM (None: it will not)."""
+    if (run.device or "cpu") != "cpu":
+        return None
+    model = planner.ModelSpec.model_validate(run.plan["model"])
+    train = planner.TrainSpec.model_validate(run.plan["train"])
+    hw = planner.Hardware.model_validate(run.plan["hardware"])
+    budget = planner.estimate(model, train, hw)
+    needed = budget.gpu_peak_bytes - hw.cuda_context_bytes + budget.host_peak_bytes
+    available = host_ram_available()
+    if available is not None and needed > 0.8 * available:
+        return (
+            f"refused: training on the CPU needs about {planner.format_bytes(needed)} of host "
+            f"RAM and {planner.format_bytes(available)} is available"
+        )
+    return None
+
+
+class Supervisor:
+    """Launches queued runs and watches them (see the module docstring)."""
+
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.owner = this_process()
+        self.children: dict[int, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.device: str | None = None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def start(self, interval_s: float = 0.25) -> None:
+        self.thread = threading.Thread(
+            target=self._loop, args=(interval_s,), name="headroom-runs", daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        for run_id, (proc, logfile) in list(self.children.items()):
+            # the service is going away: its trainers go with it, recorded as such
+            end_process_group(proc.pid, grace_s=5)
+            proc.wait()
+            logfile.close()
+            with self.sessions() as session:
+                _finish(
+                    session,
+                    run_id,
+                    "failed",
+                    "stopped: the service shut down while it ran",
+                    proc.returncode,
+                )
+            del self.children[run_id]
+
+    def _loop(self, interval_s: float) -> None:
+        reconciled = False
+        while not self.stop.wait(0 if not reconciled else interval_s):
+            try:
+                if not reconciled:  # first, the runs a stopped service left running
+                    self.reconcile()
+                    reconciled = True
+                self.tick()
+            except Exception:  # keep supervising (e.g. a database not yet migrated); logged
+                log.exception("run supervisor tick failed")
+                self.stop.wait(max(interval_s, 1.0))
+
+    def tick(self) -> None:
+        """Record children that ended, then start queued runs up to the limit."""
+        self.tick_children()
+        while len(self.children) < self.settings.max_running and self._start_next():
+            pass
+
+    def tick_children(self) -> None:
+        """Record how each child that ended did."""
+        for run_id, (proc, logfile) in list(self.children.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            logfile.close()
+            del self.children[run_id]
+            with self.sessions() as session:
+                run = session.get(Run, run_id)
+                if run is None:
+                    continue
+                status, reason = ending(run, code)
+                if not _finish(session, run_id, status, reason, code):
+                    run.exit_code = code  # cancelled meanwhile: keep how the trainer ended
+                    session.commit()
+
+    # -- starting ---------------------------------------------------------------------------
+    def _start_next(self) -> bool:
+        with self.sessions() as session:
+            run_id = session.scalar(
+                select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1)
+            )
+            if run_id is None:
+                return False
+            if self.device is None:
+                self.device = resolve_device(self.settings)
+            claimed = session.execute(
+                update(Run)
+                .where(Run.id == run_id, Run.status == "queued")
+                .values(
+                    status="running",
+                    owner=self.owner,
+                    device=self.device,
+                    started_at=utcnow(),
+                    updated_at=utcnow(),
+                    reason="starting",
+                )
+            )
+            session.commit()
+            if not claimed.rowcount:  # type: ignore[attr-defined]
+                return True  # another worker took it; look again
+            run = session.get(Run, run_id)
+            assert run is not None
+            session.refresh(run)
+            self.launch(session, run)
+            return True
+
+    def launch(self, session: Session, run: Run) -> None:
+        """Start a claimed run's trainer (or end the run with the reason it cannot start)."""
+        try:
+            refusal = cpu_refusal(run)
+            if refusal is not None:
+                _finish(session, run.id, "failed", refusal, None)
+                return
+            directory = run_dir(self.settings, run)
+            args = write_specs(run, directory)
+            backend = launcher(run.backend)
+            log_path = directory / "log.txt"
+            logfile = open(log_path, "ab")  # noqa: SIM115 - closed when the child is reaped
+        except (OSError, ValueError, planner.HeadroomError) as exc:
+            _finish(session, run.id, "failed", f"could not start: {exc}", None)
+            return
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        train = planner.TrainSpec.model_validate(run.plan["train"])
+        if train.expandable_segments:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        try:
+            proc = backend.start(args, logfile, directory, env)
+        except OSError as exc:
+            logfile.close()
+            _finish(session, run.id, "failed", f"could not start: {exc}", None)
+            return
+        self.children[run.id] = (proc, logfile)
+        started = session.execute(
+            update(Run)
+            .where(Run.id == run.id, Run.status == "running")
+            .values(
+                pid=proc.pid,
+                log_path=str(log_path),
+                reason=f"running: pid {proc.pid} ({backend.name})",
+                updated_at=utcnow(),
+            )
+        )
+        session.commit()
+        if not started.rowcount:  # type: ignore[attr-defined]
+            end_process_group(proc.pid)  # cancelled between the claim and the start
+
+    def run_now(self, run_id: int, poll_s: float = 0.2) -> Run:
+        """Claim, start and wait for one queued run in the foreground (``headroom launch``);
+        an interrupt cancels it, ending its process group."""
+        with self.sessions() as session:
+            if self.device is None:
+                self.device = resolve_device(self.settings)
+            claimed = session.execute(
+                update(Run)
+                .where(Run.id == run_id, Run.status == "queued")
+                .values(
+                    status="running",
+                    owner=self.owner,
+                    device=self.device,
+                    started_at=utcnow(),
+                    updated_at=utcnow(),
+                    reason="starting",
+                )
+            )
+            session.commit()
+            run = session.get(Run, run_id)
+            assert run is not None
+            if claimed.rowcount:  # type: ignore[attr-defined]
+                session.refresh(run)
+                self.launch(session, run)
+        try:
+            while run_id in self.children:
+                self.stop.wait(poll_s)
+                self.tick_children()
+        except KeyboardInterrupt:
+            with self.sessions() as session:
+                run = session.get(Run, run_id)
+                if run is not None:
+                    cancel(session, run)
+            proc, _ = self.children.get(run_id, (None, None))
+            if proc is not None:
+                end_process_group(proc.pid)
+                proc.wait()
+            self.tick_children()
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            return run
+
+    # -- restarts ---------------------------------------------------------------------------
+    def reconcile(self) -> int:
+        """End the runs that a stopped supervisor left ``running``; how many were ended."""
+        ended = 0
+        with self.sessions() as session:
+            for run in session.scalars(select(Run).where(Run.status == "running")):
+                if run.owner == self.owner or owner_alive(run.owner) is not False:
+                    continue
+                alive = _ours(run)
+                if alive:
+                    end_process_group(run.pid or 0)
+                report = report_of(run)
+                if not alive and report.get("losses") and "oom" not in report:
+                    status, reason = (
+                        "succeeded",
+                        f"completed {len(report['losses'])} step(s) while its service was down",
+                    )
+                else:
+                    status = "failed"
+                    reason = (
+                        "orphaned: the service supervising it stopped; the trainer was ended"
+                        if alive
+                        else "orphaned: the service supervising it stopped and the trainer is "
+                        "gone; its exit status was lost"
+                    )
+                ended += _finish(session, run.id, status, reason, None)
+        return ended
+
+
+def cancel(session: Session, run: Run) -> Run:
+    """Cancel a queued or running run; a running one's whole process group is ended."""
+    if run.status not in ("queued", "running"):
+        return run
+    was_running = run.status == "running"
+    session.execute(
+        update(Run)
+        .where(Run.id == run.id, Run.status == run.status)
+        .values(
+            status="cancelled",
+            reason="cancelled by request",
+            finished_at=utcnow(),
+            updated_at=utcnow(),
+        )
+    )
+    session.commit()
+    session.refresh(run)
+    if was_running and run.status == "cancelled" and _ours(run):
+        threading.Thread(
+            target=end_process_group, args=(run.pid,), name="headroom-cancel", daemon=True
+        ).start()
+    return run

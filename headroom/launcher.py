@@ -1,0 +1,148 @@
+"""Launcher backends: how a run of the bundled trainer becomes a process.
+
+A backend turns the trainer's arguments into an argument vector and starts it in a new session
+(its own process group, so cancelling ends the trainer and everything it started), with stdout
+and stderr captured in the run's log. No shell is involved and only ``headroom train`` is ever
+run: the arguments name files the launch wrote itself (the validated model and training specs)
+and numbers. A cluster engine plugs in as another ``Launcher``: ``argv`` for what to run and
+``start`` for how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Protocol
+
+BACKENDS = ("local", "torchrun")
+
+
+class Launcher(Protocol):
+    """A way to start the trainer."""
+
+    name: str
+
+    def argv(self, trainer_args: list[str]) -> list[str]:
+        """The full argument vector that runs ``headroom train`` with ``trainer_args``."""
+        ...
+
+    def start(
+        self, trainer_args: list[str], log: IO[bytes], cwd: Path, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """Start the trainer in a new process group, output into ``log``."""
+        ...
+
+
+class LocalLauncher:
+    """The trainer as a subprocess of this interpreter."""
+
+    name = "local"
+
+    def argv(self, trainer_args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "headroom", "train", *trainer_args]
+
+    def start(
+        self, trainer_args: list[str], log: IO[bytes], cwd: Path, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.argv(trainer_args),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+
+
+class TorchrunLauncher(LocalLauncher):
+    """The trainer under ``torchrun`` (one node, ``nproc`` processes; the bundled trainer is one
+    process per device, so 1 unless it learns data parallelism)."""
+
+    name = "torchrun"
+
+    def __init__(self, nproc: int = 1) -> None:
+        self.nproc = nproc
+
+    def argv(self, trainer_args: list[str]) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={self.nproc}",
+            "-m",
+            "headroom",
+            "train",
+            *trainer_args,
+        ]
+
+
+def launcher(name: str) -> Launcher:
+    """The backend called ``name`` (``local`` or ``torchrun``)."""
+    if name == "local":
+        return LocalLauncher()
+    if name == "torchrun":
+        return TorchrunLauncher()
+    raise ValueError(f"backend: unknown launcher {name!r}; allowed: {', '.join(BACKENDS)}")
+
+
+def describe_exit(code: int) -> str:
+    """A person's reading of a trainer's exit status (negative: killed by that signal)."""
+    if code == 0:
+        return "completed"
+    if code == 3:
+        return "out of memory (exit 3)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    if code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        return f"exited with code {code} ({signal.Signals(code - 128).name} in a child)"
+    return f"exited with code {code}"
+
+
+def process_cmdline(pid: int) -> str:
+    """The command line of process ``pid`` ('' if it is gone)."""
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (None if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name is parenthesised and may hold spaces: split after its closing paren
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def end_process_group(pgid: int, grace_s: float = 5.0) -> bool:
+    """SIGTERM the group, then SIGKILL what is left after ``grace_s``; True if it was alive."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return True

@@ -1,0 +1,224 @@
+"""Runs launched by the service: the lifecycle persisted at each step, logs captured, both
+launcher backends, cancel ending the process group, a killed or out-of-memory trainer ending
+failed with its reason, and runs orphaned by a stopped service reconciled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+import planner
+from api.db import Run
+from api.main import create_app
+from api.runs import Supervisor, this_process
+from api.settings import Settings
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TINY = {"model": "tiny-dense", "train": {"seq_len": 16, "micro_batch_size": 1}}
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        database_url=f"sqlite:///{tmp_path}/runs.db",
+        token=TOKEN,
+        run_dir=tmp_path / "runs",
+        run_device="cpu",
+        max_running=2,
+    )
+
+
+@pytest.fixture
+def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 120, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_state(client: TestClient, run_id: int) -> dict[str, Any]:
+    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
+
+
+def ended(client: TestClient, run_id: int) -> dict[str, Any]:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (
+            (r := run_state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
+        ),
+        what=f"run {run_id} to end",
+    )
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("backend", ["local", "torchrun"])
+def test_a_run_is_fitted_launched_and_succeeds(client: TestClient, backend: str) -> None:
+    created = client.post(
+        "/api/v1/runs", json={**TINY, "steps": 2, "backend": backend}, headers=AUTH
+    )
+    assert created.status_code == 201, created.text
+    run = created.json()
+    assert run["status"] == "queued" and run["plan"]["fit"]["candidates_considered"] > 0
+    done = ended(client, run["id"])
+    assert done["status"] == "succeeded", done
+    assert done["exit_code"] == 0 and done["reason"] == "completed 2 step(s)"
+    assert done["device"] == "cpu" and done["pid"] and done["backend"] == backend
+    assert done["started_at"] and done["finished_at"]
+    log = client.get(f"/api/v1/runs/{run['id']}/logs").text
+    report = json.loads(log[log.index("{") :])  # the trainer printed its report
+    assert len(report["losses"]) == 2
+
+
+def test_cancel_ends_the_whole_process_group(client: TestClient) -> None:
+    run = client.post("/api/v1/runs", json={**TINY, "steps": 10_000_000}, headers=AUTH).json()
+    running = wait_for(
+        lambda: (r := run_state(client, run["id"]))["pid"] and r, what="the trainer to start"
+    )
+    pid = running["pid"]
+    assert running["status"] == "running" and not group_gone(pid)
+    cancelled = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=AUTH).json()
+    assert cancelled["status"] == "cancelled" and cancelled["reason"] == "cancelled by request"
+    wait_for(lambda: group_gone(pid), timeout=30, what="the process group to end")
+    # the trainer's end is still recorded, and the run stays cancelled
+    final = wait_for(
+        lambda: (r := run_state(client, run["id"]))["exit_code"] is not None and r,
+        what="the exit code",
+    )
+    assert final["status"] == "cancelled" and final["exit_code"] == -signal.SIGTERM
+
+
+def test_a_killed_trainer_ends_failed_with_the_signal(client: TestClient) -> None:
+    run = client.post("/api/v1/runs", json={**TINY, "steps": 10_000_000}, headers=AUTH).json()
+    pid = wait_for(lambda: run_state(client, run["id"])["pid"], what="the trainer to start")
+    os.kill(pid, signal.SIGKILL)
+    done = ended(client, run["id"])
+    assert done["status"] == "failed" and done["exit_code"] == -signal.SIGKILL
+    assert done["reason"] == "killed by SIGKILL"
+
+
+def test_nothing_predicted_to_oom_is_queued(client: TestClient) -> None:
+    refused = client.post(
+        "/api/v1/runs",
+        json={"model": "llama-3-70b", "gpu": "RTX-3090", "fit": False},
+        headers=AUTH,
+    )
+    assert refused.status_code == 422
+    assert "predicted out of memory" in str(refused.json()["detail"])
+    mla = client.post("/api/v1/runs", json={"model": "deepseek-v3"}, headers=AUTH)
+    assert mla.status_code == 422 and "mla" in str(mla.json()["detail"])
+    assert client.get("/api/v1/runs").json()["total"] == 0
+
+
+def _sessions(settings: Settings) -> sessionmaker[Session]:
+    from api.db import make_engine, make_sessionmaker
+    from api.migrate import upgrade
+
+    upgrade(settings.database_url)
+    return make_sessionmaker(make_engine(settings.database_url))
+
+
+def _row(uid: str, hardware: planner.Hardware, **values: Any) -> Run:
+    model = planner.load_model("tiny-dense")
+    train = planner.TrainSpec(micro_batch_size=4, seq_len=64)
+    plan = {
+        "model": model.model_dump(mode="json"),
+        "train": train.model_dump(mode="json"),
+        "hardware": hardware.model_dump(mode="json"),
+    }
+    return Run(
+        uid=uid,
+        model_name=model.name,
+        gpu_name=hardware.name,
+        plan=plan,
+        steps=values.pop("steps", 2),
+        **values,
+    )
+
+
+def test_a_trainer_out_of_memory_ends_failed_with_the_phase(settings: Settings) -> None:
+    """The planned card is smaller than the run needs (queued past the gate, as a stale plan
+    would be): the trainer runs out of memory on the simulated device and the run says where."""
+    sessions = _sessions(settings)
+    small = planner.Hardware(
+        **{**planner.gpu("RTX-3090").model_dump(), "name": "sim-1MiB", "aliases": ()},
+    ).model_copy(update={"memory_bytes": 2**20, "cuda_context_bytes": 0})
+    with sessions() as session:
+        session.add(_row("oom-run", small))
+        session.commit()
+    supervisor = Supervisor(sessions, settings)
+    supervisor.tick()
+    wait_for(lambda: (supervisor.tick(), not supervisor.children)[1], what="the trainer to end")
+    with sessions() as session:
+        run = session.query(Run).filter_by(uid="oom-run").one()
+    assert run.status == "failed" and run.exit_code == 3
+    assert run.reason.startswith("out of memory in ") and "(exit 3)" in run.reason
+
+
+def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -> None:
+    sessions = _sessions(settings)
+    hw = planner.gpu("H100-80GB")
+    # a service process that has exited: its owner tag no longer names a live process
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_owner = f"{this_process().split(':')[0]}:{int(gone.stdout)}:1"
+    # 1. its trainer is still alive (its command line names the run): it is ended
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "orphan-run"],
+        start_new_session=True,
+    )
+    # 2. its trainer finished while the service was down: the report says so
+    finished_dir = Path(settings.run_dir) / "finished-run"
+    finished_dir.mkdir(parents=True)
+    (finished_dir / "report.json").write_text(json.dumps({"losses": [1.0, 0.9]}))
+    with sessions() as session:
+        common = {"status": "running", "owner": dead_owner}
+        session.add(_row("orphan-run", hw, pid=orphan.pid, **common))
+        session.add(
+            _row("finished-run", hw, pid=999_999, log_path=str(finished_dir / "log.txt"), **common)
+        )
+        session.add(_row("lost-run", hw, pid=999_998, **common))
+        session.commit()
+    assert Supervisor(sessions, settings).reconcile() == 3
+    orphan.wait(timeout=10)
+    assert orphan.returncode == -signal.SIGTERM
+    with sessions() as session:
+        rows = {r.uid: r for r in session.query(Run)}
+    assert (
+        rows["orphan-run"].status == "failed" and "trainer was ended" in rows["orphan-run"].reason
+    )
+    assert rows["finished-run"].status == "succeeded"
+    assert "while its service was down" in rows["finished-run"].reason
+    assert rows["lost-run"].status == "failed" and "exit status was lost" in rows["lost-run"].reason
+    # a live owner's runs are left alone
+    with sessions() as session:
+        session.add(_row("live-run", hw, status="running", owner=this_process(), pid=1))
+        session.commit()
+    assert Supervisor(sessions, settings).reconcile() == 0
