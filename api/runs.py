@@ -292,6 +292,12 @@ class Supervisor:
                 return
             directory = run_dir(self.settings, run)
             args = write_specs(run, directory)
+            if run.plan.get("probe") and not run.plan.get("probes"):
+                refusal = self.probe(session, run, directory)
+                if refusal is not None:
+                    _finish(session, run.id, "failed", refusal, None)
+                    return
+                args = write_specs(run, directory)
             backend = launcher(run.backend)
             log_path = directory / "log.txt"
             logfile = open(log_path, "ab")  # noqa: SIM115 - closed when the child is reaped
@@ -322,6 +328,35 @@ class Supervisor:
         session.commit()
         if not started.rowcount:  # type: ignore[attr-defined]
             end_process_group(proc.pid)  # cancelled between the claim and the start
+
+    def probe(self, session: Session, run: Run, directory: Path) -> str | None:
+        """Confirm the run's plan with probes (``headroom.autofit``), each recorded as a
+        calibration; the confirmed plan replaces the run's. Why not, if none was confirmed."""
+        from headroom.autofit import autofit, subprocess_prober
+        from headroom.records import probe_recorder
+
+        model = planner.ModelSpec.model_validate(run.plan["model"])
+        train = planner.TrainSpec.model_validate(run.plan["train"])
+        hw = planner.Hardware.model_validate(run.plan["hardware"])
+        session.execute(
+            update(Run).where(Run.id == run.id).values(reason="probing", updated_at=utcnow())
+        )
+        session.commit()
+        result = autofit(
+            model,
+            train,
+            hw,
+            subprocess_prober(str(directory / "model.json"), hw, run.device or "cpu"),
+            record=probe_recorder(self.sessions, model, hw),
+        )
+        probes = [p.model_dump(mode="json") for p in result.probes]
+        plan = {**run.plan, "probes": probes}
+        if result.fits and result.plan is not None:
+            plan["train"] = result.plan
+        session.execute(update(Run).where(Run.id == run.id).values(plan=plan))
+        session.commit()
+        session.refresh(run)
+        return None if result.fits else f"no plan confirmed by probes: {result.reason}"
 
     def run_now(self, run_id: int, poll_s: float = 0.2) -> Run:
         """Claim, start and wait for one queued run in the foreground (``headroom launch``);

@@ -222,3 +222,17 @@ def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -
         session.add(_row("live-run", hw, status="running", owner=this_process(), pid=1))
         session.commit()
     assert Supervisor(sessions, settings).reconcile() == 0
+
+
+def test_a_probed_run_records_its_probe_and_launches_the_confirmed_plan(
+    client: TestClient,
+) -> None:
+    run = client.post("/api/v1/runs", json={**TINY, "steps": 2, "probe": True}, headers=AUTH).json()
+    done = ended(client, run["id"])
+    assert done["status"] == "succeeded", done
+    probes = done["plan"]["probes"]
+    assert probes and probes[-1]["outcome"]["ok"]
+    assert done["plan"]["train"]["micro_batch_size"] >= 1
+    records = client.get("/api/v1/calibrations").json()["items"]
+    assert [r["uid"] for r in records] == [p["calibration_uid"] for p in probes]
+    assert all(r["source"] == "probe" for r in records)
