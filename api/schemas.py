@@ -101,7 +101,7 @@ class CalibrationIn(_In):
     train: dict[str, Any] | None = None
     gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
     measured: Measured
-    source: Literal["runtime", "probe", "external"] = "external"
+    source: Literal["runtime", "probe", "trace", "external"] = "external"
     notes: str = Field(default="", max_length=4000, pattern=_NO_NUL)
 
 

@@ -644,6 +644,108 @@ def serve(
     )
 
 
+calibrate = typer.Typer(
+    help="Measure memory and compare it with the estimate, per bucket.", no_args_is_help=True
+)
+app.add_typer(calibrate, name="calibrate")
+
+
+class Impl(StrEnum):
+    runtime = "runtime"
+
+
+@calibrate.command("trace")
+def calibrate_trace(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    impl: Annotated[
+        Impl, typer.Option("--impl", help="Which implementation of the model to trace.")
+    ] = Impl.runtime,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=10, help="Optimizer steps.")] = 2,
+    record: Annotated[
+        bool, typer.Option("--record", help="Store the comparison as a calibration record.")
+    ] = False,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Trace training steps on the CPU (fake tensors for dense models) with PyTorch's memory
+    tracker and print predicted vs traced bytes per bucket and at the peak."""
+    try:
+        spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
+        from calibration.trace import check_traceable
+
+        check_traceable(train_spec)
+        from runtime.support import check_supported
+
+        check_supported(spec)
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    from calibration.trace import compare_trace, trace
+
+    budget = planner.estimate(spec, train_spec, hw)
+    measured = trace(spec, train_spec, steps=steps)
+    out = {
+        "model": spec.name,
+        "impl": impl.value,
+        "gpu": hw.name,
+        **compare_trace(budget, measured),
+        "trace": measured,
+    }
+    if record:
+        import uuid
+
+        from api.schemas import Measured
+        from api.store import record_calibration
+        from headroom.records import open_store
+
+        peak = measured["peak"]
+        uid = f"trace-{uuid.uuid4().hex}"
+        with open_store()() as session:
+            record_calibration(
+                session,
+                uid,
+                spec,
+                train_spec,
+                hw,
+                budget,
+                Measured(
+                    allocated_bytes=max(peak["total"], 1),
+                    buckets={
+                        "params": peak["params"],
+                        "grads": peak["grads"],
+                        "optimizer_states": peak["optimizer_states"],
+                    },
+                ),
+                "trace",
+                f"{impl.value} trace ({measured['mode']} tensors, torch {measured['torch']}); "
+                f"transient bytes at the peak: {peak['transient']}",
+            )
+        out["calibration_uid"] = uid
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: predicted ({out['phase']}) vs traced peak")
+    for column in ("bucket", "predicted", "traced", "error"):
+        table.add_column(column, justify="right" if column != "bucket" else "left")
+    for bucket, predicted in out["predicted"].items():
+        error = out["error"][bucket]
+        table.add_row(
+            bucket,
+            planner.format_bytes(predicted),
+            planner.format_bytes(out["measured"][bucket]),
+            "n/a" if error is None else f"{error:+.1%}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"traced with {measured['mode']} tensors in {measured['seconds']:.1f} s; "
+        f"transient = {' + '.join(out['transient_buckets'])}"
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

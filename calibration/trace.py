@@ -1,0 +1,175 @@
+"""Measure a training step's memory on a CPU, without a GPU, and compare it per bucket.
+
+Two optimizer steps of the runtime's model (``runtime.model.DecoderLM``, the trainer's
+``none`` placement: torch AdamW over the working parameters) run under PyTorch's per-category
+memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``). Dense models run under
+``FakeTensorMode``: no memory is allocated, so full-width layers trace in seconds. MoE routing
+is data-dependent (``nonzero``), which fake tensors cannot run, so MoE models are traced with
+real tensors: give them at a size this host holds (the report says ``mode: real``).
+
+The tracker's categories map to the planner's buckets: Parameter and Buffer → ``params``,
+Gradient → ``grads``, Optstate → ``optimizer_states``; Activation, Temp and Other are the
+step's transient tensors, compared with the planner's ``activations`` + ``logits`` +
+``moe_dispatch`` (the tracker does not tell logits from other activations).
+
+Precision: the trace runs what torch AdamW does, so the training spec must say so: working
+parameters, gradients and optimizer states in one precision (fp32 or bf16) and no separate
+master copy. Other specs are refused, naming ``precision``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+import planner
+from planner.errors import SpecError
+from runtime.model import DecoderLM, loss_fn
+from runtime.support import check_supported
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: tracker category → planner bucket ("transient" is compared with TRANSIENT_BUCKETS)
+CATEGORY_BUCKET = {
+    "Parameter": "params",
+    "Buffer": "params",
+    "Gradient": "grads",
+    "Optstate": "optimizer_states",
+    "Activation": "transient",
+    "Temp": "transient",
+    "Other": "transient",
+}
+COMPARED = ("params", "grads", "optimizer_states", "transient")
+TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
+
+
+def check_traceable(train: planner.TrainSpec) -> torch.dtype:
+    """The working dtype of a spec the trace can run (see the module docstring)."""
+    p = train.precision
+    if p.master != "none" or not (p.params == p.grads == p.optimizer_states in DTYPES):
+        raise SpecError(
+            "precision: a trace runs torch AdamW on the working parameters; set params, grads "
+            "and optimizer_states to one of fp32, bf16 and master to none "
+            f"(got {p.model_dump()})",
+            field="precision",
+        )
+    if train.offload.mode != "none" or train.recompute != "none":
+        raise SpecError(
+            "train: a trace runs the trainer's resident placement without recompute; "
+            "allowed: offload.mode none, recompute none",
+            field="offload.mode" if train.offload.mode != "none" else "recompute",
+        )
+    if train.parallel.dp * train.parallel.tp * train.parallel.pp * train.parallel.cp > 1:
+        raise SpecError("parallel: a trace runs one rank without parallelism", field="parallel")
+    return DTYPES[p.params]
+
+
+def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
+    out = dict.fromkeys(COMPARED, 0)
+    for per_device in snapshot.values():
+        for category, nbytes in per_device.items():
+            bucket = CATEGORY_BUCKET.get(category)
+            if bucket is not None:
+                out[bucket] += int(nbytes)
+    out["total"] = sum(out[b] for b in COMPARED)
+    return out
+
+
+def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) -> dict[str, Any]:
+    """Per-bucket bytes of ``steps`` training steps: at the end of each phase and at the peak."""
+    check_supported(model)
+    dtype = check_traceable(train)
+    fake = model.moe is None
+    capacity = model.moe.capacity_factor if model.moe and model.moe.capacity_factor else 1.25
+    start = time.perf_counter()
+    phases: list[dict[str, Any]] = []
+    previous = torch.get_default_dtype()
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        torch.set_default_dtype(dtype)
+        try:
+            net = DecoderLM(model, train.moe_capacity_factor or capacity)
+        finally:
+            torch.set_default_dtype(previous)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)
+        tracker = MemTracker()
+        tracker.track_external(net, optimizer)
+        generator = None if fake else torch.Generator().manual_seed(0)
+        with tracker:
+            for step in range(1, steps + 1):
+                for micro in range(train.grad_accum_steps):
+                    if step > 1 or micro:
+                        tracker.reset_mod_stats()  # per-module stats are per iteration
+                    ids = torch.randint(
+                        0,
+                        model.vocab_size,
+                        (train.micro_batch_size, train.seq_len),
+                        generator=generator,
+                    )
+                    loss = loss_fn(net(ids), ids)
+                    phases.append(
+                        {
+                            "phase": "forward",
+                            "step": step,
+                            **_categories(tracker.get_tracker_snapshot("current")),
+                        }
+                    )
+                    torch.autograd.backward(loss / train.grad_accum_steps)
+                    del loss
+                    phases.append(
+                        {
+                            "phase": "backward",
+                            "step": step,
+                            **_categories(tracker.get_tracker_snapshot("current")),
+                        }
+                    )
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                phases.append(
+                    {
+                        "phase": "optimizer",
+                        "step": step,
+                        **_categories(tracker.get_tracker_snapshot("current")),
+                    }
+                )
+            peak = _categories(tracker.get_tracker_snapshot("peak"))
+    return {
+        "mode": "fake" if fake else "real",
+        "seconds": time.perf_counter() - start,
+        "peak": peak,
+        "phases": phases,
+        "torch": torch.__version__,
+    }
+
+
+def compare_trace(budget: planner.Budget, measured: dict[str, Any]) -> dict[str, Any]:
+    """The planner's prediction next to a trace, per bucket and at the peak.
+
+    Predicted bytes are the allocated buckets of the budget's peak phase (no CUDA context or
+    allocator overhead: a CPU trace has neither). ``error`` is (predicted - measured) over
+    measured: positive is the safe side."""
+    row = budget.gpu.phases[budget.peak_phase].buckets
+    predicted = {
+        "params": row["params"] + row["master_params"],
+        "grads": row["grads"],
+        "optimizer_states": row["optimizer_states"],
+        "transient": sum(row[b] for b in TRANSIENT_BUCKETS),
+    }
+    predicted["total"] = sum(predicted[b] for b in COMPARED)
+    peak = measured["peak"]
+
+    def err(p: int, m: int) -> float | None:
+        return (p - m) / m if m else None
+
+    return {
+        "phase": budget.peak_phase,
+        "predicted": predicted,
+        "measured": {k: peak[k] for k in (*COMPARED, "total")},
+        "error": {k: err(predicted[k], peak[k]) for k in (*COMPARED, "total")},
+        "predicted_peak_bytes": predicted["total"],
+        "measured_peak_bytes": peak["total"],
+        "transient_buckets": list(TRANSIENT_BUCKETS),
+    }

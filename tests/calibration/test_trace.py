@@ -1,0 +1,99 @@
+"""CPU traces of the runtime's model with PyTorch's memory tracker, compared per bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import planner
+from calibration.trace import compare_trace, trace
+from runtime.model import DecoderLM
+
+PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
+
+
+def _train(**values: object) -> planner.TrainSpec:
+    return planner.load_train({"precision": PURE_BF16, **values})
+
+
+@pytest.mark.parametrize(("name", "mode"), [("tiny-dense", "fake"), ("tiny-moe", "real")])
+def test_persistent_state_traces_to_the_byte(name: str, mode: str) -> None:
+    model = planner.load_model(name)
+    train = _train(micro_batch_size=2, seq_len=32)
+    measured = trace(model, train)
+    assert measured["mode"] == mode
+    n = planner.count_params(model).total
+    # parameters are exact; AdamW's two moments plus its step counters (one 4-byte scalar per
+    # parameter tensor)
+    assert measured["peak"]["params"] == 2 * n
+    with torch.device("meta"):
+        tensors = len(list(DecoderLM(model, 1.25).parameters()))
+    assert measured["peak"]["optimizer_states"] == 4 * n + 4 * tensors
+    after_step = [p for p in measured["phases"] if p["phase"] == "optimizer"]
+    assert [p["step"] for p in after_step] == [1, 2]
+    assert all(p["grads"] == 0 for p in after_step)  # zero_grad(set_to_none=True)
+    forward_1 = measured["phases"][0]
+    assert forward_1["optimizer_states"] == 0 and forward_1["transient"] > 0
+
+
+def test_the_comparison_says_where_the_estimate_is_off() -> None:
+    model = planner.load_model("tiny-dense")
+    train = _train(micro_batch_size=2, seq_len=64)
+    budget = planner.estimate(model, train, planner.gpu("H100-80GB"))
+    out = compare_trace(budget, trace(model, train))
+    assert out["predicted"]["params"] == out["measured"]["params"]
+    assert out["error"]["params"] == 0.0
+    total = out["error"]["total"]
+    assert total is not None
+    expected = (out["predicted"]["total"] - out["measured"]["total"]) / out["measured"]["total"]
+    assert total == pytest.approx(expected)
+
+
+def test_a_spec_the_trace_cannot_run_is_refused_naming_the_field() -> None:
+    model = planner.load_model("tiny-dense")
+    with pytest.raises(planner.SpecError) as info:
+        trace(model, planner.TrainSpec())  # fp32 master weights: not what torch AdamW does
+    assert info.value.field == "precision"
+    with pytest.raises(planner.SpecError) as info:
+        trace(model, _train(recompute="full"))
+    assert info.value.field == "recompute"
+
+
+def test_calibrate_trace_json_contract_and_record(tmp_path: Path) -> None:
+    env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/c.db"}
+    args = ["tiny-dense", "--set", "seq_len=32", "--set", "precision.master=none"]
+    args += ["--set", "precision.grads=bf16", "--set", "precision.optimizer_states=bf16"]
+    args += ["--record", "--format", "json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "headroom", "calibrate", "trace", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("predicted", "measured", "error", "predicted_peak_bytes", "measured_peak_bytes"):
+        assert key in out
+    assert set(out["predicted"]) == set(out["measured"]) == set(out["error"])
+    assert out["calibration_uid"].startswith("trace-")
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(env["HEADROOM_DATABASE_URL"])
+    with engine.connect() as c:
+        row = c.execute(text("select source, measured_peak_bytes from calibrations")).one()
+    assert row == ("trace", out["measured_peak_bytes"])
+    refused = subprocess.run(
+        [sys.executable, "-m", "headroom", "calibrate", "trace", "tiny-dense"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert refused.returncode == 2 and refused.stderr.startswith("error: precision:")
