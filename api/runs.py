@@ -260,28 +260,32 @@ class Supervisor:
             )
             if run_id is None:
                 return False
-            if self.device is None:
-                self.device = resolve_device(self.settings)
-            claimed = session.execute(
-                update(Run)
-                .where(Run.id == run_id, Run.status == "queued")
-                .values(
-                    status="running",
-                    owner=self.owner,
-                    device=self.device,
-                    started_at=utcnow(),
-                    updated_at=utcnow(),
-                    reason="starting",
-                )
-            )
-            session.commit()
-            if not claimed.rowcount:  # type: ignore[attr-defined]
+            if not self._claim(session, run_id):
                 return True  # another worker took it; look again
             run = session.get(Run, run_id)
             assert run is not None
             session.refresh(run)
             self.launch(session, run)
             return True
+
+    def _claim(self, session: Session, run_id: int) -> bool:
+        """queued → running, owned by this process; False if another claimed it first."""
+        if self.device is None:
+            self.device = resolve_device(self.settings)
+        claimed = session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.status == "queued")
+            .values(
+                status="running",
+                owner=self.owner,
+                device=self.device,
+                started_at=utcnow(),
+                updated_at=utcnow(),
+                reason="starting",
+            )
+        )
+        session.commit()
+        return bool(claimed.rowcount)  # type: ignore[attr-defined]
 
     def launch(self, session: Session, run: Run) -> None:
         """Start a claimed run's trainer (or end the run with the reason it cannot start)."""
@@ -362,24 +366,10 @@ class Supervisor:
         """Claim, start and wait for one queued run in the foreground (``headroom launch``);
         an interrupt cancels it, ending its process group."""
         with self.sessions() as session:
-            if self.device is None:
-                self.device = resolve_device(self.settings)
-            claimed = session.execute(
-                update(Run)
-                .where(Run.id == run_id, Run.status == "queued")
-                .values(
-                    status="running",
-                    owner=self.owner,
-                    device=self.device,
-                    started_at=utcnow(),
-                    updated_at=utcnow(),
-                    reason="starting",
-                )
-            )
-            session.commit()
+            claimed = self._claim(session, run_id)
             run = session.get(Run, run_id)
             assert run is not None
-            if claimed.rowcount:  # type: ignore[attr-defined]
+            if claimed:
                 session.refresh(run)
                 self.launch(session, run)
         try:
