@@ -94,11 +94,25 @@ def estimate(
     gpus_per_node: NodeOpt = None,
     format: FormatOpt = TextOrJson.text,
     explain: Annotated[bool, typer.Option("--explain", help="Show each bucket's formula.")] = False,
+    calibrated: Annotated[
+        bool,
+        typer.Option(
+            "--calibrated",
+            help="Use the fitted coefficients of the spec's activation profile; exit 3 if it "
+            "has none.",
+        ),
+    ] = False,
 ) -> None:
     """Predict per-bucket GPU and host memory, the peak phase, and whether it fits."""
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
-        budget = planner.estimate(spec, train_spec, hw)
+        coeffs = None
+        if calibrated:
+            try:
+                coeffs = planner.calibrated_coefficients(train_spec.activation_profile, hw.name)
+            except planner.NotCalibrated as exc:
+                raise _fail(str(exc), 3) from None
+        budget = planner.estimate(spec, train_spec, hw, coeffs)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None

@@ -9,7 +9,13 @@ Pure Python and pydantic (no torch, no web or database stack), so the CI gate ru
 """
 
 from planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
-from planner.coefficients import Coefficients, default_coefficients, profiles
+from planner.coefficients import (
+    Coefficients,
+    NotCalibrated,
+    calibrated_coefficients,
+    default_coefficients,
+    profiles,
+)
 from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
 from planner.estimate import Knobs, estimate, evaluate, knobs
 from planner.explain import Explanation, explain
@@ -38,6 +44,7 @@ __all__ = [
     "MLASpec",
     "MoESpec",
     "ModelSpec",
+    "NotCalibrated",
     "Offload",
     "Parallel",
     "ParamCount",
@@ -47,6 +54,7 @@ __all__ = [
     "TrainSpec",
     "UnknownPresetError",
     "Verdict",
+    "calibrated_coefficients",
     "count_params",
     "default_coefficients",
     "estimate",

@@ -34,6 +34,12 @@ class Coefficients(BaseModel):
     swiglu_saved_ffn_tensors: float = Field(
         default=3.0, ge=0, description="FFN-width tensors a SwiGLU MLP saves per token."
     )
+    head_hidden_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per token kept outside the layers (final norm, "
+        "embedding output), x activation bytes; the textbook counts layers only.",
+    )
     logits_bytes_per_element: float = Field(
         default=6.0, ge=0, description="Forward: 16-bit logits + fp32 log-probs kept by the loss."
     )
@@ -95,3 +101,21 @@ def default_coefficients(profile: str, device: str | None = None) -> Coefficient
             field="activation_profile",
         )
     return generic
+
+
+def calibrated_coefficients(profile: str, device: str | None = None) -> Coefficients:
+    """The fitted coefficients of ``profile`` (a set for ``device`` wins over a generic one);
+    ``NotCalibrated`` where the profile has none."""
+    chosen = default_coefficients(profile, device)
+    if chosen.calibrated:
+        return chosen
+    fitted = [c for c in _shipped() if c.calibrated]
+    raise NotCalibrated(
+        f"activation_profile: no calibrated coefficients for profile {profile!r}; calibrated "
+        f"profiles: {', '.join(sorted({c.profile for c in fitted})) or 'none'}",
+        field="activation_profile",
+    )
+
+
+class NotCalibrated(SpecError):
+    """Calibrated coefficients were asked for and there are none (undecidable, not invalid)."""

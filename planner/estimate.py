@@ -336,6 +336,9 @@ def _activation_terms(
         vocab_local = -(-model.vocab_size // tp)
         logits_f = b.logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
         logits_b = b.logits_bytes(tokens, vocab_local, coeffs.logits_backward_bytes_per_element)
+        if coeffs.head_hidden_tensors:
+            whole = tp if sequence_parallel else 1
+            saved += int(coeffs.head_hidden_tensors * tokens * model.hidden_size * bp) // whole
     return (
         saved,
         disp,
