@@ -760,6 +760,57 @@ def calibrate_trace(
     )
 
 
+@calibrate.command("report")
+def calibrate_report(
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Draw predicted against measured peaks here.", dir_okay=False),
+    ] = None,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Per-bucket median, p95 and max error of the estimate over the committed traces and the
+    store's calibration records, and the false-fit count."""
+    from sqlalchemy import select
+
+    from api.db import Calibration
+    from calibration.report import committed_points, plot, store_points, summarise
+    from headroom.records import open_store
+
+    with open_store()() as session:
+        rows = list(session.scalars(select(Calibration).order_by(Calibration.id)))
+    points = committed_points() + store_points(rows)
+    summary = summarise(points)
+    if png is not None:
+        plot(points, png)
+        summary["png"] = str(png)
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Estimate error over {summary['points']} measurement(s)")
+    for column in ("", "n", "median", "p95", "max", "mean (signed)"):
+        table.add_column(column, justify="right" if column else "left")
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2%}"
+
+    for name, s in [("peak", summary["peak"]), *summary["buckets"].items()]:
+        table.add_row(
+            name,
+            str(s["n"]),
+            pct(s["median"]),
+            pct(s["p95"]),
+            pct(s["max"]),
+            pct(s.get("signed_mean")),
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"false fits (predicted to fit, ran out of memory): {summary['false_fits']}")
+    if png is not None:
+        console.print(f"plot: {png}")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

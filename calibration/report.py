@@ -1,0 +1,144 @@
+"""How good the estimate is: per-bucket error statistics over every measurement, the false-fit
+count, and a plot of predicted against measured peaks.
+
+Sources: the committed traces (``calibration/data/runtime-traces.json``, compared with the
+coefficients shipped today) and every calibration record in the store (each compared with the
+estimate made when it was recorded). A false fit is a probe predicted to fit that ran out of
+memory: the one error the estimator must not make.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import planner
+from calibration.fit import TRACE_DEVICE
+
+COMMITTED = Path(__file__).resolve().parent / "data" / "runtime-traces.json"
+BUCKETS = ("params", "grads", "optimizer_states")
+
+
+def committed_points() -> list[dict[str, Any]]:
+    """The committed traces against today's estimate of their profile."""
+    data = json.loads(COMMITTED.read_text())
+    out = []
+    for r in data["records"]:
+        model = planner.ModelSpec.model_validate(r["model"])
+        train = planner.TrainSpec.model_validate(r["train"])
+        budget = planner.estimate(model, train, TRACE_DEVICE)
+        row = budget.gpu.phases[budget.peak_phase].buckets
+        out.append(
+            {
+                "source": "trace (committed)",
+                "model": model.name,
+                "predicted_peak_bytes": budget.gpu_peak_bytes,
+                "measured_peak_bytes": r["peak_bytes"],
+                "buckets": {
+                    "params": (row["params"] + row["master_params"], r["peak"]["params"]),
+                    "optimizer_states": (row["optimizer_states"], r["peak"]["optimizer_states"]),
+                },
+                "false_fit": False,
+            }
+        )
+    return out
+
+
+def store_points(rows: list[Any]) -> list[dict[str, Any]]:
+    """Calibration records (``api.db.Calibration`` rows) as report points."""
+    out = []
+    for row in rows:
+        comparison = row.predicted.get("comparison", {})
+        fits = bool(row.predicted.get("budget", {}).get("fits"))
+        out.append(
+            {
+                "source": row.source,
+                "model": row.model_name,
+                "predicted_peak_bytes": row.predicted_peak_bytes,
+                "measured_peak_bytes": row.measured_peak_bytes,
+                "buckets": {
+                    name: (b["predicted"], b["measured"])
+                    for name, b in comparison.get("buckets", {}).items()
+                },
+                "false_fit": row.source == "probe" and fits and "out of memory" in row.notes,
+            }
+        )
+    return out
+
+
+def _stats(errors: list[float]) -> dict[str, Any]:
+    if not errors:
+        return {"n": 0, "median": None, "p95": None, "max": None}
+    magnitudes = sorted(abs(e) for e in errors)
+    p95 = magnitudes[min(len(magnitudes) - 1, round(0.95 * (len(magnitudes) - 1)))]
+    return {
+        "n": len(errors),
+        "median": statistics.median(magnitudes),
+        "p95": p95,
+        "max": magnitudes[-1],
+        "signed_mean": statistics.fmean(errors),
+    }
+
+
+def summarise(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median, p95 and max |relative error| per bucket and at the peak; false fits."""
+
+    def rel(p: int, m: int) -> float | None:
+        return (p - m) / m if m else None
+
+    peak = [
+        e
+        for pt in points
+        if (e := rel(pt["predicted_peak_bytes"], pt["measured_peak_bytes"])) is not None
+    ]
+    buckets: dict[str, Any] = {}
+    for name in BUCKETS:
+        errors = [
+            e
+            for pt in points
+            if name in pt["buckets"] and (e := rel(*pt["buckets"][name])) is not None
+        ]
+        buckets[name] = _stats(errors)
+    return {
+        "points": len(points),
+        "peak": _stats(peak),
+        "buckets": buckets,
+        "false_fits": sum(pt["false_fit"] for pt in points),
+    }
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    """Predicted against measured peaks, one marker per source, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for source in sorted({p["source"] for p in points}):
+        mine = [p for p in points if p["source"] == source]
+        ax.scatter(
+            [p["measured_peak_bytes"] / 2**20 for p in mine],
+            [p["predicted_peak_bytes"] / 2**20 for p in mine],
+            label=f"{source} ({len(mine)})",
+            s=18,
+        )
+    values = [
+        v / 2**20 for p in points for v in (p["measured_peak_bytes"], p["predicted_peak_bytes"])
+    ]
+    if values:
+        low, high = min(values) * 0.8, max(values) * 1.25
+        ax.plot([low, high], [low, high], color="grey", linewidth=1, label="predicted = measured")
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured peak (MiB)")
+    ax.set_ylabel("predicted peak (MiB)")
+    ax.set_title("Headroom: predicted vs measured peak")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,71 @@
+"""``headroom calibrate report``: error statistics over committed traces and stored records,
+the false-fit count, and the plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner
+from api.schemas import Measured
+from api.store import record_calibration
+from headroom.records import open_store
+
+
+def test_report_counts_false_fits_and_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    monkeypatch.setenv("HEADROOM_DATABASE_URL", url)
+    sessions = open_store()
+    model = planner.load_model("tiny-dense")
+    train = planner.TrainSpec(micro_batch_size=1, seq_len=32)
+    hw = planner.gpu("H100-80GB")
+    budget = planner.estimate(model, train, hw)
+    assert budget.fits
+    peak = budget.gpu_peak_bytes
+    with sessions() as session:
+        # a probe predicted to fit that ran out of memory: a false fit
+        record_calibration(
+            session,
+            "probe-oom",
+            model,
+            train,
+            hw,
+            budget,
+            Measured(allocated_bytes=2 * peak),
+            "probe",
+            "out of memory: the measured bytes are a lower bound",
+        )
+        record_calibration(
+            session, "probe-ok", model, train, hw, budget, Measured(allocated_bytes=peak), "probe"
+        )
+    png = tmp_path / "report.png"
+    args = ["calibrate", "report", "--png", str(png), "--format", "json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "headroom", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    committed = len(
+        json.loads(
+            (
+                Path(__file__).resolve().parents[2] / "calibration/data/runtime-traces.json"
+            ).read_text()
+        )["records"]
+    )
+    assert summary["points"] == committed + 2
+    assert summary["false_fits"] == 1
+    for key in ("median", "p95", "max"):
+        assert summary["peak"][key] is not None
+    assert summary["peak"]["max"] >= 0.5  # the false fit's error is in the statistics
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
