@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 import planner
-from planner.fit import FitResult, candidate_key
+from planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
 
 #: exit code of ``headroom train`` on out-of-memory
 EXIT_OOM = 3
@@ -220,7 +220,7 @@ def autofit(
         probes.append(
             ProbeRecord(
                 attempt=attempt,
-                changes=_changes(train, plan),
+                changes=changed_keys(train, ladder_keys(plan)),
                 margin_pct=margin,
                 predicted_peak_bytes=budget.gpu_peak_bytes,
                 outcome=outcome,
@@ -266,26 +266,3 @@ def _with_context(outcome: ProbeOutcome, hw: planner.Hardware) -> int | None:
     if outcome.measured_peak_bytes is None:
         return None
     return outcome.measured_peak_bytes + hw.cuda_context_bytes
-
-
-def ladder_keys(plan: planner.TrainSpec) -> dict[str, Any]:
-    """The training-spec keys the ladder sets, as ``plan`` has them (``candidate_key``'s input)."""
-    offload: dict[str, Any] = {"mode": plan.offload.mode}
-    if plan.offload.mode == "optimizer":
-        offload["fraction"] = plan.offload.fraction
-    elif plan.offload.mode == "streaming":
-        offload["checkpoint_every"] = plan.offload.checkpoint_every or 1
-    recompute = plan.recompute if isinstance(plan.recompute, str) else plan.recompute.model_dump()
-    return {
-        "micro_batch_size": plan.micro_batch_size,
-        "grad_accum_steps": plan.grad_accum_steps,
-        "parallel.zero_stage": plan.parallel.zero_stage,
-        "expandable_segments": plan.expandable_segments,
-        "recompute": recompute,
-        "offload": offload,
-    }
-
-
-def _changes(train: planner.TrainSpec, plan: planner.TrainSpec) -> dict[str, Any]:
-    mine, theirs = ladder_keys(plan), ladder_keys(train)
-    return {k: v for k, v in mine.items() if theirs.get(k) != v}

@@ -95,19 +95,17 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
     """The ladder's dimensions for ``train`` (see the module docstring)."""
     p = train.parallel
     batch = train.micro_batch_size * train.grad_accum_steps
-    current_offload = train.offload.model_dump()
+    current = ladder_keys(train)
+
+    def differs(keys: dict[str, Any]) -> bool:
+        return any(current[k] != v for k, v in keys.items())
+
     micro = []
     m = 1
     while m <= min(batch, MAX_MICRO_BATCH):
         if batch % m == 0:
             keys = {"micro_batch_size": m, "grad_accum_steps": batch // m}
-            micro.append(
-                (
-                    {"micro_batch": m, "grad_accum": batch // m},
-                    keys,
-                    m != train.micro_batch_size,
-                )
-            )
+            micro.append(({"micro_batch": m, "grad_accum": batch // m}, keys, differs(keys)))
         m *= 2
     if not any(not changed for _, _, changed in micro):  # the input's own shape is a candidate
         m = train.micro_batch_size
@@ -118,55 +116,40 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
                 False,
             )
         )
-    placements: list[Choice] = [
-        (
-            {"offload": "none", "fraction": 1.0},
-            {"offload": {"mode": "none"}},
-            current_offload["mode"] != "none",
-        )
+    placements: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"offload": "none", "fraction": 1.0}, {"offload": {"mode": "none"}})
     ]
-    for f in OFFLOAD_FRACTIONS:
-        placements.append(
-            (
-                {"offload": "optimizer", "fraction": f},
-                {"offload": {"mode": "optimizer", "fraction": f}},
-                (current_offload["mode"], current_offload["fraction"]) != ("optimizer", f),
-            )
-        )
-    if p.tp == 1 and p.pp == 1:
-        for k in STREAMING_EVERY:
-            if k > max(model.num_layers, 1) and k != 1:
-                continue
-            placements.append(
-                (
-                    {"offload": "streaming", "fraction": 1.0, "checkpoint_every": k},
-                    {"offload": {"mode": "streaming", "checkpoint_every": k}},
-                    (current_offload["mode"], train.offload.checkpoint_every or 1)
-                    != ("streaming", k),
-                )
-            )
-    zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
-    zeros = [({"zero": z}, {"parallel.zero_stage": z}, z != p.zero_stage) for z in zero_range]
-    segments = [
+    placements += [
         (
-            {"expandable_segments": e},
-            {"expandable_segments": e},
-            e != train.expandable_segments,
+            {"offload": "optimizer", "fraction": f},
+            {"offload": {"mode": "optimizer", "fraction": f}},
         )
+        for f in OFFLOAD_FRACTIONS
+    ]
+    if p.tp == 1 and p.pp == 1:
+        placements += [
+            (
+                {"offload": "streaming", "fraction": 1.0, "checkpoint_every": k},
+                {"offload": {"mode": "streaming", "checkpoint_every": k}},
+            )
+            for k in STREAMING_EVERY
+            if k <= max(model.num_layers, 1) or k == 1
+        ]
+    zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
+    zeros = [({"zero": z}, {"parallel.zero_stage": z}) for z in zero_range]
+    segments = [
+        ({"expandable_segments": e}, {"expandable_segments": e})
         for e in dict.fromkeys((train.expandable_segments, True))
     ]
-    current_recompute = (
-        train.recompute if isinstance(train.recompute, str) else train.recompute.model_dump()
-    )
     recompute = [
-        (
-            {"selective": selective, "checkpoint_every": k},
-            {"recompute": policy},
-            policy != current_recompute,
-        )
+        ({"selective": selective, "checkpoint_every": k}, {"recompute": policy})
         for policy, selective, k in _recompute_choices(train, model.num_layers)
     ]
-    return Grid(micro, placements, zeros, segments, recompute)
+
+    def marked(choices: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[Choice]:
+        return [(knob_values, keys, differs(keys)) for knob_values, keys in choices]
+
+    return Grid(micro, marked(placements), marked(zeros), marked(segments), marked(recompute))
 
 
 def _combine(base: Knobs, choices: tuple[Choice, ...]) -> tuple[Knobs, dict[str, Any], int]:
@@ -210,22 +193,29 @@ def _plan(train: TrainSpec, changes: dict[str, Any]) -> TrainSpec:
     return TrainSpec.model_validate(data)
 
 
-def _diff(train: TrainSpec, changes: dict[str, Any]) -> dict[str, Any]:
-    current = {
-        "micro_batch_size": train.micro_batch_size,
-        "grad_accum_steps": train.grad_accum_steps,
-        "recompute": train.recompute
-        if isinstance(train.recompute, str)
-        else train.recompute.model_dump(),
-        "offload": {
-            k: v
-            for k, v in train.offload.model_dump().items()
-            if k in changes["offload"] and k != "num_buffers"
-        },
-        "parallel.zero_stage": train.parallel.zero_stage,
-        "expandable_segments": train.expandable_segments,
+def ladder_keys(spec: TrainSpec) -> dict[str, Any]:
+    """The training-spec keys the ladder sets, as ``spec`` has them: what ``_plan`` applies,
+    read back (``candidate_key``'s input; a streaming block of None is 1)."""
+    offload: dict[str, Any] = {"mode": spec.offload.mode}
+    if spec.offload.mode == "optimizer":
+        offload["fraction"] = spec.offload.fraction
+    elif spec.offload.mode == "streaming":
+        offload["checkpoint_every"] = spec.offload.checkpoint_every or 1
+    recompute = spec.recompute if isinstance(spec.recompute, str) else spec.recompute.model_dump()
+    return {
+        "micro_batch_size": spec.micro_batch_size,
+        "grad_accum_steps": spec.grad_accum_steps,
+        "parallel.zero_stage": spec.parallel.zero_stage,
+        "expandable_segments": spec.expandable_segments,
+        "recompute": recompute,
+        "offload": offload,
     }
-    return {k: v for k, v in changes.items() if current.get(k) != v}
+
+
+def changed_keys(train: TrainSpec, keys: dict[str, Any]) -> dict[str, Any]:
+    """The ladder keys in ``keys`` whose values differ from ``train``'s."""
+    current = ladder_keys(train)
+    return {k: v for k, v in keys.items() if current.get(k) != v}
 
 
 def candidate_key(changes: dict[str, Any]) -> str:
@@ -309,7 +299,7 @@ def fit(
                             )
                             rejected.append(
                                 Considered(
-                                    changes=_diff(train, _combine(base, choices)[1]),
+                                    changes=changed_keys(train, _combine(base, choices)[1]),
                                     gpu_peak_bytes=peak,
                                     host_peak_bytes=host_peak,
                                     reason=reason,
@@ -356,7 +346,7 @@ def fit(
     budget = estimate(model, plan, hardware, coeffs)
     runners_up = [
         Considered(
-            changes=_diff(train, _combine(base, c)[1]),
+            changes=changed_keys(train, _combine(base, c)[1]),
             gpu_peak_bytes=peak,
             host_peak_bytes=host_peak,
             step_seconds=st.step_seconds,

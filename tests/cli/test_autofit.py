@@ -14,9 +14,9 @@ from sqlalchemy import select
 
 import planner
 from api.db import Calibration
-from headroom.autofit import autofit, ladder_keys, subprocess_prober, widened_margin
+from headroom.autofit import autofit, subprocess_prober, widened_margin
 from headroom.records import open_store, probe_recorder
-from planner.fit import _plan, candidate_key, candidates
+from planner.fit import _plan, candidate_key, candidates, ladder_keys
 
 #: a device of 8 MiB with no context or allocator slack: the CPU probes' simulated card
 SIM_GPU = {
