@@ -28,6 +28,7 @@ import planner
 from api.db import Run, utcnow
 from api.settings import Settings
 from headroom.launcher import (
+    EXIT_OOM,
     describe_exit,
     end_process_group,
     launcher,
@@ -103,8 +104,8 @@ def ending(run: Run, code: int) -> tuple[str, str]:
         return "succeeded", f"completed {len(report.get('losses', []))} step(s)"
     reason = describe_exit(code)
     oom = report.get("oom")
-    if code == 3 and isinstance(oom, dict):
-        reason = f"out of memory in {oom.get('phase')}, step {oom.get('step')} (exit 3)"
+    if code == EXIT_OOM and isinstance(oom, dict):
+        reason = f"out of memory in {oom.get('phase')}, step {oom.get('step')} (exit {EXIT_OOM})"
     elif code > 0 and run.log_path:
         try:
             lines = Path(run.log_path).read_text(errors="replace").strip().splitlines()
@@ -380,9 +381,9 @@ class Supervisor:
             with self.sessions() as session:
                 run = session.get(Run, run_id)
                 if run is not None:
-                    cancel(session, run)
+                    cancel(session, run, end_group=False)
             proc, _ = self.children.get(run_id, (None, None))
-            if proc is not None:
+            if proc is not None:  # our own child: end its group here, and wait for it
                 end_process_group(proc.pid)
                 proc.wait()
             self.tick_children()
@@ -420,8 +421,9 @@ class Supervisor:
         return ended
 
 
-def cancel(session: Session, run: Run) -> Run:
-    """Cancel a queued or running run; a running one's whole process group is ended."""
+def cancel(session: Session, run: Run, end_group: bool = True) -> Run:
+    """Cancel a queued or running run; a running one's whole process group is ended (in the
+    background; ``end_group=False`` leaves that to a caller that owns the process)."""
     if run.status not in ("queued", "running"):
         return run
     was_running = run.status == "running"
@@ -437,7 +439,7 @@ def cancel(session: Session, run: Run) -> Run:
     )
     session.commit()
     session.refresh(run)
-    if was_running and run.status == "cancelled" and _ours(run):
+    if end_group and was_running and run.status == "cancelled" and _ours(run):
         threading.Thread(
             target=end_process_group, args=(run.pid,), name="headroom-cancel", daemon=True
         ).start()

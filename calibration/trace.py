@@ -98,6 +98,11 @@ def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) ->
         tracker = MemTracker()
         tracker.track_external(net, optimizer)
         generator = None if fake else torch.Generator().manual_seed(0)
+
+        def snapshot(phase: str, step: int) -> None:
+            current = _categories(tracker.get_tracker_snapshot("current"))
+            phases.append({"phase": phase, "step": step, **current})
+
         with tracker:
             for step in range(1, steps + 1):
                 for micro in range(train.grad_accum_steps):
@@ -110,31 +115,13 @@ def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) ->
                         generator=generator,
                     )
                     loss = loss_fn(net(ids), ids)
-                    phases.append(
-                        {
-                            "phase": "forward",
-                            "step": step,
-                            **_categories(tracker.get_tracker_snapshot("current")),
-                        }
-                    )
+                    snapshot("forward", step)
                     torch.autograd.backward(loss / train.grad_accum_steps)
                     del loss
-                    phases.append(
-                        {
-                            "phase": "backward",
-                            "step": step,
-                            **_categories(tracker.get_tracker_snapshot("current")),
-                        }
-                    )
+                    snapshot("backward", step)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                phases.append(
-                    {
-                        "phase": "optimizer",
-                        "step": step,
-                        **_categories(tracker.get_tracker_snapshot("current")),
-                    }
-                )
+                snapshot("optimizer", step)
             peak = _categories(tracker.get_tracker_snapshot("peak"))
     return {
         "mode": "fake" if fake else "real",

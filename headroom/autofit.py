@@ -24,10 +24,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 import planner
+from headroom.launcher import EXIT_OOM
 from planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
 
-#: exit code of ``headroom train`` on out-of-memory
-EXIT_OOM = 3
 #: percentage points a failed probe adds to the margin beyond the error it proved
 MARGIN_STEP_PCT = 5.0
 
@@ -200,23 +199,28 @@ def autofit(
     tried: set[str] = set()
     probes: list[ProbeRecord] = []
     result = planner.fit(model, train, hw, coeffs, margin_pct=margin)
+
+    def done(reason: str, confirmed: bool = False) -> AutoFitResult:
+        return AutoFitResult(
+            fits=confirmed,
+            plan=result.plan if confirmed else None,
+            fit=result,
+            probes=probes,
+            margin_pct=margin,
+            reason=reason,
+        )
+
     for attempt in range(1, max_probes + 1):
         if not result.fits or result.plan is None or result.budget is None:
-            return AutoFitResult(
-                fits=False,
-                plan=None,
-                fit=result,
-                probes=probes,
-                margin_pct=margin,
-                reason=result.reason
+            return done(
+                result.reason
                 if not probes
-                else f"after {len(probes)} probe(s) out of memory, {result.reason}",
+                else f"after {len(probes)} probe(s) out of memory, {result.reason}"
             )
         plan = planner.TrainSpec.model_validate(result.plan)
         outcome = prober(plan)
         budget = planner.estimate(model, plan, hw, coeffs)
         uid = record(plan, budget, outcome) if record is not None else None
-        keys = candidate_key(ladder_keys(plan))
         probes.append(
             ProbeRecord(
                 attempt=attempt,
@@ -228,37 +232,18 @@ def autofit(
             )
         )
         if outcome.ok:
-            return AutoFitResult(
-                fits=True,
-                plan=result.plan,
-                fit=result,
-                probes=probes,
-                margin_pct=margin,
-                reason=f"probe {attempt} ran the plan into step 2 within the card",
-            )
+            return done(f"probe {attempt} ran the plan into step 2 within the card", True)
         if not outcome.oom:
-            return AutoFitResult(
-                fits=False,
-                plan=None,
-                fit=result,
-                probes=probes,
-                margin_pct=margin,
-                reason=f"probe {attempt} failed for a reason other than memory "
-                f"(exit {outcome.exit_code}): {outcome.message}",
+            return done(
+                f"probe {attempt} failed for a reason other than memory "
+                f"(exit {outcome.exit_code}): {outcome.message}"
             )
-        tried.add(keys)
+        tried.add(candidate_key(ladder_keys(plan)))
         margin = widened_margin(
             margin, budget.gpu_peak_bytes, hw.memory_bytes, _with_context(outcome, hw)
         )
         result = planner.fit(model, train, hw, coeffs, margin_pct=margin, exclude=tried)
-    return AutoFitResult(
-        fits=False,
-        plan=None,
-        fit=result,
-        probes=probes,
-        margin_pct=margin,
-        reason=f"{max_probes} probe(s) ran out of memory; no plan confirmed",
-    )
+    return done(f"{max_probes} probe(s) ran out of memory; no plan confirmed")
 
 
 def _with_context(outcome: ProbeOutcome, hw: planner.Hardware) -> int | None:

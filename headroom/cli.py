@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 import planner
+from headroom.launcher import EXIT_OOM
 from planner.io import apply_overrides, read_file
 from planner.units import parse_size
 
@@ -534,10 +535,6 @@ class Device(StrEnum):
 class DType(StrEnum):
     float32 = "float32"
     bfloat16 = "bfloat16"
-
-
-#: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
-EXIT_OOM = 3
 
 
 @app.command()

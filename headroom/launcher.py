@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import IO, Protocol
 
 BACKENDS = ("local", "torchrun")
+#: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
+EXIT_OOM = 3
 
 
 class Launcher(Protocol):
@@ -97,8 +99,8 @@ def describe_exit(code: int) -> str:
     """A person's reading of a trainer's exit status (negative: killed by that signal)."""
     if code == 0:
         return "completed"
-    if code == 3:
-        return "out of memory (exit 3)"
+    if code == EXIT_OOM:
+        return f"out of memory (exit {EXIT_OOM})"
     if code < 0:
         try:
             name = signal.Signals(-code).name
