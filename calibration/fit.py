@@ -122,8 +122,9 @@ def fit_coefficients(
     """Coefficients of ``profile`` fitted to traced ``records`` (module docstring)."""
     names = list(FEATURES)
     rows, fixed, targets = [], [], []
-    for record in records:
-        f = features(*_specs(record))
+    specs = [_specs(record) for record in records]
+    for record, (model, train) in zip(records, specs, strict=True):
+        f = features(model, train)
         rows.append([f[n] for n in names])
         fixed.append(f["fixed"])
         targets.append(float(record["forward_transient_bytes"]))
@@ -153,7 +154,9 @@ def fit_coefficients(
             profile=profile, **values, logits_backward_bytes_per_element=eighths / 8
         )
         worst = max(
-            abs(predicted_peak(r, candidate) - r["peak_bytes"]) / r["peak_bytes"] for r in records
+            abs(planner.estimate(m, t, TRACE_DEVICE, candidate).gpu_peak_bytes - r["peak_bytes"])
+            / r["peak_bytes"]
+            for r, (m, t) in zip(records, specs, strict=True)
         )
         if best is None or worst < best[0] - 1e-12:
             best = (worst, eighths / 8)
