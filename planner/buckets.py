@@ -69,20 +69,28 @@ def optimizer_temporary_bytes(
 ) -> int:
     """Intermediates an optimizer step allocates on top of its state.
 
-    PyTorch's foreach Adam materialises ``sqrt(v)`` for the whole group at once (and an fp32
-    copy of 16-bit grads when the master is fp32); for_loop and fused do it tensor by tensor.
-    Muon's Newton-Schulz iteration holds about five bf16 copies of the largest matrix.
+    Measured with PyTorch's memory tracker on ``torch.optim.AdamW`` (torch 2.13;
+    ``tests/calibration/test_optimizer_temporaries.py`` holds the measurement):
+
+    - ``foreach`` materialises ``sqrt(v) / bias_correction`` for the whole group at once: one
+      state-sized temporary per element;
+    - ``for_loop`` computes the same tensor by tensor, and ``sqrt(v)`` and its quotient are
+      both live for a moment: two temporaries the size of the largest tensor;
+    - ``fused`` kernels (PyTorch's, Apex's, DeepSpeed's) update in registers: none.
+
+    An fp32 copy of 16-bit grads (fp32 master) is made per group (foreach) or per tensor.
+    Adafactor's factored statistics take two state-sized temporaries per element; Muon's
+    Newton-Schulz iteration holds about five bf16 copies of the largest matrix.
     """
     if optimizer == "muon":
         return 5 * min(largest_matrix_numel, numel) * 2
-    per_elem = upcast_grad_bytes
-    if optimizer in ("adam", "adamw"):
-        per_elem += bytes_per_state
-    elif optimizer == "adafactor":
-        per_elem += 2 * bytes_per_state
-    elif optimizer == "adamw_8bit":
-        per_elem = 0
+    if optimizer == "adamw_8bit":
+        return 0
     scope = numel if impl == "foreach" else min(largest_tensor_numel, numel)
+    if optimizer in ("adam", "adamw"):
+        copies = {"foreach": 1, "for_loop": 2, "fused": 0}[impl]
+        return scope * (copies * bytes_per_state + upcast_grad_bytes)
+    per_elem = upcast_grad_bytes + (2 * bytes_per_state if optimizer == "adafactor" else 0)
     return scope * per_elem
 
 

@@ -42,6 +42,7 @@ class StageTerms(NamedTuple):
     grads_total: int
     grads_start: int
     grads_end: int
+    grads_tail: int  # at the embedding's backward: its gradient being made and accumulated
     master_params: int
     optimizer_states: int
     optimizer_temporaries: int
@@ -205,7 +206,7 @@ def _model_states(
     if streaming:
         unit = sp.max_unit_numel
         params = num_buffers * unit * bp
-        grads_total = grads_start = grads_end = unit * bg
+        grads_total = grads_start = grads_end = grads_tail = unit * bg
         transfer = 2 * unit * bg  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
@@ -247,9 +248,15 @@ def _model_states(
         else:
             grads_start = 0
         if sp.has_embedding:
-            grads_end = grads_total - b.grads_bytes(sp.embedding_numel, bg, zd[1])
+            embedding_grad = b.grads_bytes(sp.embedding_numel, bg, zd[1])
+            grads_end = grads_total - embedding_grad
+            # The embedding's backward makes a new table-sized gradient. A tied table already
+            # holds the head's contribution in autograd's input buffer, and accumulation adds
+            # into the existing .grad: each keeps one more table alive at that moment.
+            extra = int(sp.tied_embeddings) + int(accumulating)
+            grads_tail = grads_total + embedding_grad * extra
         else:
-            grads_end = grads_total
+            grads_end = grads_tail = grads_total
         host = (0, off * 4, off * bm, opt_total - opt, ema_host, 0)
     return (
         zd,
@@ -260,6 +267,7 @@ def _model_states(
         grads_total,
         grads_start,
         grads_end,
+        grads_tail,
         master,
         opt,
         opt_temp,
@@ -463,7 +471,7 @@ def _stage_terms(model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int) 
     (states,), (acts,) = _stage_parts(model, kn, coeffs, (stage,))
     in_flight = min(kn.pp - stage, kn.grad_accum)
     return StageTerms._make(
-        (acts[8], acts[9], in_flight, kn.checkpoint_every, *states[:13], *acts[:8], states[13])
+        (acts[8], acts[9], in_flight, kn.checkpoint_every, *states[:14], *acts[:8], states[14])
     )
 
 
@@ -481,6 +489,7 @@ def _phase_totals(
         grads_total,
         grads_start,
         grads_end,
+        grads_tail,
         master,
         opt,
         opt_temp,
@@ -494,8 +503,12 @@ def _phase_totals(
     start = grads_start + live + block + block_disp
     end = grads_end + live - saved - disp + first_act + first_disp + block + block_disp
     bwd = start if start >= end else end
+    if grads_tail > bwd:  # the embedding's backward: every layer's activations are gone
+        bwd = grads_tail
     if logits_f:
-        loss = grads_start + live + logits_f + logits_b
+        # the loss's backward runs before any gradient of a parameter exists (the head's own
+        # follows it), unless the buffers are already live
+        loss = (grads_start if (accumulating or streaming) else 0) + live + logits_f + logits_b
         if loss > bwd:
             bwd = loss
     fwd = base + live + logits_f
@@ -552,6 +565,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         grads_total,
         grads_start,
         grads_end,
+        grads_tail,
         master,
         opt,
         opt_temp,
@@ -597,10 +611,13 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
             transfer,
         )
         best = start if sum(start) >= sum(end) else end
+        tail = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
+        if sum(tail) > sum(best):
+            best = tail
         if logits_f:
             loss = (
                 params,
-                grads_start,
+                grads_start if (accumulating or streaming) else 0,
                 master,
                 o,
                 ema,
@@ -683,7 +700,7 @@ def evaluate(
     peak, i, index = _peak(
         all_states, all_acts, stages, kn.grad_accum, kn.offload == "streaming", context, fraction
     )
-    stage, host = stages[i], all_states[i][13]
+    stage, host = stages[i], all_states[i][14]
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
     host_peak = sum(host) * ranks

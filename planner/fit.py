@@ -287,7 +287,7 @@ def fit(
                     peak, where, _ = _peak(
                         all_states, all_acts, stages, grad_accum, streaming, context, fraction
                     )
-                    host_peak = sum(all_states[where][13]) * ranks
+                    host_peak = sum(all_states[where][14]) * ranks
                     margin = math.ceil(peak * margin_fraction)
                     if peak + margin > cap or (host_cap is not None and host_peak > host_cap):
                         rejected_total += 1

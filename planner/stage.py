@@ -26,6 +26,7 @@ class StageParams(NamedTuple):
     last_layer_is_moe: bool
     has_embedding: bool
     has_head: bool
+    tied_embeddings: bool  # the embedding table is also this stage's head
     dense_numel: int
     expert_numel: int
     embedding_numel: int
@@ -139,6 +140,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         last_layer_is_moe=bool(moe_flags) and moe_flags[-1],
         has_embedding=has_embedding,
         has_head=has_head,
+        tied_embeddings=model.tied_embeddings and has_embedding and has_head,
         dense_numel=dense,
         expert_numel=expert,
         embedding_numel=embed,

@@ -1,6 +1,7 @@
 """The bundled trainer: one loop, three placements of the persistent state.
 
-- ``none``: plain PyTorch on the device (``torch.optim.AdamW``); also what ``--reference`` runs.
+- ``none``: plain PyTorch on the device (``torch.optim.AdamW``, the spec's ``optimizer_impl``); also
+  what ``--reference`` runs.
 - ``optimizer``: the fp32 master weights and moments of the first ``fraction`` of the parameters
   (whole tensors, in order, as Megatron's HybridDeviceOptimizer and the planner split them) live
   in (pinned) host RAM and are updated by a CPU AdamW; the rest is updated on the device.
@@ -125,8 +126,8 @@ def _train_reference(
         betas=(o.beta1, o.beta2),
         eps=o.eps,
         weight_decay=o.weight_decay,
-        foreach=False,
-        fused=False,
+        foreach=train.optimizer_impl == "foreach",
+        fused=train.optimizer_impl == "fused",
     )
     ema = (
         {n: p.detach().float().clone() for n, p in model.named_parameters()}
