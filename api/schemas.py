@@ -87,6 +87,14 @@ class Measured(_In):
     buckets: dict[BucketName, Annotated[int, Field(ge=0, le=2**50)]] | None = Field(
         default=None, description="Measured bytes per GPU bucket, where attributable."
     )
+    forward_transient_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**50,
+        description="Transient bytes (activations, logits, MoE dispatch) live at the end of a "
+        "steady-state forward, where measured (CPU traces): what calibrate fit fits the "
+        "activation terms to.",
+    )
 
 
 class CalibrationIn(_In):
@@ -130,6 +138,7 @@ class CoefficientSetOut(BaseModel):
     source: str
     values: dict[str, Any]
     created_at: dt.datetime | None = None
+    active: bool = Field(default=True, description="The set calibrated estimates use.")
 
 
 class RunIn(_In):

@@ -157,12 +157,72 @@ def coefficient_sets(session: Session) -> list[dict[str, Any]]:
                 "profile": row.profile,
                 "device": row.device,
                 "calibrated": True,
-                "source": f"fitted from {len(row.fitted_from.get('calibrations', []))} record(s)",
+                "source": row.values.get("source")
+                or f"fitted from {len(row.fitted_from.get('calibrations', []))} record(s)",
                 "values": row.values,
                 "created_at": row.created_at,
+                "active": row.active,
             }
         )
     return out
+
+
+def active_coefficients(
+    session: Session, profile: str, device: str | None
+) -> CoefficientSet | None:
+    """The newest active fitted set of ``profile`` for ``device``, else its generic one."""
+    for wanted in ([device] if device is not None else []) + [None]:
+        query = select(CoefficientSet).where(
+            CoefficientSet.profile == profile, CoefficientSet.active.is_(True)
+        )
+        query = query.where(
+            CoefficientSet.device.is_(None) if wanted is None else CoefficientSet.device == wanted
+        )
+        row = session.scalar(query.order_by(CoefficientSet.id.desc()).limit(1))
+        if row is not None:
+            return row
+    return None
+
+
+def save_coefficient_set(
+    session: Session,
+    coeffs: planner.Coefficients,
+    fitted_from: dict[str, Any],
+) -> CoefficientSet:
+    """Store a fitted set as the active one of its profile and device (the previous active
+    set stays, inactive: nothing fitted is lost)."""
+    previous = select(CoefficientSet).where(
+        CoefficientSet.profile == coeffs.profile,
+        CoefficientSet.active.is_(True),
+        CoefficientSet.device.is_(None)
+        if coeffs.device is None
+        else CoefficientSet.device == coeffs.device,
+    )
+    for row in session.scalars(previous):
+        row.active = False
+    row = CoefficientSet(
+        profile=coeffs.profile,
+        device=coeffs.device,
+        values=coeffs.model_dump(mode="json"),
+        fitted_from=fitted_from,
+        active=True,
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def recent_calibrations(
+    session: Session, profile: str, gpu_name: str, limit: int
+) -> list[Calibration]:
+    """The newest ``limit`` calibration records of ``profile`` on ``gpu_name``, newest first."""
+    query = (
+        select(Calibration)
+        .where(Calibration.activation_profile == profile, Calibration.gpu_name == gpu_name)
+        .order_by(Calibration.id.desc())
+        .limit(limit)
+    )
+    return list(session.scalars(query))
 
 
 def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:

@@ -1,12 +1,19 @@
-"""Trace the design of runtime configurations that the shipped ``runtime`` coefficients are
-fitted from, and write them to ``calibration/data/runtime-traces.json``.
+"""Trace the designs the shipped ``runtime`` and ``hf`` coefficients are fitted from, and write
+them to ``calibration/data/<impl>-traces.json``.
 
-The design varies width, FFN width, heads and KV heads, vocabulary, depth, MoE, micro-batch and
-sequence length, with bf16 working parameters (the trainer's GPU precision). Every third
-configuration is marked held out: fitting uses the others, and the tests check the held-out
-ones against the fitted estimate.
+- ``runtime``: the trainer's model. The design varies width, FFN width, heads and KV heads,
+  vocabulary, depth, MoE, micro-batch and sequence length, at widths of 64 to 160 (its MoE
+  models trace with real tensors). Every third configuration is held out.
+- ``hf``: transformers models (llama, qwen2, mixtral, qwen2_moe) built from configs with random
+  weights, traced under fake tensors at widths of 512 to 4096 and sequences of 256 to 2048.
+  Whole shapes are held out: one of each family, and two-layer cuts of Llama-3-8B,
+  Mixtral-8x7B and Qwen1.5-MoE-A2.7B at their full widths.
 
-Run: .venv/bin/python -m calibration.collect [--output FILE]
+bf16 working parameters throughout (the trainer's GPU precision), torch AdamW (fused, the
+spec's default). Fitting uses the records not held out; the tests check the others against
+the fitted estimate.
+
+Run: .venv/bin/python -m calibration.collect [--impl runtime|hf] [--output FILE]
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ from typing import Any
 import torch
 
 import planner
-from calibration.trace import trace
+from calibration.trace import steady_forward_transient, trace
+from planner.hf import from_hf_config
 
-OUTPUT = Path(__file__).resolve().parent / "data" / "runtime-traces.json"
+DATA = Path(__file__).resolve().parent / "data"
+OUTPUT = DATA / "runtime-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
 
 #: (hidden, heads, kv heads, ffn, vocab, layers, moe)
@@ -47,8 +56,107 @@ SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] = [
 ]
 BATCHES = [(1, 64), (2, 128), (4, 32)]
 
+#: hf design: (family, hidden, heads, kv heads, ffn, vocab, layers, tied, moe, held out)
+HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | None, bool]] = [
+    ("llama", 512, 8, 2, 1408, 8000, 2, False, None, False),
+    ("llama", 1024, 16, 8, 2816, 32000, 2, False, None, False),
+    ("llama", 2048, 16, 4, 5632, 16000, 2, True, None, False),
+    ("llama", 768, 12, 12, 2048, 50000, 3, False, None, True),
+    ("qwen2", 896, 14, 2, 4864, 20000, 2, True, None, False),
+    ("mixtral", 512, 8, 2, 1024, 8000, 2, False, {"num_experts": 8, "top_k": 2}, False),
+    ("mixtral", 1024, 16, 8, 2048, 16000, 2, False, {"num_experts": 4, "top_k": 1}, False),
+    ("mixtral", 768, 12, 4, 1536, 12000, 2, False, {"num_experts": 8, "top_k": 2}, True),
+    (
+        "qwen2_moe",
+        512,
+        8,
+        8,
+        1024,
+        10000,
+        2,
+        False,
+        {"num_experts": 16, "top_k": 4, "expert_ffn_size": 256, "shared": 1024},
+        False,
+    ),
+    (
+        "qwen2_moe",
+        1024,
+        16,
+        16,
+        2048,
+        24000,
+        2,
+        False,
+        {"num_experts": 30, "top_k": 4, "expert_ffn_size": 512, "shared": 2048},
+        False,
+    ),
+    (
+        "qwen2_moe",
+        768,
+        12,
+        12,
+        2048,
+        16000,
+        2,
+        False,
+        {"num_experts": 20, "top_k": 4, "expert_ffn_size": 384, "shared": 1536},
+        True,
+    ),
+]
+HF_BATCHES = [(1, 512), (2, 1024), (4, 256)]
+#: full-width published models cut to two layers, held out
+HF_PRESETS = [("llama-3-8b", 1, 1024), ("mixtral-8x7b", 1, 1024), ("qwen1.5-moe-a2.7b", 2, 512)]
 
-def design() -> list[tuple[planner.ModelSpec, planner.TrainSpec]]:
+
+def _train(mb: int, seq: int, profile: str) -> planner.TrainSpec:
+    return planner.TrainSpec.model_validate(
+        {
+            "micro_batch_size": mb,
+            "seq_len": seq,
+            "precision": PURE_BF16,
+            "activation_profile": profile,
+        }
+    )
+
+
+def _hf_spec(shape: tuple[Any, ...], index: int) -> planner.ModelSpec:
+    family, hidden, heads, kv, ffn, vocab, layers, tied, moe, _ = shape
+    config: dict[str, Any] = {
+        "model_type": family,
+        "_name_or_path": f"hf-trace-{index}",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": ffn,
+        "hidden_act": "silu",
+        "tie_word_embeddings": tied,
+    }
+    if family == "mixtral":
+        config.update(num_local_experts=moe["num_experts"], num_experts_per_tok=moe["top_k"])
+    elif family == "qwen2_moe":
+        config.update(
+            num_experts=moe["num_experts"],
+            num_experts_per_tok=moe["top_k"],
+            moe_intermediate_size=moe["expert_ffn_size"],
+            shared_expert_intermediate_size=moe["shared"],
+        )
+    spec = from_hf_config(config)
+    return spec.model_copy(update={"source": "calibration design (calibration/collect.py)"})
+
+
+def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.TrainSpec, bool]]:
+    """(model, train, held out) of every configuration ``impl``'s design traces."""
+    if impl == "hf":
+        out = []
+        for i, shape in enumerate(HF_SHAPES):
+            model = _hf_spec(shape, i)
+            out += [(model, _train(mb, seq, "hf"), shape[-1]) for mb, seq in HF_BATCHES]
+        for name, mb, seq in HF_PRESETS:
+            model = planner.load_model(name).model_copy(update={"num_layers": 2})
+            out.append((model, _train(mb, seq, "hf"), True))
+        return out
     base = planner.load_model("tiny-dense").model_dump()
     out = []
     for i, (hidden, heads, kv, ffn, vocab, layers, moe) in enumerate(SHAPES):
@@ -67,27 +175,20 @@ def design() -> list[tuple[planner.ModelSpec, planner.TrainSpec]]:
             }
         )
         for mb, seq in BATCHES:
-            train = planner.TrainSpec.model_validate(
-                {
-                    "micro_batch_size": mb,
-                    "seq_len": seq,
-                    "precision": PURE_BF16,
-                    "activation_profile": "runtime",
-                }
-            )
-            out.append((model, train))
+            out.append((model, _train(mb, seq, "runtime"), len(out) % 3 == 2))
     return out
 
 
-def record(model: planner.ModelSpec, train: planner.TrainSpec, index: int) -> dict[str, Any]:
-    measured = trace(model, train)
-    forward = [p for p in measured["phases"] if p["phase"] == "forward" and p["step"] == 2]
+def record(
+    model: planner.ModelSpec, train: planner.TrainSpec, held_out: bool, impl: str = "runtime"
+) -> dict[str, Any]:
+    measured = trace(model, train, impl=impl)
     return {
         "model": model.model_dump(mode="json"),
         "train": train.model_dump(mode="json"),
-        "held_out": index % 3 == 2,
+        "held_out": held_out,
         "mode": measured["mode"],
-        "forward_transient_bytes": forward[0]["transient"],
+        "forward_transient_bytes": steady_forward_transient(measured),
         "peak_bytes": measured["peak"]["total"],
         "peak": measured["peak"],
     }
@@ -95,22 +196,28 @@ def record(model: planner.ModelSpec, train: planner.TrainSpec, index: int) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--impl", choices=("runtime", "hf"), default="runtime")
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args()
+    output = args.output or DATA / f"{args.impl}-traces.json"
     torch.set_num_threads(1)
-    records = [record(m, t, i) for i, (m, t) in enumerate(design())]
-    payload = {
-        "about": "Traced training steps of the runtime's model (calibration/trace.py); the "
-        "shipped 'runtime' coefficients are fitted from the records not held out.",
-        "command": "python -m calibration.collect",
+    records = [record(m, t, h, args.impl) for m, t, h in design(args.impl)]
+    payload: dict[str, Any] = {
+        "about": f"Traced training steps ({args.impl} implementation, calibration/trace.py); "
+        f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
+        "command": f"python -m calibration.collect --impl {args.impl}",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "created": dt.datetime.now(dt.UTC).date().isoformat(),
         "records": records,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"{len(records)} records → {args.output}")
+    if args.impl == "hf":
+        import transformers
+
+        payload["transformers"] = transformers.__version__
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"{len(records)} records → {output}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ configuration is the estimate made with that coefficient at 1 and the others at 
 *feature*). Fitting solves, for non-negative coefficients, the least-squares problem on the
 relative error of the traced transient bytes at the end of step 2's forward (optimizer state
 exists then; nothing of backward is live yet). The loss backward's bytes per logit are then
-the smallest value (in steps of 1/8) whose predicted peaks are closest to the traced peaks.
+the value (in steps of 1/8) with the least squared relative error of the predicted peaks
+(peaks that do not depend on it leave the choice to those that do).
 
 The norms' saved inputs are exactly twice the MLP input's bytes in every layer, so only their
 weighted sum is determined and both scales get the same value. Other features are correlated
@@ -16,7 +17,9 @@ the estimate on configurations held out of the fit.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -153,13 +156,16 @@ def fit_coefficients(
         candidate = planner.Coefficients(
             profile=profile, **values, logits_backward_bytes_per_element=eighths / 8
         )
-        worst = max(
-            abs(planner.estimate(m, t, TRACE_DEVICE, candidate).gpu_peak_bytes - r["peak_bytes"])
-            / r["peak_bytes"]
+        squares = sum(
+            (
+                (planner.estimate(m, t, TRACE_DEVICE, candidate).gpu_peak_bytes - r["peak_bytes"])
+                / r["peak_bytes"]
+            )
+            ** 2
             for r, (m, t) in zip(records, specs, strict=True)
         )
-        if best is None or worst < best[0] - 1e-12:
-            best = (worst, eighths / 8)
+        if best is None or squares < best[0] - 1e-12:
+            best = (squares, eighths / 8)
     assert best is not None
     return planner.Coefficients(
         profile=profile,
@@ -174,3 +180,61 @@ def fit_coefficients(
 def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients) -> list[float]:
     """(predicted - traced) / traced peak of each record."""
     return [(predicted_peak(r, coeffs) - r["peak_bytes"]) / r["peak_bytes"] for r in records]
+
+
+#: the fitted fields a shipped set carries (the rest are the profile's defaults)
+FITTED = (
+    "attention_scale",
+    "mlp_scale",
+    "norm_scale",
+    "moe_scale",
+    "swiglu_saved_ffn_tensors",
+    "head_hidden_tensors",
+    "logits_bytes_per_element",
+    "logits_backward_bytes_per_element",
+)
+DATA = Path(__file__).resolve().parent / "data"
+SHIPPED = Path(planner.__file__).resolve().parent / "data" / "coefficients.json"
+ABOUT = {
+    "runtime": "Headroom's trainer",
+    "hf": "transformers models (llama, qwen2, mixtral, qwen2_moe; SDPA, grouped_mm experts)",
+}
+
+
+def shipped_entry(profile: str) -> dict[str, Any]:
+    """The shipped set of ``profile``, fitted from its committed traces (not held out)."""
+    path = DATA / f"{profile}-traces.json"
+    data = json.loads(path.read_text())
+    fit = [r for r in data["records"] if not r["held_out"]]
+    c = fit_coefficients(fit, profile)
+    versions = f"torch {data['torch']}" + (
+        f", transformers {data['transformers']}" if "transformers" in data else ""
+    )
+    return {
+        "profile": profile,
+        "calibrated": True,
+        "source": f"activation terms fitted to {len(fit)} CPU traces of {ABOUT[profile]} "
+        f"(calibration/data/{path.name}, {versions}; {data['command']}); allocator and context "
+        "from the GPU preset",
+        "num_records": len(fit),
+        **{name: round(getattr(c, name), 6) for name in FITTED},
+    }
+
+
+def main() -> None:
+    """Refit the shipped ``runtime`` and ``hf`` sets from the committed traces and write them
+    into ``planner/data/coefficients.json`` (``python -m calibration.fit``)."""
+    data = json.loads(SHIPPED.read_text())
+    entries = [
+        shipped_entry(p) if p in ABOUT else e for e in data["coefficients"] for p in [e["profile"]]
+    ]
+    data["coefficients"] = entries
+    lines = ",\n".join(f"    {json.dumps(e)}" for e in entries)
+    about = json.dumps(data["about"])
+    SHIPPED.write_text(f'{{\n  "about": {about},\n  "coefficients": [\n{lines}\n  ]\n}}\n')
+    for e in entries:
+        print(e["profile"], {k: e[k] for k in FITTED if k in e})
+
+
+if __name__ == "__main__":
+    main()

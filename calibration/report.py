@@ -1,7 +1,7 @@
 """How good the estimate is: per-bucket error statistics over every measurement, the false-fit
 count, and a plot of predicted against measured peaks.
 
-Sources: the committed traces (``calibration/data/runtime-traces.json``, compared with the
+Sources: the committed traces (``calibration/data/{runtime,hf}-traces.json``, compared with the
 coefficients shipped today) and every calibration record in the store (each compared with the
 estimate made when it was recorded). A false fit is a probe predicted to fit that ran out of
 memory: the one error the estimator must not make.
@@ -17,15 +17,17 @@ from typing import Any
 import planner
 from calibration.fit import TRACE_DEVICE
 
-COMMITTED = Path(__file__).resolve().parent / "data" / "runtime-traces.json"
+DATA = Path(__file__).resolve().parent / "data"
+#: the committed traces, per implementation
+COMMITTED = (DATA / "runtime-traces.json", DATA / "hf-traces.json")
 BUCKETS = ("params", "grads", "optimizer_states")
 
 
 def committed_points() -> list[dict[str, Any]]:
     """The committed traces against today's estimate of their profile."""
-    data = json.loads(COMMITTED.read_text())
+    records = [r for path in COMMITTED for r in json.loads(path.read_text())["records"]]
     out = []
-    for r in data["records"]:
+    for r in records:
         model = planner.ModelSpec.model_validate(r["model"])
         train = planner.TrainSpec.model_validate(r["train"])
         budget = planner.estimate(model, train, TRACE_DEVICE)

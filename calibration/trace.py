@@ -1,18 +1,24 @@
 """Measure a training step's memory on a CPU, without a GPU, and compare it per bucket.
 
-Two optimizer steps of the runtime's model (``runtime.model.DecoderLM``, the trainer's
-``none`` placement: torch AdamW over the working parameters) run under PyTorch's per-category
-memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``). Dense models run under
-``FakeTensorMode``: no memory is allocated, so full-width layers trace in seconds. MoE routing
-is data-dependent (``nonzero``), which fake tensors cannot run, so MoE models are traced with
-real tensors: give them at a size this host holds (the report says ``mode: real``).
+Two optimizer steps (torch AdamW over the working parameters) of a model run under PyTorch's
+per-category memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``). The model is
+
+- ``runtime``: the trainer's own (``runtime.model.DecoderLM``, its ``none`` placement). Dense
+  models run under ``FakeTensorMode``: no memory is allocated, so full-width layers trace in
+  seconds. Its MoE routing is data-dependent (``nonzero``), which fake tensors cannot run, so
+  MoE models are traced with real tensors: give them at a size this host holds (the report says
+  ``mode: real``).
+- ``hf``: a transformers model built from a config with random weights (``calibration.hf``).
+  transformers' default experts implementation sorts the tokens by expert into buffers whose
+  shapes do not depend on the routing, so dense and MoE models both trace under fake tensors.
 
 The tracker's categories map to the planner's buckets: Parameter and Buffer → ``params``,
 Gradient → ``grads``, Optstate → ``optimizer_states``; Activation, Temp and Other are the
 step's transient tensors, compared with the planner's ``activations`` + ``logits`` +
 ``moe_dispatch`` (the tracker does not tell logits from other activations).
 
-Precision: the trace runs what torch AdamW does, so the training spec must say so: working
+The optimizer is ``torch.optim.AdamW`` with the spec's ``optimizer_impl`` (for_loop, foreach or
+fused). Precision: the trace runs what torch AdamW does, so the training spec must say so: working
 parameters, gradients and optimizer states in one precision (fp32 or bf16) and no separate
 master copy. Other specs are refused, naming ``precision``.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,6 +50,12 @@ CATEGORY_BUCKET = {
     "Temp": "transient",
     "Other": "transient",
 }
+#: the spec's optimizer_impl → torch.optim.AdamW's arguments
+OPTIMIZER_IMPL: dict[str, dict[str, bool]] = {
+    "for_loop": {"foreach": False, "fused": False},
+    "foreach": {"foreach": True, "fused": False},
+    "fused": {"foreach": False, "fused": True},
+}
 COMPARED = ("params", "grads", "optimizer_states", "transient")
 TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
 
@@ -56,6 +69,11 @@ def check_traceable(train: planner.TrainSpec) -> torch.dtype:
             "and optimizer_states to one of fp32, bf16 and master to none "
             f"(got {p.model_dump()})",
             field="precision",
+        )
+    if train.optimizer != "adamw":
+        raise SpecError(
+            f"optimizer: a trace runs torch AdamW; allowed: adamw (got {train.optimizer})",
+            field="optimizer",
         )
     if train.offload.mode != "none" or train.recompute != "none":
         raise SpecError(
@@ -79,22 +97,54 @@ def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) -> dict[str, Any]:
-    """Per-bucket bytes of ``steps`` training steps: at the end of each phase and at the peak."""
+IMPLS = ("runtime", "hf")
+
+
+def _build(
+    impl: str, model: planner.ModelSpec, train: planner.TrainSpec, config: dict[str, Any] | None
+) -> tuple[Any, Callable[[Any, torch.Tensor], torch.Tensor]]:
+    """(module, loss of a batch) for ``impl``."""
+    if impl == "hf":
+        from calibration import hf
+
+        hf.require_transformers()
+        cfg = config if config is not None else hf.config_for(model)
+        net = hf.build(cfg)
+        return net, lambda m, ids: m(input_ids=ids, labels=ids).loss
+    if impl != "runtime":
+        raise SpecError(f"impl: unknown {impl!r}; allowed: {', '.join(IMPLS)}", field="impl")
     check_supported(model)
-    dtype = check_traceable(train)
-    fake = model.moe is None
     capacity = model.moe.capacity_factor if model.moe and model.moe.capacity_factor else 1.25
+    net = DecoderLM(model, train.moe_capacity_factor or capacity)
+    return net, lambda m, ids: loss_fn(m(ids), ids)
+
+
+def trace(
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    steps: int = 2,
+    impl: str = "runtime",
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Per-bucket bytes of ``steps`` training steps: at the end of each phase and at the peak.
+
+    ``impl`` is ``runtime`` (the trainer's model) or ``hf`` (a transformers model built from
+    ``config``, by default the one ``calibration.hf.config_for(model)`` writes)."""
+    dtype = check_traceable(train)
+    fake = impl == "hf" or model.moe is None
     start = time.perf_counter()
     phases: list[dict[str, Any]] = []
     previous = torch.get_default_dtype()
     with FakeTensorMode() if fake else contextlib.nullcontext():
         torch.set_default_dtype(dtype)
         try:
-            net = DecoderLM(model, train.moe_capacity_factor or capacity)
+            net, batch_loss = _build(impl, model, train, config)
         finally:
             torch.set_default_dtype(previous)
-        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)
+        kernel = OPTIMIZER_IMPL[train.optimizer_impl]
+        optimizer = torch.optim.AdamW(
+            net.parameters(), lr=1e-4, foreach=kernel["foreach"], fused=kernel["fused"]
+        )
         tracker = MemTracker()
         tracker.track_external(net, optimizer)
         generator = None if fake else torch.Generator().manual_seed(0)
@@ -114,7 +164,7 @@ def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) ->
                         (train.micro_batch_size, train.seq_len),
                         generator=generator,
                     )
-                    loss = loss_fn(net(ids), ids)
+                    loss = batch_loss(net, ids)
                     snapshot("forward", step)
                     torch.autograd.backward(loss / train.grad_accum_steps)
                     del loss
@@ -124,12 +174,19 @@ def trace(model: planner.ModelSpec, train: planner.TrainSpec, steps: int = 2) ->
                 snapshot("optimizer", step)
             peak = _categories(tracker.get_tracker_snapshot("peak"))
     return {
+        "impl": impl,
         "mode": "fake" if fake else "real",
         "seconds": time.perf_counter() - start,
         "peak": peak,
         "phases": phases,
         "torch": torch.__version__,
     }
+
+
+def steady_forward_transient(measured: dict[str, Any]) -> int:
+    """Transient bytes at the end of the last step's forward (optimizer state exists then)."""
+    forwards = [p for p in measured["phases"] if p["phase"] == "forward"]
+    return int(forwards[-1]["transient"])
 
 
 def compare_trace(budget: planner.Budget, measured: dict[str, Any]) -> dict[str, Any]:

@@ -99,8 +99,9 @@ def estimate(
         bool,
         typer.Option(
             "--calibrated",
-            help="Use the fitted coefficients of the spec's activation profile; exit 3 if it "
-            "has none.",
+            help="Use the fitted coefficients of the spec's activation profile (the store's "
+            "active set for this GPU, else its generic one, else the shipped one), with the "
+            "trust rule's margin from recent measurements; exit 3 if it has none.",
         ),
     ] = False,
 ) -> None:
@@ -109,8 +110,10 @@ def estimate(
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
         coeffs = None
         if calibrated:
+            from headroom.records import calibrated_for
+
             try:
-                coeffs = planner.calibrated_coefficients(train_spec.activation_profile, hw.name)
+                coeffs = calibrated_for(train_spec.activation_profile, hw)
             except planner.NotCalibrated as exc:
                 raise _fail(str(exc), 3) from None
         budget = planner.estimate(spec, train_spec, hw, coeffs)
@@ -663,6 +666,18 @@ app.add_typer(calibrate, name="calibrate")
 
 class Impl(StrEnum):
     runtime = "runtime"
+    hf = "hf"
+
+
+def _hf_config(model: str) -> dict[str, Any] | None:
+    """The raw ``config.json`` dict when MODEL is one (an hf trace builds exactly that)."""
+    path = Path(model)
+    if not path.is_file():
+        return None
+    from planner.io import read_file
+
+    data = read_file(path)
+    return dict(data) if isinstance(data, dict) and "model_type" in data else None
 
 
 @calibrate.command("trace")
@@ -680,22 +695,33 @@ def calibrate_trace(
     ] = False,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
-    """Trace training steps on the CPU (fake tensors for dense models) with PyTorch's memory
-    tracker and print predicted vs traced bytes per bucket and at the peak."""
+    """Trace training steps on the CPU (fake tensors where shapes allow) with PyTorch's memory
+    tracker and print predicted vs traced bytes per bucket and at the peak.
+
+    --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
+    headroom[hf]) built from MODEL's config.json, or from the spec's shape."""
+    config = None
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
         from calibration.trace import check_traceable
 
         check_traceable(train_spec)
-        from runtime.support import check_supported
+        if impl is Impl.hf:
+            from calibration import hf
 
-        check_supported(spec)
+            hf.require_transformers()
+            config = _hf_config(model) or hf.config_for(spec)
+            hf.spec_of(config)  # one of the architectures it builds
+        else:
+            from runtime.support import check_supported
+
+            check_supported(spec)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
-    from calibration.trace import compare_trace, trace
+    from calibration.trace import compare_trace, steady_forward_transient, trace
 
     budget = planner.estimate(spec, train_spec, hw)
-    measured = trace(spec, train_spec, steps=steps)
+    measured = trace(spec, train_spec, steps=steps, impl=impl.value, config=config)
     out = {
         "model": spec.name,
         "impl": impl.value,
@@ -727,6 +753,7 @@ def calibrate_trace(
                         "grads": peak["grads"],
                         "optimizer_states": peak["optimizer_states"],
                     },
+                    forward_transient_bytes=steady_forward_transient(measured),
                 ),
                 "trace",
                 f"{impl.value} trace ({measured['mode']} tensors, torch {measured['torch']}); "
@@ -755,6 +782,82 @@ def calibrate_trace(
         f"traced with {measured['mode']} tensors in {measured['seconds']:.1f} s; "
         f"transient = {' + '.join(out['transient_buckets'])}"
     )
+
+
+@calibrate.command("fit")
+def calibrate_fit(
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            help="Activation profile to refit (repeatable; default: every profile with "
+            "committed or stored traces).",
+        ),
+    ] = None,
+    committed: Annotated[
+        bool,
+        typer.Option(
+            "--committed/--no-committed",
+            help="Fit the committed traces too, not only the store's records.",
+        ),
+    ] = True,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Refit coefficient sets from the committed traces and the store's records and store them
+    as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
+    from sqlalchemy import select
+
+    from api.db import Calibration
+    from api.store import save_coefficient_set
+    from calibration.refit import committed_records, refit
+    from headroom.records import open_store
+
+    known = planner.profiles()
+    for name in profile or []:
+        if name not in known:
+            raise _fail(f"--profile: unknown profile {name!r}; allowed: {', '.join(known)}")
+    sessions = open_store()
+    with sessions() as session:
+        rows = list(session.scalars(select(Calibration).order_by(Calibration.id)))
+    wanted = profile or [
+        p
+        for p in known
+        if (committed and committed_records(p))
+        or any(r.source == "trace" and r.activation_profile == p for r in rows)
+    ]
+    results, skipped = [], []
+    for name in wanted:
+        try:
+            sets, summary = refit(rows, name, committed)
+        except planner.SpecError as exc:
+            skipped.append({"profile": name, "reason": str(exc)})
+            continue
+        with sessions() as session:
+            summary["stored"] = [
+                {"id": save_coefficient_set(session, c, src).id, "device": c.device}
+                for c, src in sets
+            ]
+        results.append(summary)
+    out = {"fitted": results, "skipped": skipped}
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        console = Console()
+        for r in results:
+            devices = ", ".join(s["device"] or "generic" for s in r["stored"])
+            console.print(
+                f"[bold]{r['profile']}[/]: fitted from {r['traces']['committed']} committed and "
+                f"{r['traces']['stored']} stored trace(s); peak error max "
+                f"{r['peak_error']['max']:.2%} (shipped set: "
+                f"{r['shipped_peak_error']['max']:.2%}); stored sets: {devices}"
+            )
+            console.print(
+                "  " + ", ".join(f"{k}={v:.4g}" for k, v in r["values"].items()), highlight=False
+            )
+        for s in skipped:
+            console.print(f"[yellow]{s['profile']}[/]: skipped: {s['reason']}")
+    if not results:
+        raise typer.Exit(1)
 
 
 @calibrate.command("report")

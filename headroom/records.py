@@ -20,6 +20,29 @@ def open_store() -> Any:
     return make_sessionmaker(make_engine(settings.database_url))
 
 
+def calibrated_for(profile: str, hw: planner.Hardware) -> planner.Coefficients:
+    """The fitted set ``estimate --calibrated`` uses, judged by the trust rule.
+
+    The store's active set for ``hw`` wins, then its generic one, then the shipped set
+    (``NotCalibrated`` if the profile has none); the newest records of the profile on ``hw``
+    then set its trust and margin (``calibration.trust``)."""
+    from api.store import active_coefficients, recent_calibrations
+    from calibration.trust import RECENT, assess_records
+
+    with open_store()() as session:
+        row = active_coefficients(session, profile, hw.name)
+        if row is not None:
+            coeffs = planner.Coefficients.model_validate(
+                {**row.values, "trusted": None, "observed_error": None, "recent_records": 0}
+            )
+        else:
+            coeffs = planner.calibrated_coefficients(profile, hw.name)
+        recent = [
+            (r.spec, r.measured) for r in recent_calibrations(session, profile, hw.name, RECENT)
+        ]
+    return assess_records(coeffs, recent)
+
+
 def probe_recorder(sessions: Any, model: planner.ModelSpec, hw: planner.Hardware) -> Recorder:
     """Store each probe that measured something as a ``probe`` calibration record."""
     from api.schemas import Measured

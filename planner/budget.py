@@ -87,6 +87,9 @@ class CoefficientsUsed(_Out):
     calibrated: bool
     source: str
     margin_fraction: float
+    trusted: bool | None = None
+    observed_error: float | None = None
+    recent_records: int = 0
 
 
 class BudgetModel(_Out):
@@ -248,6 +251,9 @@ class Budget:
                 calibrated=coeffs.calibrated,
                 source=coeffs.source,
                 margin_fraction=coeffs.margin_fraction,
+                trusted=coeffs.trusted,
+                observed_error=coeffs.observed_error,
+                recent_records=coeffs.recent_records,
             ),
             warnings=list(self.warnings),
         )

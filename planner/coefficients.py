@@ -61,6 +61,17 @@ class Coefficients(BaseModel):
     margin_fraction: float = Field(
         default=0.0, ge=0, lt=1, description="Safety margin added to the peak before the verdict."
     )
+    trusted: bool | None = Field(
+        default=None,
+        description="The trust rule's verdict on recent measurements (None: not assessed).",
+    )
+    observed_error: float | None = Field(
+        default=None,
+        le=0,
+        description="Worst recent under-prediction, (predicted - measured) / measured (None: "
+        "not assessed or no measurements).",
+    )
+    recent_records: int = Field(default=0, ge=0, description="Measurements the rule looked at.")
     compute_efficiency: float = Field(
         default=0.45, gt=0, le=1, description="Achieved over peak bf16 FLOP/s (step-time model)."
     )

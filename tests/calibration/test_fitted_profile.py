@@ -16,7 +16,7 @@ from calibration.fit import fit_coefficients, peak_errors
 from calibration.trace import trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "runtime-traces.json"
-FITTED = (
+FITTED_FIELDS = (
     "attention_scale",
     "mlp_scale",
     "norm_scale",
@@ -65,7 +65,7 @@ def test_the_shipped_runtime_coefficients_are_the_fit_of_the_committed_records(
     shipped = planner.default_coefficients("runtime")
     assert shipped.calibrated and shipped.num_records == sum(not r["held_out"] for r in records)
     refit = fit_coefficients([r for r in records if not r["held_out"]])
-    for name in FITTED:
+    for name in FITTED_FIELDS:
         assert getattr(shipped, name) == pytest.approx(getattr(refit, name), rel=1e-4, abs=1e-5)
 
 

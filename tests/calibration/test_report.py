@@ -56,13 +56,9 @@ def test_report_counts_false_fits_and_draws(
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    committed = len(
-        json.loads(
-            (
-                Path(__file__).resolve().parents[2] / "calibration/data/runtime-traces.json"
-            ).read_text()
-        )["records"]
-    )
+    from calibration.report import COMMITTED
+
+    committed = sum(len(json.loads(path.read_text())["records"]) for path in COMMITTED)
     assert summary["points"] == committed + 2
     assert summary["false_fits"] == 1
     for key in ("median", "p95", "max"):

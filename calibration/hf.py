@@ -1,0 +1,150 @@
+"""Hugging Face transformers models for CPU traces (the ``hf`` activation profile).
+
+``transformers`` is an optional extra (``pip install headroom[hf]``). A model is built from a
+``config.json``-style dict with random weights (nothing is downloaded): either the dict a user
+gives, or the one :func:`config_for` writes for a ModelSpec (llama or qwen2 for dense models,
+mixtral or qwen2_moe for MoE models). Either way the planner estimates the spec
+``planner.hf.from_hf_config`` reads from that same dict, so prediction and trace describe one
+model.
+
+The model runs as a training script would: train mode, ``use_cache=False``, SDPA attention, the
+loss computed by the model from ``labels`` (transformers upcasts the logits to fp32 for it), and
+transformers' default experts implementation (``grouped_mm``), whose shapes do not depend on
+the routing, so MoE models trace under fake tensors too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import planner
+from planner.errors import SpecError
+from planner.hf import from_hf_config
+
+#: the architectures a spec is mapped to
+ARCHITECTURES = ("llama", "qwen2", "mixtral", "qwen2_moe")
+#: config keys every built model gets (a training run's settings, not the architecture's)
+TRAINING_KEYS: dict[str, Any] = {"use_cache": False, "attention_dropout": 0.0}
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module, or a SpecError naming ``impl`` when it is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        raise SpecError(
+            "impl: hf needs the transformers package; install the extra with "
+            "pip install 'headroom[hf]', or use --impl runtime",
+            field="impl",
+        ) from None
+    return transformers
+
+
+def _refuse(field: str, why: str) -> SpecError:
+    return SpecError(
+        f"model.{field}: an hf trace builds {', '.join(ARCHITECTURES)} models; {why}",
+        field=f"model.{field}",
+    )
+
+
+def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
+    """A ``config.json`` dict of the transformers architecture that has ``spec``'s shape."""
+    if spec.mla is not None:
+        raise _refuse("mla", "multi-head latent attention is not one of them")
+    if spec.ffn_kind != "swiglu":
+        raise _refuse("ffn_kind", "their MLPs are SwiGLU (allowed: swiglu)")
+    if spec.norm != "rmsnorm":
+        raise _refuse("norm", "their norms are RMSNorm (allowed: rmsnorm)")
+    if spec.linear_bias or spec.dropout or spec.num_mtp_layers:
+        field = "linear_bias" if spec.linear_bias else "dropout" if spec.dropout else "mtp"
+        raise _refuse(field, "set it to false/0")
+    config: dict[str, Any] = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads or spec.num_heads,
+        "head_dim": spec.head_dim or spec.hidden_size // spec.num_heads,
+        "intermediate_size": spec.ffn_hidden_size,
+        "hidden_act": "silu",
+        "tie_word_embeddings": spec.tied_embeddings,
+        "_name_or_path": spec.name,
+    }
+    moe = spec.moe
+    if moe is None:
+        config["model_type"] = "qwen2" if spec.qkv_bias else "llama"
+        return _checked(spec, config)
+    if moe.router_bias:
+        raise _refuse("moe.router_bias", "router biases are DeepSeek's")
+    if moe.num_shared_experts == 0:
+        config.update(
+            model_type="mixtral",
+            intermediate_size=moe.expert_ffn_size,
+            num_local_experts=moe.num_experts,
+            num_experts_per_tok=moe.top_k,
+        )
+        return _checked(spec, config)
+    config.update(
+        model_type="qwen2_moe",
+        num_experts=moe.num_experts,
+        num_experts_per_tok=moe.top_k,
+        moe_intermediate_size=moe.expert_ffn_size,
+        shared_expert_intermediate_size=moe.shared_expert_ffn_size or moe.expert_ffn_size,
+        decoder_sparse_step=moe.layer_freq,
+        mlp_only_layers=list(moe.dense_layers),
+        norm_topk_prob=False,
+    )
+    return _checked(spec, config)
+
+
+#: fields that describe a spec, not its shape
+_NOT_SHAPE = ("name", "source")
+
+
+def _checked(spec: planner.ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` if the planner reads it back as ``spec``; else a SpecError naming the first
+    field the architecture cannot express."""
+    want = spec.model_dump(exclude=set(_NOT_SHAPE))
+    got = from_hf_config(config).model_dump(exclude=set(_NOT_SHAPE))
+    if want.get("head_dim") is None:
+        got["head_dim"] = None  # the default width, written out
+    for key, value in want.items():
+        if key == "moe" and value is not None and got["moe"] is not None:
+            for sub, v in value.items():
+                if got["moe"][sub] != v:
+                    raise _refuse(
+                        f"moe.{sub}",
+                        f"{config['model_type']} cannot express {sub}={v!r} "
+                        f"(it would be {got['moe'][sub]!r})",
+                    )
+        elif got[key] != value:
+            raise _refuse(
+                key,
+                f"{config['model_type']} cannot express {key}={value!r} (it would be {got[key]!r})",
+            )
+    return config
+
+
+def spec_of(config: Mapping[str, Any]) -> planner.ModelSpec:
+    """The planner's reading of a ``config.json`` dict (one of :data:`ARCHITECTURES`)."""
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise SpecError(
+            f"model_type: an hf trace builds {', '.join(ARCHITECTURES)}; got {model_type!r}",
+            field="model_type",
+        )
+    return from_hf_config(config)
+
+
+def build(config: Mapping[str, Any]) -> Any:
+    """A transformers causal LM of ``config`` with random weights, in the current default
+    dtype and device mode (call it under ``FakeTensorMode`` to allocate nothing)."""
+    transformers = require_transformers()
+    spec_of(config)
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
+    hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
+    for key, value in TRAINING_KEYS.items():
+        setattr(hf_config, key, value)
+    net = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+    return net.train()

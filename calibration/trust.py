@@ -1,0 +1,76 @@
+"""The trust rule: how far recent measurements say a coefficient set can be believed.
+
+The recent measurements of a profile on a device (the newest :data:`RECENT` calibration records
+of that profile and GPU) are predicted again with the coefficients in question, so a refit is
+judged by what it would have said, not by what older coefficients said when each record was
+made. Where at least :data:`MIN_RECORDS` of them were predicted within :data:`WITHIN` of what was
+measured, the set is *trusted* and its margin covers the worst under-prediction seen. Otherwise
+the margin widens with the observed error: the worst under-prediction plus :data:`WITHIN`
+(rounded up to a whole percent). With no measurements at all the set is untrusted and gets the
+:data:`WITHIN` margin: nothing local stands behind it yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import planner
+from calibration.compare import compare
+
+#: recent predictions within this relative error make a set trusted
+WITHIN = 0.05
+#: how many of the newest records of a profile on a device are looked at
+RECENT = 20
+#: fewer measurements than this never make a set trusted
+MIN_RECORDS = 3
+#: the widest margin the rule sets (past it a plan needs measuring, not a margin)
+MAX_MARGIN = 0.5
+
+
+def record_error(
+    spec: dict[str, Any], measured: dict[str, Any], coeffs: planner.Coefficients
+) -> float:
+    """(predicted - measured) / measured allocated peak of one stored record under ``coeffs``."""
+    model = planner.ModelSpec.model_validate(spec["model"])
+    train = planner.TrainSpec.model_validate(spec["train"])
+    hw = planner.Hardware.model_validate(spec["hardware"])
+    budget = planner.estimate(model, train, hw, coeffs)
+    comparison = compare(budget, int(measured["allocated_bytes"]), None, measured.get("phase"))
+    return float(comparison["relative_error"])
+
+
+def assess(coeffs: planner.Coefficients, errors: Sequence[float]) -> planner.Coefficients:
+    """``coeffs`` with the trust rule's verdict, observed error and margin (module docstring)."""
+    under = max([0.0, *(-e for e in errors)])
+    worst = max([0.0, *(abs(e) for e in errors)])
+    trusted = len(errors) >= MIN_RECORDS and worst <= WITHIN
+    if trusted:
+        margin = max(coeffs.margin_fraction, under)
+        verdict = f"trusted: {len(errors)} recent measurement(s) within {worst:.1%}"
+    else:
+        margin = max(coeffs.margin_fraction, math.ceil((under + WITHIN) * 100 - 1e-9) / 100)
+        verdict = (
+            f"untrusted: {len(errors)} recent measurement(s), worst {worst:.1%}"
+            if errors
+            else "untrusted: no recent measurements"
+        )
+    margin = min(margin, MAX_MARGIN)
+    return coeffs.model_copy(
+        update={
+            "trusted": trusted,
+            "observed_error": -under if errors else None,
+            "recent_records": len(errors),
+            "margin_fraction": margin,
+            "source": f"{coeffs.source}; {verdict}, margin {margin:.0%}",
+        }
+    )
+
+
+def assess_records(
+    coeffs: planner.Coefficients, records: Iterable[tuple[dict[str, Any], dict[str, Any]]]
+) -> planner.Coefficients:
+    """:func:`assess` over (spec, measured) pairs of stored records, newest first."""
+    errors = [record_error(spec, measured, coeffs) for spec, measured in records]
+    return assess(coeffs, errors[:RECENT])

@@ -1,0 +1,171 @@
+"""The ``hf`` profile: transformers models built from configs with random weights, traced on
+the CPU under fake tensors, and the coefficients fitted to them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import planner
+from calibration import hf
+from calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
+from calibration.trace import compare_trace, trace
+
+RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
+PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
+FAMILIES = {"llama", "mixtral", "qwen2_moe"}
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, Any]]:
+    return json.loads(RECORDS.read_text())["records"]  # type: ignore[no-any-return]
+
+
+def _family(record: dict[str, Any]) -> str:
+    return hf.config_for(planner.ModelSpec.model_validate(record["model"]))["model_type"]
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-3-8b", "mistral-7b", "qwen2-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+)
+def test_built_models_have_the_planners_parameter_count(name: str) -> None:
+    spec = planner.load_model(name)
+    with torch.device("meta"):
+        net = hf.build(hf.config_for(spec))
+    assert sum(p.numel() for p in net.parameters()) == planner.count_params(spec).total
+
+
+def test_held_out_configs_of_each_family_are_predicted_within_five_percent(
+    records: list[dict[str, Any]],
+) -> None:
+    fit = [r for r in records if not r["held_out"]]
+    held_out = [r for r in records if r["held_out"]]
+    # whole shapes are held out: none of their widths is in the fit
+    fitted_shapes = {(r["model"]["hidden_size"], r["model"]["vocab_size"]) for r in fit}
+    assert all(
+        (r["model"]["hidden_size"], r["model"]["vocab_size"]) not in fitted_shapes for r in held_out
+    )
+    assert {_family(r) for r in held_out} >= FAMILIES
+    coeffs = fit_coefficients(fit, "hf")
+    errors = peak_errors(held_out, coeffs)
+    assert max(abs(e) for e in errors) <= 0.05, errors
+    # the full-width published models (two-layer cuts) are among them
+    names = {r["model"]["name"] for r in held_out}
+    assert {"llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"} <= names
+    # the fit is what makes the difference: the textbook set is several times further off
+    textbook = planner.default_coefficients("textbook")
+    assert max(abs(e) for e in peak_errors(held_out, textbook)) > 3 * max(abs(e) for e in errors)
+
+
+def test_the_shipped_hf_coefficients_are_the_fit_of_the_committed_records() -> None:
+    shipped = planner.default_coefficients("hf")
+    entry = shipped_entry("hf")
+    assert shipped.calibrated and shipped.num_records == entry["num_records"]
+    for name in FITTED:
+        assert getattr(shipped, name) == pytest.approx(entry[name], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"])
+def test_committed_records_are_what_tracing_gives_today(
+    records: list[dict[str, Any]], name: str
+) -> None:
+    (record,) = [r for r in records if r["model"]["name"] == name]
+    model = planner.ModelSpec.model_validate(record["model"])
+    train = planner.TrainSpec.model_validate(record["train"])
+    measured = trace(model, train, impl="hf")
+    assert measured["mode"] == "fake"
+    assert measured["peak"] == record["peak"]
+
+
+def test_params_and_optimizer_state_trace_to_the_byte() -> None:
+    model = planner.load_model("mixtral-8x7b").model_copy(update={"num_layers": 1})
+    train = planner.load_train({"precision": PURE_BF16, "seq_len": 128})
+    measured = trace(model, train, impl="hf")
+    with torch.device("meta"):
+        net = hf.build(hf.config_for(model))
+    buffers = sum(b.numel() * b.element_size() for b in net.buffers())  # RoPE's inv_freq
+    tensors = len(list(net.parameters()))
+    n = planner.count_params(model).total
+    assert measured["peak"]["params"] == 2 * n + buffers
+    # fused AdamW: two moments and a 4-byte step counter per tensor, no temporaries
+    assert measured["peak"]["optimizer_states"] == 4 * n + 4 * tensors
+    out = compare_trace(planner.estimate(model, train, planner.gpu("H100-80GB")), measured)
+    assert out["predicted"]["params"] == 2 * n
+
+
+def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -> None:
+    with pytest.raises(planner.SpecError) as info:
+        hf.config_for(planner.load_model("tiny-moe"))  # shared expert, no Q/K/V biases
+    assert info.value.field == "model.qkv_bias"
+    with pytest.raises(planner.SpecError) as info:
+        hf.config_for(planner.load_model("deepseek-v3"))
+    assert info.value.field == "model.mla"
+    with pytest.raises(planner.SpecError) as info:
+        hf.config_for(planner.load_model("gpt3-175b"))
+    assert info.value.field == "model.ffn_kind"
+
+
+def test_without_transformers_the_error_names_impl(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ImportError
+    with pytest.raises(planner.SpecError) as info:
+        hf.require_transformers()
+    assert info.value.field == "impl" and "headroom[hf]" in str(info.value)
+
+
+def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:
+    config = {
+        "model_type": "qwen2_moe",
+        "vocab_size": 2000,
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/c.db"}
+    args = [str(path), "--impl", "hf", "--set", "seq_len=64", "--set", "activation_profile=hf"]
+    for key in ("master=none", "grads=bf16", "optimizer_states=bf16"):
+        args += ["--set", f"precision.{key}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "headroom", "calibrate", "trace", *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["impl"] == "hf" and out["trace"]["mode"] == "fake"
+    assert out["error"]["params"] == pytest.approx(0, abs=1e-3)
+    assert abs(out["error"]["total"]) <= 0.05
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headroom",
+            "calibrate",
+            "trace",
+            "tiny-moe",
+            "--impl",
+            "hf",
+            *args[3:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert bad.returncode == 2 and "model.qkv_bias" in bad.stderr

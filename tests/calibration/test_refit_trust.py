@@ -1,0 +1,166 @@
+"""``headroom calibrate fit`` from the store and the trust rule behind ``--calibrated``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import planner
+from calibration.trust import assess
+from headroom.cli import app
+
+RUNTIME_BF16 = [
+    "--set",
+    "activation_profile=runtime",
+    "--set",
+    "precision.master=none",
+    "--set",
+    "precision.grads=bf16",
+    "--set",
+    "precision.optimizer_states=bf16",
+]
+
+
+@pytest.mark.parametrize(
+    ("errors", "trusted", "margin"),
+    [
+        ([0.01, -0.02, 0.03], True, 0.02),  # within 5 %: the margin covers the worst miss
+        ([0.01, 0.0, 0.049, -0.001], True, 0.001),
+        ([-0.08, 0.01, 0.0], False, 0.13),  # an 8 % under-prediction: 8 % + 5 %
+        ([0.09, 0.08, 0.10], False, 0.05),  # over-predictions are safe but not within 5 %
+        ([0.01, 0.02], False, 0.05),  # too few to trust
+        ([], False, 0.05),  # nothing measured here
+        ([-0.9, -0.2, 0.0], False, 0.5),  # capped: past it a plan needs measuring
+    ],
+)
+def test_the_trust_rule(errors: list[float], trusted: bool, margin: float) -> None:
+    base = planner.default_coefficients("runtime")
+    out = assess(base, errors)
+    assert out.trusted is trusted
+    assert out.margin_fraction == pytest.approx(margin)
+    assert out.recent_records == len(errors)
+    under = min([0.0, *errors])
+    assert out.observed_error == (pytest.approx(under) if errors else None)
+    # the estimate reports what it used, and the verdict includes the margin
+    model, train = planner.load_model("llama-3-8b"), planner.TrainSpec(activation_profile="runtime")
+    budget = planner.estimate(model, train, planner.gpu("H100-80GB"), out)
+    used = budget.coefficients
+    assert (used.trusted, used.margin_fraction, used.recent_records) == (
+        trusted,
+        out.margin_fraction,
+        len(errors),
+    )
+    assert budget.margin_bytes == pytest.approx(budget.gpu_peak_bytes * margin, abs=1)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("HEADROOM_DATABASE_URL", f"sqlite:///{tmp_path}/store.db")
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Any:
+        return runner.invoke(app, list(args))
+
+    return invoke
+
+
+def _estimate(cli: Any) -> dict[str, Any]:
+    result = cli("estimate", "tiny-dense", *RUNTIME_BF16, "--calibrated", "--format", "json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["coefficients"]  # type: ignore[no-any-return]
+
+
+def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli: Any) -> None:
+    fresh = _estimate(cli)
+    assert fresh["calibrated"] and fresh["trusted"] is False and fresh["recent_records"] == 0
+    assert fresh["margin_fraction"] == pytest.approx(0.05)
+    for seq in (32, 64, 96):
+        result = cli(
+            "calibrate",
+            "trace",
+            "tiny-dense",
+            *RUNTIME_BF16,
+            "--set",
+            f"seq_len={seq}",
+            "--record",
+            "--format",
+            "json",
+        )
+        assert result.exit_code == 0, result.output
+        assert abs(json.loads(result.stdout)["error"]["total"]) < 0.05
+    earned = _estimate(cli)
+    assert earned["trusted"] is True and earned["recent_records"] == 3
+    assert earned["margin_fraction"] < 0.05
+
+    result = cli("calibrate", "fit", "--profile", "runtime", "--format", "json")
+    assert result.exit_code == 0, result.output
+    (fitted,) = json.loads(result.stdout)["fitted"]
+    assert fitted["traces"] == {"committed": 16, "stored": 3}
+    assert fitted["peak_error"]["max"] <= 0.02
+    assert [s["device"] for s in fitted["stored"]] == [None]
+    used = _estimate(cli)
+    assert used["source"].startswith("headroom calibrate fit: activation terms from 16 committed")
+    assert used["trusted"] is True
+
+    # a second refit supersedes the first; both stay in the store
+    assert cli("calibrate", "fit", "--profile", "runtime").exit_code == 0
+    from sqlalchemy import select
+
+    from api.db import CoefficientSet
+    from headroom.records import open_store
+
+    with open_store()() as session:
+        rows = list(session.scalars(select(CoefficientSet).order_by(CoefficientSet.id)))
+    assert [r.active for r in rows] == [False, True]
+
+
+def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
+    from api.schemas import CalibrationIn
+    from api.store import add_calibration
+    from headroom.records import open_store
+
+    with open_store()() as session:
+        for allocated, reserved in [(100, 110), (200, 230), (400, 420)]:
+            body = CalibrationIn.model_validate(
+                {
+                    "model": "tiny-dense",
+                    "train": {"activation_profile": "runtime"},
+                    "gpu": "H200-141GB",
+                    "source": "runtime",
+                    "measured": {
+                        "allocated_bytes": allocated * 2**20,
+                        "reserved_bytes": reserved * 2**20,
+                    },
+                }
+            )
+            add_calibration(session, body)
+    result = cli("calibrate", "fit", "--profile", "runtime", "--format", "json")
+    assert result.exit_code == 0, result.output
+    (fitted,) = json.loads(result.stdout)["fitted"]
+    assert [s["device"] for s in fitted["stored"]] == [None, "H200-141GB"]
+    assert fitted["allocator_overhead"]["H200-141GB"] == {"fraction": 0.1, "records": 3}
+    result = cli(
+        "estimate",
+        "tiny-dense",
+        "--gpu",
+        "H200-141GB",
+        *RUNTIME_BF16,
+        "--calibrated",
+        "--format",
+        "json",
+    )
+    used = json.loads(result.stdout)["coefficients"]
+    assert used["device"] == "H200-141GB" and used["recent_records"] == 3
+
+
+def test_calibrate_fit_refuses_what_it_cannot_fit(cli: Any) -> None:
+    bad = cli("calibrate", "fit", "--profile", "bogus")
+    assert bad.exit_code == 2 and "--profile" in bad.output and "runtime" in bad.output
+    empty = cli("calibrate", "fit", "--profile", "textbook", "--no-committed", "--format", "json")
+    assert empty.exit_code == 1
+    (skipped,) = json.loads(empty.stdout)["skipped"]
+    assert skipped["profile"] == "textbook" and "at least 3" in skipped["reason"]
