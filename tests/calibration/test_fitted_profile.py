@@ -12,20 +12,10 @@ from typing import Any
 import pytest
 
 import planner
-from calibration.fit import fit_coefficients, peak_errors
+from calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
 from calibration.trace import trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "runtime-traces.json"
-FITTED_FIELDS = (
-    "attention_scale",
-    "mlp_scale",
-    "norm_scale",
-    "moe_scale",
-    "swiglu_saved_ffn_tensors",
-    "head_hidden_tensors",
-    "logits_bytes_per_element",
-    "logits_backward_bytes_per_element",
-)
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +54,9 @@ def test_the_shipped_runtime_coefficients_are_the_fit_of_the_committed_records(
 ) -> None:
     shipped = planner.default_coefficients("runtime")
     assert shipped.calibrated and shipped.num_records == sum(not r["held_out"] for r in records)
-    refit = fit_coefficients([r for r in records if not r["held_out"]])
-    for name in FITTED_FIELDS:
-        assert getattr(shipped, name) == pytest.approx(getattr(refit, name), rel=1e-4, abs=1e-5)
+    entry = shipped_entry("runtime")
+    for name in FITTED:
+        assert getattr(shipped, name) == pytest.approx(entry[name], rel=1e-4, abs=1e-5)
 
 
 @pytest.mark.parametrize("index", [0, 19])  # one dense (fake tensors), one MoE (real)
