@@ -44,6 +44,14 @@ class ProbeOutcome(BaseModel):
     peak_phase: str | None = None
     oom_at: dict[str, Any] | None = None
     message: str = ""
+    reserved_peak_bytes: int | None = Field(
+        default=None, description="The allocator's reserved peak (CUDA only)."
+    )
+    attribution: dict[str, int] = Field(
+        default_factory=dict,
+        description="The probe's phase deltas by what holds them (calibration.attribute), "
+        "for a run that completed.",
+    )
 
 
 class ProbeRecord(BaseModel):
@@ -160,7 +168,11 @@ def outcome_of(code: int, report: dict[str, Any], seconds: float, stderr: str) -
         peak_phase = planner_phase(top["phase"], top["step"])
     oom = code == EXIT_OOM
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    from calibration.attribute import attribute
+
     return ProbeOutcome(
+        reserved_peak_bytes=memory.get("reserved_peak_bytes") or None,
+        attribution=attribute(phases) if code == 0 and phases else {},
         exit_code=code,
         ok=code == 0,
         oom=oom,

@@ -54,7 +54,16 @@ def probe_recorder(sessions: Any, model: planner.ModelSpec, hw: planner.Hardware
         if outcome.measured_peak_bytes is None:
             return None
         uid = f"probe-{uuid.uuid4().hex}"
-        measured = Measured(allocated_bytes=outcome.measured_peak_bytes, phase=outcome.peak_phase)
+        reserved = outcome.reserved_peak_bytes
+        transient = outcome.attribution.get("forward_transient_bytes")
+        measured = Measured(
+            allocated_bytes=outcome.measured_peak_bytes,
+            reserved_bytes=reserved
+            if reserved and reserved >= outcome.measured_peak_bytes
+            else None,
+            phase=outcome.peak_phase,
+            forward_transient_bytes=transient if transient is not None and transient >= 0 else None,
+        )
         note = (
             "out of memory: the measured bytes are a lower bound"
             if outcome.oom

@@ -52,6 +52,7 @@ class MemoryProbe:
                 "step": step,
                 "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
                 "allocated_peak_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+                "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
                 "reserved_peak_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
                 "active_peak_bytes": int(stats.get("active_bytes.all.peak", 0)),
                 "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),

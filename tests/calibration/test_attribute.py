@@ -1,0 +1,87 @@
+"""Probe snapshots attributed to what holds the bytes: a real (CPU, simulated-cap) run and the
+CUDA fields' arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import planner
+from calibration.attribute import attribute
+from runtime.model import DecoderLM
+
+
+def test_a_probed_run_attributes_resident_and_optimizer_state_to_the_byte(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headroom",
+            "train",
+            "tiny-dense",
+            "--steps",
+            "2",
+            "--set",
+            "seq_len=64",
+            "--memory-cap",
+            "1GiB",
+            "--report",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    phases = json.loads(report.read_text())["memory"]["simulated"]["phases"]
+    out = attribute(phases)
+    model = planner.load_model("tiny-dense")
+    n = planner.count_params(model).total
+    with torch.device("meta"):
+        tensors = len(list(DecoderLM(model, 1.25).parameters()))
+    assert out["resident_bytes"] == 4 * n  # fp32 on the CPU
+    assert out["optimizer_state_bytes"] == 8 * n + 4 * tensors  # two moments, step counters
+    assert 0 < out["forward_transient_bytes"] <= out["forward_peak_bytes"]
+    assert "allocator_overhead_bytes" not in out and "context_bytes" not in out
+
+
+def test_cuda_snapshots_give_allocator_overhead_and_context() -> None:
+    gib = 2**30
+
+    def snap(
+        phase: str, step: int, allocated: int, peak: int, reserved: int
+    ) -> dict[str, int | str]:
+        return {
+            "phase": phase,
+            "step": step,
+            "allocated_bytes": allocated * gib,
+            "allocated_peak_bytes": peak * gib,
+            "reserved_bytes": reserved * gib,
+            "reserved_peak_bytes": reserved * gib,
+            "device_total_bytes": 141 * gib,
+            "device_free_bytes": (141 - reserved - 1) * gib,  # 1 GiB outside the allocator
+        }
+
+    phases = [
+        snap("placement", 0, 10, 10, 12),
+        snap("forward", 1, 40, 42, 44),
+        snap("backward", 1, 20, 50, 52),
+        snap("optimizer", 1, 30, 31, 52),
+        snap("forward", 2, 60, 65, 70),
+    ]
+    assert attribute(phases) == {
+        "resident_bytes": 10 * gib,
+        "optimizer_state_bytes": 20 * gib,
+        "forward_transient_bytes": 30 * gib,
+        "forward_peak_bytes": 35 * gib,
+        "allocator_overhead_bytes": 5 * gib,  # reserved peak 70 - allocated peak 65
+        "context_bytes": 1 * gib,
+    }
+    assert attribute([]) == {}
