@@ -784,6 +784,75 @@ def calibrate_trace(
     )
 
 
+@calibrate.command("run")
+def calibrate_run(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    gpu_probe: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-probe",
+            help="Run the trainer on this machine's CUDA device under its memory probe (the "
+            "only measurement calibrate run makes; a CPU measurement is calibrate trace).",
+        ),
+    ] = False,
+    steps: Annotated[int, typer.Option("--steps", min=2, max=20, help="Optimizer steps.")] = 3,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Run the bundled trainer on the GPU, attribute its memory probe and store the record
+    (source ``runtime``) with the estimate it is compared against. Exit 3 on out-of-memory."""
+    try:
+        spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
+        from runtime.support import check_supported
+
+        check_supported(spec)
+        if not gpu_probe:
+            raise planner.SpecError(
+                "--gpu-probe: calibrate run measures a GPU run, pass --gpu-probe (on a CPU, "
+                "measure with headroom calibrate trace)",
+                field="--gpu-probe",
+            )
+        import torch
+
+        if not torch.cuda.is_available():
+            raise planner.SpecError(
+                "--gpu-probe: no CUDA device on this machine; measure on the CPU with "
+                "headroom calibrate trace",
+                field="--gpu-probe",
+            )
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
+    from headroom.autofit import subprocess_prober
+    from headroom.launcher import EXIT_OOM
+    from headroom.records import open_store, probe_recorder
+
+    budget = planner.estimate(spec, train_spec, hw)
+    outcome = subprocess_prober(model, hw, "cuda", steps)(train_spec)
+    uid = probe_recorder(open_store(), spec, hw, "runtime")(train_spec, budget, outcome)
+    out = {
+        "model": spec.name,
+        "gpu": hw.name,
+        "predicted_peak_bytes": budget.gpu_peak_bytes,
+        "predicted_phase": budget.peak_phase,
+        "outcome": outcome.model_dump(mode="json"),
+        "calibration_uid": uid,
+    }
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        measured = outcome.measured_peak_bytes
+        Console().print(
+            f"{spec.name} on {hw.name}: predicted {planner.format_bytes(budget.gpu_peak_bytes)} "
+            f"({budget.peak_phase}), measured "
+            f"{'n/a' if measured is None else planner.format_bytes(measured)}"
+            f"{' (out of memory)' if outcome.oom else ''}; record {uid or 'none'}"
+        )
+    if not outcome.ok:
+        raise typer.Exit(EXIT_OOM if outcome.oom else 1)
+
+
 @calibrate.command("fit")
 def calibrate_fit(
     profile: Annotated[

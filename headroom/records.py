@@ -43,8 +43,10 @@ def calibrated_for(profile: str, hw: planner.Hardware) -> planner.Coefficients:
     return assess_records(coeffs, recent)
 
 
-def probe_recorder(sessions: Any, model: planner.ModelSpec, hw: planner.Hardware) -> Recorder:
-    """Store each probe that measured something as a ``probe`` calibration record."""
+def probe_recorder(
+    sessions: Any, model: planner.ModelSpec, hw: planner.Hardware, source: str = "probe"
+) -> Recorder:
+    """Store each probe that measured something as a calibration record of ``source``."""
     from api.schemas import Measured
     from api.store import record_calibration
 
@@ -53,7 +55,7 @@ def probe_recorder(sessions: Any, model: planner.ModelSpec, hw: planner.Hardware
     ) -> str | None:
         if outcome.measured_peak_bytes is None:
             return None
-        uid = f"probe-{uuid.uuid4().hex}"
+        uid = f"{source}-{uuid.uuid4().hex}"
         reserved = outcome.reserved_peak_bytes
         transient = outcome.attribution.get("forward_transient_bytes")
         measured = Measured(
@@ -78,7 +80,7 @@ def probe_recorder(sessions: Any, model: planner.ModelSpec, hw: planner.Hardware
                 hw,
                 budget,
                 measured,
-                "probe",
+                source,
                 f"{note}; {outcome.message}",
             )
         return uid

@@ -85,3 +85,34 @@ def test_cuda_snapshots_give_allocator_overhead_and_context() -> None:
         "context_bytes": 1 * gib,
     }
     assert attribute([]) == {}
+
+
+def test_the_gpu_matrix_design_covers_the_issue_and_straddles_the_card() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import calibration_gpu
+    finally:
+        sys.path.pop(0)
+    configs = calibration_gpu.design("H200-141GB")
+    assert len(configs) >= 30
+    trains = [t for _, _, t in configs]
+    assert {t["offload"]["mode"] for t in trains if "offload" in t} == {
+        "none",
+        "optimizer",
+        "streaming",
+    }
+    assert {str(t["recompute"]) for t in trains if "recompute" in t} >= {
+        "none",
+        "full",
+        "selective",
+    }
+    assert {t["micro_batch_size"] for t in trains} >= {1, 2, 4, 8}
+    assert {t["seq_len"] for t in trains} >= {512, 8192}
+    assert any(m.get("moe") for _, m, _ in configs)
+    hw = planner.load_hardware("H200-141GB")
+    cliff = [
+        planner.estimate(planner.load_model(m), planner.load_train(t), hw).fits
+        for label, m, t in configs
+        if label.startswith("cliff")
+    ]
+    assert True in cliff and False in cliff  # predictions on both sides of the capacity

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import planner
@@ -164,3 +165,14 @@ def test_calibrate_fit_refuses_what_it_cannot_fit(cli: Any) -> None:
     assert empty.exit_code == 1
     (skipped,) = json.loads(empty.stdout)["skipped"]
     assert skipped["profile"] == "textbook" and "at least 3" in skipped["reason"]
+
+
+def test_calibrate_run_refuses_without_a_gpu_naming_the_flag(cli: Any) -> None:
+    if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs the real path
+        pytest.skip("this machine has a CUDA device: the refusal is for machines without one")
+    missing = cli("calibrate", "run", "tiny-dense")
+    assert missing.exit_code == 2 and "--gpu-probe" in missing.output
+    no_gpu = cli("calibrate", "run", "tiny-dense", "--gpu-probe")
+    assert no_gpu.exit_code == 2 and "no CUDA device" in no_gpu.output
+    bad = cli("calibrate", "run", "deepseek-v3", "--gpu-probe")
+    assert bad.exit_code == 2 and "model.mla" in bad.output
