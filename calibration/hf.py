@@ -57,7 +57,9 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
     if spec.norm != "rmsnorm":
         raise _refuse("norm", "their norms are RMSNorm (allowed: rmsnorm)")
     if spec.linear_bias or spec.dropout or spec.num_mtp_layers:
-        field = "linear_bias" if spec.linear_bias else "dropout" if spec.dropout else "mtp"
+        field = (
+            "linear_bias" if spec.linear_bias else "dropout" if spec.dropout else "num_mtp_layers"
+        )
         raise _refuse(field, "set it to false/0")
     config: dict[str, Any] = {
         "vocab_size": spec.vocab_size,

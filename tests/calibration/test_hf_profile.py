@@ -110,6 +110,9 @@ def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -
     with pytest.raises(planner.SpecError) as info:
         hf.config_for(planner.load_model("gpt3-175b"))
     assert info.value.field == "model.ffn_kind"
+    with pytest.raises(planner.SpecError) as info:
+        hf.config_for(planner.load_model("llama-3-8b").model_copy(update={"num_mtp_layers": 1}))
+    assert info.value.field == "model.num_mtp_layers"
 
 
 def test_without_transformers_the_error_names_impl(monkeypatch: pytest.MonkeyPatch) -> None:
