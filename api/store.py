@@ -167,16 +167,20 @@ def coefficient_sets(session: Session) -> list[dict[str, Any]]:
     return out
 
 
+def _device_is(device: str | None) -> Any:
+    """The condition that a coefficient set is ``device``'s (None: the generic set)."""
+    return CoefficientSet.device.is_(None) if device is None else CoefficientSet.device == device
+
+
 def active_coefficients(
     session: Session, profile: str, device: str | None
 ) -> CoefficientSet | None:
     """The newest active fitted set of ``profile`` for ``device``, else its generic one."""
     for wanted in ([device] if device is not None else []) + [None]:
         query = select(CoefficientSet).where(
-            CoefficientSet.profile == profile, CoefficientSet.active.is_(True)
-        )
-        query = query.where(
-            CoefficientSet.device.is_(None) if wanted is None else CoefficientSet.device == wanted
+            CoefficientSet.profile == profile,
+            CoefficientSet.active.is_(True),
+            _device_is(wanted),
         )
         row = session.scalar(query.order_by(CoefficientSet.id.desc()).limit(1))
         if row is not None:
@@ -194,9 +198,7 @@ def save_coefficient_set(
     previous = select(CoefficientSet).where(
         CoefficientSet.profile == coeffs.profile,
         CoefficientSet.active.is_(True),
-        CoefficientSet.device.is_(None)
-        if coeffs.device is None
-        else CoefficientSet.device == coeffs.device,
+        _device_is(coeffs.device),
     )
     for row in session.scalars(previous):
         row.active = False

@@ -28,11 +28,10 @@ from typing import Any
 import torch
 
 import planner
-from calibration.trace import steady_forward_transient, trace
+from calibration.fit import traces_path
+from calibration.trace import IMPLS, steady_forward_transient, trace
 from planner.hf import from_hf_config
 
-DATA = Path(__file__).resolve().parent / "data"
-OUTPUT = DATA / "runtime-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
 
 #: (hidden, heads, kv heads, ffn, vocab, layers, moe)
@@ -196,10 +195,10 @@ def record(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--impl", choices=("runtime", "hf"), default="runtime")
+    parser.add_argument("--impl", choices=IMPLS, default="runtime")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    output = args.output or DATA / f"{args.impl}-traces.json"
+    output = args.output or traces_path(args.impl)
     torch.set_num_threads(1)
     records = [record(m, t, h, args.impl) for m, t, h in design(args.impl)]
     payload: dict[str, Any] = {

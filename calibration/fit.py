@@ -201,11 +201,31 @@ ABOUT = {
 }
 
 
+def traces_path(profile: str) -> Path:
+    """Where the committed traces of ``profile`` live (``python -m calibration.collect``)."""
+    return DATA / f"{profile}-traces.json"
+
+
+def load_traces(profile: str) -> dict[str, Any] | None:
+    """The committed traces file of ``profile`` (its records and provenance), None if none."""
+    path = traces_path(profile)
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def fitting_records(data: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The records of a traces file that fits use (those not held out)."""
+    return [r for r in data["records"] if not r["held_out"]] if data else []
+
+
 def shipped_entry(profile: str) -> dict[str, Any]:
     """The shipped set of ``profile``, fitted from its committed traces (not held out)."""
-    path = DATA / f"{profile}-traces.json"
-    data = json.loads(path.read_text())
-    fit = [r for r in data["records"] if not r["held_out"]]
+    data = load_traces(profile)
+    if data is None:
+        raise FileNotFoundError(traces_path(profile))
+    fit = fitting_records(data)
     c = fit_coefficients(fit, profile)
     versions = f"torch {data['torch']}" + (
         f", transformers {data['transformers']}" if "transformers" in data else ""
@@ -214,8 +234,8 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         "profile": profile,
         "calibrated": True,
         "source": f"activation terms fitted to {len(fit)} CPU traces of {ABOUT[profile]} "
-        f"(calibration/data/{path.name}, {versions}; {data['command']}); allocator and context "
-        "from the GPU preset",
+        f"(calibration/data/{traces_path(profile).name}, {versions}; {data['command']}); "
+        "allocator and context from the GPU preset",
         "num_records": len(fit),
         **{name: round(getattr(c, name), 6) for name in FITTED},
     }

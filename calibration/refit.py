@@ -13,13 +13,11 @@ such records gets its own set: the generic activation terms with its fitted over
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import planner
-from calibration.fit import DATA, FITTED, fit_coefficients, peak_errors
+from calibration.fit import FITTED, fit_coefficients, fitting_records, load_traces, peak_errors
 
 #: fewer traces than this fit nothing
 MIN_TRACES = 3
@@ -27,11 +25,7 @@ MIN_TRACES = 3
 
 def committed_records(profile: str) -> list[dict[str, Any]]:
     """The committed traces of ``profile`` the shipped set is fitted from (none if no file)."""
-    path = DATA / f"{profile}-traces.json"
-    if not path.is_file():
-        return []
-    records = json.loads(Path(path).read_text())["records"]
-    return [r for r in records if not r["held_out"]]
+    return fitting_records(load_traces(profile))
 
 
 def stored_trace_records(rows: list[Any], profile: str) -> list[dict[str, Any]]:

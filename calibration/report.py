@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import planner
-from calibration.fit import TRACE_DEVICE
+from calibration.fit import ABOUT, TRACE_DEVICE, traces_path
 
-DATA = Path(__file__).resolve().parent / "data"
 #: the committed traces, per implementation
-COMMITTED = (DATA / "runtime-traces.json", DATA / "hf-traces.json")
+COMMITTED = tuple(traces_path(profile) for profile in ABOUT)
 BUCKETS = ("params", "grads", "optimizer_states")
 
 

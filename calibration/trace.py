@@ -36,6 +36,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 import planner
 from planner.errors import SpecError
+from runtime.adam import torch_adamw
 from runtime.model import DecoderLM, loss_fn
 from runtime.support import check_supported
 
@@ -49,12 +50,6 @@ CATEGORY_BUCKET = {
     "Activation": "transient",
     "Temp": "transient",
     "Other": "transient",
-}
-#: the spec's optimizer_impl → torch.optim.AdamW's arguments
-OPTIMIZER_IMPL: dict[str, dict[str, bool]] = {
-    "for_loop": {"foreach": False, "fused": False},
-    "foreach": {"foreach": True, "fused": False},
-    "fused": {"foreach": False, "fused": True},
 }
 COMPARED = ("params", "grads", "optimizer_states", "transient")
 TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
@@ -107,7 +102,6 @@ def _build(
     if impl == "hf":
         from calibration import hf
 
-        hf.require_transformers()
         cfg = config if config is not None else hf.config_for(model)
         net = hf.build(cfg)
         return net, lambda m, ids: m(input_ids=ids, labels=ids).loss
@@ -141,10 +135,7 @@ def trace(
             net, batch_loss = _build(impl, model, train, config)
         finally:
             torch.set_default_dtype(previous)
-        kernel = OPTIMIZER_IMPL[train.optimizer_impl]
-        optimizer = torch.optim.AdamW(
-            net.parameters(), lr=1e-4, foreach=kernel["foreach"], fused=kernel["fused"]
-        )
+        optimizer = torch_adamw(net.parameters(), train.optimizer_impl, lr=1e-4)
         tracker = MemTracker()
         tracker.track_external(net, optimizer)
         generator = None if fake else torch.Generator().manual_seed(0)

@@ -12,6 +12,7 @@ the margin widens with the observed error: the worst under-prediction plus :data
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -72,5 +73,5 @@ def assess_records(
     coeffs: planner.Coefficients, records: Iterable[tuple[dict[str, Any], dict[str, Any]]]
 ) -> planner.Coefficients:
     """:func:`assess` over (spec, measured) pairs of stored records, newest first."""
-    errors = [record_error(spec, measured, coeffs) for spec, measured in records]
-    return assess(coeffs, errors[:RECENT])
+    newest = itertools.islice(records, RECENT)
+    return assess(coeffs, [record_error(spec, measured, coeffs) for spec, measured in newest])

@@ -32,9 +32,7 @@ def calibrated_for(profile: str, hw: planner.Hardware) -> planner.Coefficients:
     with open_store()() as session:
         row = active_coefficients(session, profile, hw.name)
         if row is not None:
-            coeffs = planner.Coefficients.model_validate(
-                {**row.values, "trusted": None, "observed_error": None, "recent_records": 0}
-            )
+            coeffs = planner.Coefficients.model_validate(row.values)
         else:
             coeffs = planner.calibrated_coefficients(profile, hw.name)
         recent = [

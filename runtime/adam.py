@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +26,14 @@ class AdamWConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     ema_decay: float = 0.999
+
+
+def torch_adamw(params: Any, optimizer_impl: str, **hyper: Any) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` running the kernel a spec's ``optimizer_impl`` names (for_loop,
+    foreach or fused)."""
+    return torch.optim.AdamW(
+        params, foreach=optimizer_impl == "foreach", fused=optimizer_impl == "fused", **hyper
+    )
 
 
 def adamw_step(

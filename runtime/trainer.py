@@ -33,7 +33,7 @@ from torch.func import functional_call
 
 from planner.model import ModelSpec
 from planner.train import TrainSpec
-from runtime.adam import AdamWConfig, adamw_step, clip_coefficient
+from runtime.adam import AdamWConfig, adamw_step, clip_coefficient, torch_adamw
 from runtime.cap import host
 from runtime.model import (
     DecoderLayer,
@@ -120,14 +120,13 @@ def _train_reference(
     device = torch.device(cfg.device)
     model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
     o = cfg.optim
-    optimizer = torch.optim.AdamW(
+    optimizer = torch_adamw(
         model.parameters(),
+        train.optimizer_impl,
         lr=o.lr,
         betas=(o.beta1, o.beta2),
         eps=o.eps,
         weight_decay=o.weight_decay,
-        foreach=train.optimizer_impl == "foreach",
-        fused=train.optimizer_impl == "fused",
     )
     ema = (
         {n: p.detach().float().clone() for n, p in model.named_parameters()}

@@ -8,8 +8,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from calibration.trace import OPTIMIZER_IMPL
 from planner.buckets import optimizer_temporary_bytes
+from runtime.adam import torch_adamw
 
 SHAPES = [(300, 200), (1000,), (128, 64), (7,)]
 
@@ -18,7 +18,7 @@ def _measured_temporaries(impl: str, dtype: torch.dtype) -> tuple[int, int, int]
     """(optimizer bytes at the peak beyond the moments and step counters, numel, largest)."""
     with FakeTensorMode():
         params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in SHAPES]
-        optimizer = torch.optim.AdamW(params, lr=1e-3, **OPTIMIZER_IMPL[impl])
+        optimizer = torch_adamw(params, impl, lr=1e-3)
         tracker = MemTracker()
         tracker.track_external(*params, optimizer)
         with tracker:
