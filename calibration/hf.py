@@ -145,8 +145,15 @@ def build(config: Mapping[str, Any]) -> Any:
     transformers = require_transformers()
     spec_of(config)
     fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
-    hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
-    for key, value in TRAINING_KEYS.items():
-        setattr(hf_config, key, value)
-    net = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+    try:
+        hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
+        for key, value in TRAINING_KEYS.items():
+            setattr(hf_config, key, value)
+        net = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        # a value the planner has no opinion on (RoPE scaling, say) that transformers refuses
+        raise SpecError(
+            f"config.json: transformers cannot build it ({type(exc).__name__}: {exc})",
+            field="config",
+        ) from None
     return net.train()

@@ -721,7 +721,10 @@ def calibrate_trace(
     from calibration.trace import compare_trace, steady_forward_transient, trace
 
     budget = planner.estimate(spec, train_spec, hw)
-    measured = trace(spec, train_spec, steps=steps, impl=impl.value, config=config)
+    try:
+        measured = trace(spec, train_spec, steps=steps, impl=impl.value, config=config)
+    except planner.HeadroomError as exc:  # a config transformers cannot build
+        raise _fail(str(exc)) from None
     out = {
         "model": spec.name,
         "impl": impl.value,

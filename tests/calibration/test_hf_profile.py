@@ -172,3 +172,15 @@ def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:
         env=env,
     )
     assert bad.returncode == 2 and "model.qkv_bias" in bad.stderr
+    # a value only transformers judges (RoPE scaling) is refused, not a traceback
+    path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "nonsense"}}))
+    refused = subprocess.run(
+        [sys.executable, "-m", "headroom", "calibrate", "trace", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "config.json: transformers cannot build it" in refused.stderr
+    assert "Traceback" not in refused.stderr
