@@ -4,14 +4,18 @@ its predictions on any machine).
 
 The design: dense and MoE runtime models; recompute none, selective, every-K and full; offload
 none, optimizer 0.5 and 1, and streaming; micro-batch 1-8; sequence 512-8192; plus a cliff set
-whose micro-batch sweeps the prediction across the card's capacity. Each configuration runs
-``headroom calibrate run MODEL --train PLAN --gpu-probe`` (which stores a ``runtime``
-calibration record) and the results go to ``calibration/data/gpu-<gpu>.json``: predicted and
-measured peaks, reserved bytes, the attribution and the exit code. The summary: median and max
-|error| of the peak over the runs that completed, and false fits (predicted to fit, ran out of
-memory).
+whose micro-batch sweeps the prediction across the card's capacity. Each configuration is probed
+the way ``headroom calibrate run MODEL --train PLAN --gpu-probe`` probes it (``headroom train``
+in a child process under the card's memory cap, stored as a ``runtime`` calibration record),
+and the results go to ``calibration/data/gpu-<gpu>.json``: predicted and measured peaks,
+reserved bytes, the attribution and the exit code. The summary: median and max |error| of the
+peak over the runs that completed, and false fits (predicted to fit, ran out of memory).
+
+The file is rewritten after every configuration and a rerun skips the configurations it already
+holds, so the matrix can be measured in pieces (``--budget-s`` stops starting new ones).
 
 Run: .venv/bin/python bench/calibration_gpu.py --gpu H200-141GB [--dry-run] [--limit N]
+     [--budget-s SECONDS] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ import planner
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = {
-    "name": "gpu-dense-2b",
+    "name": "gpu-dense-0.9b",
     "vocab_size": 32000,
     "hidden_size": 2048,
     "num_layers": 16,
@@ -39,7 +43,7 @@ DENSE = {
 }
 MOE = {
     **DENSE,
-    "name": "gpu-moe-3b",
+    "name": "gpu-moe-0.85b",
     "num_layers": 8,
     "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_size": 1408, "num_shared_experts": 1},
 }
@@ -81,82 +85,146 @@ def design(gpu: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     return out
 
 
+# (model dict, train dict, gpu, steps) -> the probe's outcome (ProbeOutcome's JSON)
+Runner = Callable[[dict[str, Any], dict[str, Any], str, int], dict[str, Any]]
+
+
+def probe_on_gpu(
+    model: dict[str, Any], train: dict[str, Any], gpu: str, steps: int, device: str = "cuda"
+) -> dict[str, Any]:
+    """Probe one configuration on this machine's CUDA device and store its record, as
+    ``headroom calibrate run --gpu-probe`` does (one PyTorch process per configuration; the
+    CPU ``device`` is for tests)."""
+    from headroom.autofit import subprocess_prober
+    from headroom.records import open_store, probe_recorder
+
+    spec, plan, hw = (
+        planner.load_model(model),
+        planner.load_train(train),
+        planner.load_hardware(gpu),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = Path(tmp) / "model.json"
+        model_file.write_text(json.dumps(model))
+        outcome = subprocess_prober(str(model_file), hw, device, steps, timeout_s=600)(plan)
+    probe_recorder(open_store(), spec, hw, "runtime")(
+        plan, planner.estimate(spec, plan, hw), outcome
+    )
+    return outcome.model_dump(mode="json")
+
+
+def summarise(gpu: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and max |peak error| over the completed runs; false fits over all of them."""
+    done = [r for r in rows if r.get("exit_code") == 0 and r["outcome"].get("measured_peak_bytes")]
+    errors = [
+        abs(r["predicted_peak_bytes"] / r["outcome"]["measured_peak_bytes"] - 1) for r in done
+    ]
+    return {
+        "gpu": gpu,
+        "configurations": len(rows),
+        "measured": sum(1 for r in rows if "exit_code" in r),
+        "completed": len(done),
+        "median_error": statistics.median(errors) if errors else None,
+        "max_error": max(errors) if errors else None,
+        "false_fits": sum(
+            1 for r in rows if r["predicted_fits"] and r.get("outcome", {}).get("oom")
+        ),
+        "fit_refused_but_ran": sum(
+            1 for r in rows if not r["predicted_fits"] and r.get("exit_code") == 0
+        ),
+    }
+
+
+def run_matrix(
+    gpu: str,
+    out: Path,
+    runner: Runner,
+    *,
+    limit: int | None = None,
+    budget_s: float | None = None,
+    steps: int = 2,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Measure the configurations ``out`` does not hold yet, rewriting it after each one."""
+    hw = planner.load_hardware(gpu)
+    held = {r["label"]: r for r in _load(out).get("results", []) if "exit_code" in r}
+    rows: list[dict[str, Any]] = []
+    start = clock()
+    for label, model, train in design(gpu)[:limit]:
+        if label in held:
+            rows.append(held[label])
+            continue
+        budget = planner.estimate(planner.load_model(model), planner.load_train(train), hw)
+        row: dict[str, Any] = {
+            "label": label,
+            "model": model,
+            "train": train,
+            "predicted_peak_bytes": budget.gpu_peak_bytes,
+            "predicted_phase": budget.peak_phase,
+            "predicted_fits": budget.fits,
+        }
+        if budget_s is None or clock() - start < budget_s:
+            began = clock()
+            outcome = runner(model, train, gpu, steps)
+            row |= {"exit_code": outcome["exit_code"], "outcome": outcome}
+            row["seconds"] = round(clock() - began, 1)
+            measured = outcome.get("measured_peak_bytes")
+            log(
+                f"{label:55} predicted {budget.gpu_peak_bytes / 2**30:7.2f} GiB, measured "
+                + ("n/a" if measured is None else f"{measured / 2**30:7.2f} GiB")
+                + f", exit {outcome['exit_code']} ({row['seconds']} s)"
+            )
+        rows.append(row)
+        _write(out, gpu, rows)
+    _write(out, gpu, rows)
+    return summarise(gpu, rows)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write(path: Path, gpu: str, rows: list[dict[str, Any]]) -> None:
+    doc = {
+        "summary": summarise(gpu, rows),
+        "command": f"python bench/calibration_gpu.py --gpu {gpu}",
+        "results": rows,
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpu", default="H200-141GB")
     parser.add_argument("--dry-run", action="store_true", help="List the design; run nothing.")
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps per probe (>= 2)")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="start no configuration after this long"
+    )
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     hw = planner.load_hardware(args.gpu)
-    configs = design(args.gpu)[: args.limit]
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    if args.dry_run:
+        configs = design(args.gpu)[: args.limit]
         for label, model, train in configs:
             budget = planner.estimate(planner.load_model(model), planner.load_train(train), hw)
-            row: dict[str, Any] = {
-                "label": label,
-                "model": model,
-                "train": train,
-                "predicted_peak_bytes": budget.gpu_peak_bytes,
-                "predicted_fits": budget.fits,
-            }
-            if not args.dry_run:
-                model_file, train_file = Path(tmp) / "model.json", Path(tmp) / "train.json"
-                model_file.write_text(json.dumps(model))
-                train_file.write_text(json.dumps(train))
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "headroom",
-                        "calibrate",
-                        "run",
-                        str(model_file),
-                        "--train",
-                        str(train_file),
-                        "--gpu",
-                        args.gpu,
-                        "--gpu-probe",
-                        "--format",
-                        "json",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=1800,
-                )
-                row["exit_code"] = proc.returncode
-                if proc.stdout.strip():
-                    row["outcome"] = json.loads(proc.stdout)["outcome"]
-                else:
-                    row["error"] = proc.stderr.strip().splitlines()[-1:]
-            results.append(row)
             print(
                 f"{label:55} predicted {budget.gpu_peak_bytes / 2**30:8.2f} GiB "
-                f"fits={budget.fits}"
-                + (f" exit={row.get('exit_code')}" if not args.dry_run else "")
+                f"({budget.peak_phase}) fits={budget.fits}"
             )
-    print(f"{len(results)} configurations")
-    if args.dry_run:
+        print(f"{len(configs)} configurations")
         return
-    done = [r for r in results if r.get("exit_code") == 0 and r["outcome"]["measured_peak_bytes"]]
-    errors = [
-        abs(r["predicted_peak_bytes"] / r["outcome"]["measured_peak_bytes"] - 1) for r in done
-    ]
-    false_fits = sum(1 for r in results if r["predicted_fits"] and r.get("exit_code") == 3)
-    summary = {
-        "gpu": args.gpu,
-        "configurations": len(results),
-        "completed": len(done),
-        "median_error": statistics.median(errors) if errors else None,
-        "max_error": max(errors) if errors else None,
-        "false_fits": false_fits,
-    }
-    out = ROOT / "calibration" / "data" / f"gpu-{args.gpu.lower()}.json"
-    out.write_text(
-        json.dumps(
-            {"summary": summary, "command": " ".join(sys.argv), "results": results}, indent=1
-        )
-        + "\n"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/calibration_gpu.py needs a CUDA GPU (or --dry-run)")
+    out = args.out or ROOT / "calibration" / "data" / f"gpu-{args.gpu.lower()}.json"
+    summary = run_matrix(
+        args.gpu, out, probe_on_gpu, limit=args.limit, budget_s=args.budget_s, steps=args.steps
     )
     print(json.dumps(summary, indent=2))
 

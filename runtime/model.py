@@ -270,7 +270,9 @@ def build_model(
     """A randomly initialised model (normal(0, 0.02) matrices, unit norms, zero biases)."""
     cf = capacity_factor or (spec.moe.capacity_factor if spec.moe else None) or 1.25
     generator = torch.Generator().manual_seed(seed)
-    model = DecoderLM(spec, cf)
+    with torch.device("meta"):  # every parameter is set below: skip the modules' own init
+        model = DecoderLM(spec, cf)
+    model = model.to_empty(device="cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
