@@ -14,6 +14,7 @@ real allocator's, ``torch.cuda.set_per_process_memory_fraction``.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +39,8 @@ class DeviceCap(TorchDispatchMode):
         self.paused = 0
         self.failed_request: tuple[int, int] | None = None  # (bytes requested, bytes live)
         self._live: dict[int, int] = {}
+        # storages die on any thread (the streaming trainer's host thread drops gradients)
+        self._lock = threading.RLock()  # a finalizer may run inside _track (gc)
 
     def __enter__(self) -> DeviceCap:
         _active.append(self)
@@ -71,23 +74,25 @@ class DeviceCap(TorchDispatchMode):
     def _track(self, t: torch.Tensor, inputs: set[int]) -> None:
         storage = t.untyped_storage()
         key, nbytes = storage.data_ptr(), storage.nbytes()
-        if not nbytes or key in self._live or key in inputs:
-            return  # nothing allocated, already counted, or a view / in-place result
-        if self.live_bytes + nbytes > self.cap_bytes:
-            self.failed_request = (nbytes, self.live_bytes)
-            raise torch.OutOfMemoryError(
-                f"simulated device out of memory: tried to allocate {nbytes} bytes with "
-                f"{self.live_bytes} of {self.cap_bytes} bytes in use"
-            )
-        self._live[key] = nbytes
-        self.live_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        self.window_peak_bytes = max(self.window_peak_bytes, self.live_bytes)
+        with self._lock:
+            if not nbytes or key in self._live or key in inputs:
+                return  # nothing allocated, already counted, or a view / in-place result
+            if self.live_bytes + nbytes > self.cap_bytes:
+                self.failed_request = (nbytes, self.live_bytes)
+                raise torch.OutOfMemoryError(
+                    f"simulated device out of memory: tried to allocate {nbytes} bytes with "
+                    f"{self.live_bytes} of {self.cap_bytes} bytes in use"
+                )
+            self._live[key] = nbytes
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.window_peak_bytes = max(self.window_peak_bytes, self.live_bytes)
         weakref.finalize(storage, self._free, key)
 
     def _free(self, key: int) -> None:
-        nbytes = self._live.pop(key, 0)
-        self.live_bytes -= nbytes
+        with self._lock:
+            nbytes = self._live.pop(key, 0)
+            self.live_bytes -= nbytes
 
     def take_window_peak(self) -> int:
         """The peak since the previous call (a phase's peak), then start a new window."""

@@ -2,8 +2,9 @@
 
 Per phase (placement, forward, backward, optimizer; step 1 and the steady state) it records the
 allocator's allocated, reserved and active peaks since the previous phase, ``num_alloc_retries``
-and ``num_ooms``, the driver's free and total memory, and the allocator configuration. On a CPU
-there are no device counters: the report says so and invents none. A CPU run under a
+and ``num_ooms``, the driver's free and total memory, the page-locked host bytes, and the
+allocator configuration. On a CPU there are no device counters: the report says so and invents
+none. A CPU run under a
 ``DeviceCap`` (``headroom train --memory-cap``) reports the cap's own count of live device
 storages per phase instead, marked ``simulated``.
 """
@@ -16,6 +17,19 @@ from typing import Any
 import torch
 
 from runtime.cap import DeviceCap
+from runtime.streams import locked_host_bytes
+
+
+def _host_pinned() -> dict[str, int]:
+    """Page-locked host bytes: the trainer's registered buffers and, where this PyTorch reports
+    it, what its own pinned-memory allocator holds."""
+    out = {"host_registered_bytes": locked_host_bytes()}
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if stats is not None:
+        held = stats().get("allocated_bytes.current")
+        if held is not None:
+            out["host_allocator_pinned_bytes"] = int(held)
+    return out
 
 
 class MemoryProbe:
@@ -59,6 +73,7 @@ class MemoryProbe:
                 "num_ooms": int(stats.get("num_ooms", 0)),
                 "device_free_bytes": int(free),
                 "device_total_bytes": int(total),
+                **_host_pinned(),
             }
         )
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -6,15 +6,20 @@
   (whole tensors, in order, as Megatron's HybridDeviceOptimizer and the planner split them) live
   in (pinned) host RAM and are updated by a CPU AdamW; the rest is updated on the device.
 - ``streaming``: every persistent byte lives in host RAM, packed per unit (the embedding, each
-  layer, the head) in contiguous buffers: the working copy, the fp32 master, both moments, an
-  fp32 gradient accumulator and the optional EMA. Units are streamed host→device into a pool of
-  ``offload.num_buffers`` device buffers, the next one prefetched while the current computes;
-  layer inputs are checkpointed every ``checkpoint_every`` layers; backward recomputes each
-  block from its checkpoint and runs autograd layer by layer on the streamed weights (with
-  ``checkpoint_every`` = 1 every layer crosses the link twice per micro-batch: forward and
-  backward); gradients are evacuated device→host into the accumulators; after the last
-  micro-batch the CPU AdamW updates unit by unit with the clipping coefficient from the
-  accumulated norm, writing the EMA and the new working copy in the same pass.
+  layer, the head) in one contiguous buffer, page-locked at its exact size: the working copy,
+  the fp32 master, both moments, an fp32 gradient accumulator and the optional EMA. Units are
+  streamed host→device into a pool of ``offload.num_buffers`` device buffers, the next one
+  prefetched while the current computes; layer inputs are checkpointed every
+  ``checkpoint_every`` layers; backward recomputes each block from its checkpoint and runs
+  autograd layer by layer on the streamed weights (with ``checkpoint_every`` = 1 every layer
+  crosses the link twice per micro-batch: forward and backward). Gradients are evacuated
+  device→host on their own stream into two pinned slabs; a host thread waits for each copy and
+  adds it to the unit's accumulator while the device computes on (``HostWork``), so at most two
+  gradients await evacuation. After the last micro-batch the host thread runs the CPU AdamW
+  unit by unit, in the order the next forward loads them, with the clipping coefficient from
+  the accumulated norm, writing the EMA and the new working copy in the same pass; the next
+  step's load of a unit waits for that unit's update only, so the optimizer overlaps the next
+  forward.
 
 Losses are the mean over a step's micro-batches. Everything runs on a CPU too (direct copies).
 """
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,7 +50,7 @@ from runtime.model import (
     rope_tables,
     synthetic_batch,
 )
-from runtime.streams import CpuBackend, Event, make_backend
+from runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
 
 
 @dataclass
@@ -183,10 +190,9 @@ def offload_split(numels: list[int], fraction: float) -> int:
 
 
 def _train_optimizer_offload(
-    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook
+    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook, backend: CpuBackend
 ) -> Result:
     device = torch.device(cfg.device)
-    backend = make_backend(device)
     model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
     named = list(model.named_parameters())
     cut = offload_split([p.numel() for _, p in named], train.offload.fraction)
@@ -275,6 +281,8 @@ def _train_optimizer_offload(
             "offloaded_tensors": cut,
             "offloaded_params": sum(p.numel() for _, p in named[:cut]),
             "total_params": sum(p.numel() for _, p in named),
+            "host_state_bytes": backend.host_bytes,
+            "host_pinning": backend.pinning,
         },
         state,
         None if ema is None else {n: t.reshape(dict(named)[n].shape) for n, t in ema.items()},
@@ -343,14 +351,21 @@ class Pool:
 
 class Streamer:
     """Moves units through the pool: ``acquire`` waits for (or issues) the copy, ``release``
-    records that compute on the buffer is done, ``prefetch`` issues the next copy early."""
+    records that compute on the buffer is done, ``prefetch`` issues the next copy early.
+
+    A unit whose host copy the CPU optimizer is still rewriting has a pending ``host_ready``
+    future: its next copy is issued only once that update is done."""
 
     def __init__(self, units: list[Unit], pool: Pool, backend: CpuBackend) -> None:
         self.units, self.pool, self.backend = units, pool, backend
+        self.host_ready: dict[int, Future[None]] = {}
 
     def prefetch(self, unit: int) -> None:
         if self.pool.slot_for(unit) is not None:
             return
+        ready = self.host_ready.pop(unit, None)
+        if ready is not None:
+            ready.result()
         slot = self.pool.claim()
         u = self.units[unit]
         buf = self.pool.buffers[slot][: u.numel]
@@ -372,8 +387,63 @@ class Streamer:
         self.pool.released[slot] = self.backend.record()
 
     def invalidate(self) -> None:
-        """Forget resident copies (the host working copies changed after an update)."""
+        """Forget resident copies (their host working copies are about to change); every copy
+        issued so far has completed when this returns, so none reads a half-updated unit."""
+        for slot, owner in enumerate(self.pool.owner):
+            if owner is not None:
+                self.backend.synchronize(self.pool.ready[slot])
         self.pool.owner = [None] * len(self.pool.owner)
+
+
+class HostWork:
+    """The streaming trainer's host thread: it lands gradients (waits for a device→host copy
+    into a pinned slab, then adds the slab to the unit's fp32 accumulator) and runs the CPU
+    optimizer, in submission order, while the main thread keeps the device busy.
+
+    At most ``slabs`` landings are in flight; slab ``i % slabs`` is reused only after the
+    landing that used it before is done (the main thread waits for it), so device gradients
+    awaiting evacuation never exceed ``slabs`` units (the planner's gradient slabs)."""
+
+    def __init__(self, backend: CpuBackend, slabs: list[Tensor]) -> None:
+        self.backend = backend
+        self.slabs = slabs
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headroom-host")
+        self.landings: list[Future[None]] = []
+        self.count = 0
+        self.norms: dict[int, float] = {}
+
+    def land(self, index: int, unit: Unit, grad: Tensor, dtype: torch.dtype, final: bool) -> None:
+        """Evacuate ``grad`` (device) into ``unit``'s accumulator; ``final`` (the step's last
+        micro-batch) also takes the unit's squared norm for clipping."""
+        if len(self.landings) >= len(self.slabs):
+            self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
+        slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
+        self.count += 1
+        source = grad.detach().reshape(-1).to(dtype)
+        event = self.backend.d2h(slab, source)
+
+        def work() -> None:
+            # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it
+            self.backend.synchronize(event)
+            acc = unit.host["grad"]
+            acc.add_(slab.float())
+            if final:
+                self.norms[index] = float(acc.pow(2).sum())
+            del source_ref[:]  # the device gradient may be freed now
+
+        source_ref = [source]  # held until the copy that reads it has completed
+        self.landings.append(self.executor.submit(work))
+
+    def drain(self) -> None:
+        """Wait for every landing (and surface any error from the host thread)."""
+        while self.landings:
+            self.landings.pop(0).result()
+
+    def submit(self, fn: Callable[[], None]) -> Future[None]:
+        return self.executor.submit(fn)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _units(model: DecoderLM) -> list[Unit]:
@@ -406,22 +476,29 @@ def _full_name(unit: Unit, name: str) -> str:
     return f"{unit.name}.{name}"
 
 
+def _host_fields(
+    u: Unit, train: TrainSpec, dtype: torch.dtype
+) -> list[tuple[str, int, torch.dtype]]:
+    fields = [("working", u.numel, dtype)]
+    fields += [(name, u.numel, torch.float32) for name in ("master", "m", "v", "grad")]
+    if train.ema != "none":
+        fields.append(("ema", u.numel, torch.float32))
+    return fields
+
+
 def _pack(init: DecoderLM, train: TrainSpec, backend: CpuBackend, dtype: torch.dtype) -> list[Unit]:
-    """The host side of streaming: each unit's state packed in contiguous (pinned) buffers."""
+    """The host side of streaming: each unit's whole state in one contiguous (pinned) buffer,
+    carved into the working copy, fp32 master, moments, gradient accumulator and EMA."""
     params = dict(init.named_parameters())
     units = _units(init)
     for u in units:
         master = torch.cat([params[_full_name(u, n)].detach().reshape(-1) for n in u.names])
-        u.host = {
-            "working": backend.pinned(u.numel, dtype).copy_(master),
-            "master": backend.pinned(u.numel, torch.float32).copy_(master),
-            "m": backend.pinned(u.numel, torch.float32),
-            "v": backend.pinned(u.numel, torch.float32),
-            "grad": backend.pinned(u.numel, torch.float32),
-            "slab": backend.pinned(u.numel, dtype),
-        }
-        if train.ema != "none":
-            u.host["ema"] = backend.pinned(u.numel, torch.float32).copy_(master)
+        fields = _host_fields(u, train, dtype)
+        u.host = carve(backend.host_buffer(carved_bytes(fields)), fields)
+        u.host["working"].copy_(master)
+        u.host["master"].copy_(master)
+        if "ema" in u.host:
+            u.host["ema"].copy_(master)
     return units
 
 
@@ -430,10 +507,9 @@ def _train_streaming(
     train: TrainSpec,
     cfg: RunConfig,
     on_phase: PhaseHook,
-    backend: CpuBackend | None = None,
+    backend: CpuBackend,
 ) -> Result:
     device = torch.device(cfg.device)
-    backend = backend or make_backend(device)
     dtype = cfg.dtype
     # initial weights: built on the host in fp32, then packed per unit
     with host():
@@ -451,17 +527,41 @@ def _train_streaming(
     largest = max(u.numel for u in units)
     pool = Pool(train.offload.num_buffers, largest, dtype, device)
     stream = Streamer(units, pool, backend)
+    with host():  # two pinned gradient slabs, shared by every unit
+        slab_fields = [(f"slab{i}", largest, dtype) for i in range(2)]
+        slabs = list(carve(backend.host_buffer(carved_bytes(slab_fields)), slab_fields).values())
+    work = HostWork(backend, slabs)
+    try:
+        return _stream_steps(
+            spec, train, cfg, on_phase, backend, units, templates, head_norm, pool, stream, work
+        )
+    finally:
+        work.close()
+
+
+def _stream_steps(
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    on_phase: PhaseHook,
+    backend: CpuBackend,
+    units: list[Unit],
+    templates: list[DecoderLayer],
+    head_norm: torch.nn.Module,
+    pool: Pool,
+    stream: Streamer,
+    work: HostWork,
+) -> Result:
+    device = torch.device(cfg.device)
+    dtype = cfg.dtype
     n_layers = spec.num_layers
     k = train.checkpoint_every or 1
     o = cfg.optim
     losses: list[float] = []
+    last_micro = train.grad_accum_steps - 1
 
-    def land(unit: Unit, grad: Tensor) -> None:
-        """Evacuate one unit's gradient to its host slab and add it to the accumulator."""
-        event = backend.d2h(unit.host["slab"], grad.detach().reshape(-1).to(dtype))
-        backend.synchronize(event)
-        with host():
-            unit.host["grad"].add_(unit.host["slab"].float())
+    def land(index: int, grad: Tensor, micro: int) -> None:
+        work.land(index, units[index], grad, dtype, final=micro == last_micro)
 
     def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
@@ -479,21 +579,23 @@ def _train_streaming(
             ids, labels = ids.to(device), labels.to(device)
             cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
             # forward: embedding, layers without autograd, checkpoints every k layers
+            # compute is issued before the next prefetch: that one may wait for the CPU
+            # optimizer to finish the next unit, and the device should be busy meanwhile
             slot, flat = stream.acquire(0)
-            if n_layers and cfg.prefetch:
-                stream.prefetch(1)
             with torch.no_grad():
                 h = F.embedding(ids, units[0].views(flat)["weight"])
+            if n_layers and cfg.prefetch:
+                stream.prefetch(1)
             stream.release(slot)
             checkpoints: dict[int, Tensor] = {}
             for i in range(n_layers):
                 if i % k == 0:
                     checkpoints[i] = h
                 slot, flat = stream.acquire(1 + i)
-                if cfg.prefetch:
-                    stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
                 with torch.no_grad():
                     h = layer_forward(i, flat, h, cos, sin)
+                if cfg.prefetch:
+                    stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
                 stream.release(slot)
             # head and loss (and the tied embedding), with autograd
             head = len(units) - 1
@@ -522,10 +624,10 @@ def _train_streaming(
             (loss / train.grad_accum_steps).backward()
             total += loss.item()
             assert head_w.grad is not None and x.grad is not None
-            land(units[head], head_w.grad)
+            land(head, head_w.grad, micro)
             if embed_w is not None:
                 assert embed_w.grad is not None
-                land(units[0], embed_w.grad)
+                land(0, embed_w.grad, micro)
             grad_h = x.grad
             # backward: each block recomputed from its checkpoint, layer by layer
             for b in reversed(range(0, n_layers, k)):
@@ -547,35 +649,30 @@ def _train_streaming(
                     torch.autograd.backward(out, grad_h)
                     stream.release(slot)
                     assert w.grad is not None and xi.grad is not None
-                    land(units[1 + i], w.grad)
+                    land(1 + i, w.grad, micro)
                     grad_h = xi.grad
             # embedding backward: scatter the input gradient into the rows that were used
             embed_grad = torch.zeros(
                 spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
             )
             embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
-            land(units[0], embed_grad)
+            land(0, embed_grad, micro)
             on_phase("backward", step)
-        # the CPU optimizer, unit by unit, with the clipping coefficient of the whole step
-        with host():
-            norm_sq = sum(float(u.host["grad"].pow(2).sum()) for u in units)
-            coef = clip_coefficient(norm_sq, cfg.clip_norm)
-            for u in units:
-                adamw_step(
-                    o,
-                    step,
-                    u.host["master"],
-                    u.host["grad"],
-                    u.host["m"],
-                    u.host["v"],
-                    grad_scale=coef,
-                    ema=u.host.get("ema"),
-                    working=u.host["working"],
-                )
-                u.host["grad"].zero_()
+        # the CPU optimizer, on the host thread, unit by unit in the order the next forward
+        # loads them, with the clipping coefficient of the whole step; each unit's next load
+        # waits for its own update only
+        work.drain()
         stream.invalidate()
+        with host():
+            norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
+        coef = clip_coefficient(norm_sq, cfg.clip_norm)
+        for index, u in enumerate(units):
+            stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
         on_phase("optimizer", step)
         losses.append(total / train.grad_accum_steps)
+    for ready in stream.host_ready.values():
+        ready.result()
+    stream.host_ready.clear()
     seconds = time.perf_counter() - start
     state: dict[str, Tensor] = {}
     ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
@@ -598,10 +695,28 @@ def _train_streaming(
             "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
             "peak_buffers_in_use": pool.peak_in_use,
             "host_to_device_loads": pool.loads,
+            "host_state_bytes": backend.host_bytes,
+            "host_pinning": backend.pinning,
         },
         state,
         ema,
     )
+
+
+def _update_unit(o: AdamWConfig, step: int, u: Unit, coef: float) -> None:
+    """One unit's CPU AdamW (on the host thread), then a zeroed accumulator."""
+    adamw_step(
+        o,
+        step,
+        u.host["master"],
+        u.host["grad"],
+        u.host["m"],
+        u.host["v"],
+        grad_scale=coef,
+        ema=u.host.get("ema"),
+        working=u.host["working"],
+    )
+    u.host["grad"].zero_()
 
 
 def train_model(
@@ -614,6 +729,10 @@ def train_model(
     """Train ``spec`` under ``train``'s placement (or the reference) and report."""
     if cfg.reference or train.offload.mode == "none":
         return _train_reference(spec, train, cfg, on_phase)
-    if train.offload.mode == "optimizer":
-        return _train_optimizer_offload(spec, train, cfg, on_phase)
-    return _train_streaming(spec, train, cfg, on_phase, backend)
+    backend = backend or make_backend(torch.device(cfg.device))
+    try:
+        if train.offload.mode == "optimizer":
+            return _train_optimizer_offload(spec, train, cfg, on_phase, backend)
+        return _train_streaming(spec, train, cfg, on_phase, backend)
+    finally:
+        backend.release_host()  # unlock what the run pinned, also after an out-of-memory
