@@ -18,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
 from runtime.support import check_supported
@@ -246,12 +247,25 @@ class DecoderLM(nn.Module):
             return F.linear(h, self.embed_tokens.weight)
         return self.lm_head(h)
 
-    def forward(self, ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, checkpoint_every: int | None = None) -> Tensor:
+        """Logits; with ``checkpoint_every`` = k, autograd keeps only each k-layer block's
+        input and recomputes the block in backward (full recompute is k = 1)."""
         h = self.embed_tokens(ids)
         cos, sin = self.rope(ids.shape[1], h.dtype, h.device)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        if checkpoint_every is None or not torch.is_grad_enabled():
+            for layer in self.layers:
+                h = layer(h, cos, sin)
+            return self.head(h)
+        n = len(self.layers)
+        for start in range(0, n, checkpoint_every):
+            end = min(n, start + checkpoint_every)
+            h = checkpoint(self._block, start, end, h, cos, sin, use_reentrant=False)
         return self.head(h)
+
+    def _block(self, start: int, end: int, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        for layer in self.layers[start:end]:
+            h = layer(h, cos, sin)
+        return h
 
 
 def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:

@@ -1,7 +1,10 @@
 """The bundled trainer: one loop, three placements of the persistent state.
 
 - ``none``: plain PyTorch on the device (``torch.optim.AdamW``, the spec's ``optimizer_impl``); also
-  what ``--reference`` runs.
+  what ``--reference`` runs. With low-precision working weights and an fp32 ``precision.master``
+  (mixed precision), the device keeps fp32 master weights and moments and runs the same AdamW
+  as ``optimizer`` with nothing offloaded. The spec's recompute applies: blocks of
+  ``checkpoint_every`` layers (full recompute: every layer) keep only their input.
 - ``optimizer``: the fp32 master weights and moments of the first ``fraction`` of the parameters
   (whole tensors, in order, as Megatron's HybridDeviceOptimizer and the planner split them) live
   in (pinned) host RAM and are updated by a CPU AdamW; the rest is updated on the device.
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
+from planner.estimate import knobs as planner_knobs
 from planner.model import ModelSpec
 from planner.train import TrainSpec
 from runtime.adam import AdamWConfig, adamw_step, clip_coefficient, torch_adamw
@@ -113,12 +117,19 @@ def _accumulate(
         ids, labels = synthetic_batch(
             spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
         )
-        loss = loss_fn(model(ids.to(device)), labels.to(device))
+        loss = loss_fn(model(ids.to(device), recompute_every(train)), labels.to(device))
         on_phase("forward", step)
         (loss / train.grad_accum_steps).backward()
         on_phase("backward", step)
         total += loss.item()
     return total
+
+
+def recompute_every(train: TrainSpec) -> int | None:
+    """Layers per recomputed block of a resident run, as the planner reads the spec (full
+    recompute is 1; ``selective`` recomputes the attention scores, which scaled-dot-product
+    attention never stores, so it keeps what ``none`` keeps)."""
+    return planner_knobs(train).checkpoint_every
 
 
 def _train_reference(
@@ -189,13 +200,22 @@ def offload_split(numels: list[int], fraction: float) -> int:
     return len(numels)
 
 
+def mixed_precision(train: TrainSpec, cfg: RunConfig) -> bool:
+    """Low-precision working weights with an fp32 master copy (the spec's ``precision.master``):
+    the device keeps fp32 master weights and moments, as the planner counts them, rather than
+    ``torch.optim.AdamW``'s state in the working precision."""
+    return train.precision.master != "none" and cfg.dtype != torch.float32
+
+
 def _train_optimizer_offload(
     spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook, backend: CpuBackend
 ) -> Result:
     device = torch.device(cfg.device)
     model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
     named = list(model.named_parameters())
-    cut = offload_split([p.numel() for _, p in named], train.offload.fraction)
+    # placement none (mixed precision): the same loop with nothing offloaded
+    fraction = train.offload.fraction if train.offload.mode == "optimizer" else 0.0
+    cut = offload_split([p.numel() for _, p in named], fraction)
     o = cfg.optim
     # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor
     offloaded: dict[str, dict[str, Tensor]] = {}
@@ -276,8 +296,9 @@ def _train_optimizer_offload(
         _tokens(train, cfg),
         seconds,
         {
-            "mode": "optimizer",
-            "fraction": train.offload.fraction,
+            "mode": train.offload.mode,
+            "fraction": fraction,
+            "master": "fp32",
             "offloaded_tensors": cut,
             "offloaded_params": sum(p.numel() for _, p in named[:cut]),
             "total_params": sum(p.numel() for _, p in named),
@@ -727,11 +748,11 @@ def train_model(
     backend: CpuBackend | None = None,
 ) -> Result:
     """Train ``spec`` under ``train``'s placement (or the reference) and report."""
-    if cfg.reference or train.offload.mode == "none":
+    if cfg.reference or (train.offload.mode == "none" and not mixed_precision(train, cfg)):
         return _train_reference(spec, train, cfg, on_phase)
     backend = backend or make_backend(torch.device(cfg.device))
     try:
-        if train.offload.mode == "optimizer":
+        if train.offload.mode in ("none", "optimizer"):
             return _train_optimizer_offload(spec, train, cfg, on_phase, backend)
         return _train_streaming(spec, train, cfg, on_phase, backend)
     finally:
