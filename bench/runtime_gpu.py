@@ -1,21 +1,36 @@
 """Runtime measurements on a CUDA GPU (refuses to run without one).
 
-1. Link microbenchmark: host→device and device→host copies, pinned vs pageable, by size.
-2. CPU AdamW throughput (parameters per second) of ``runtime.adam.adamw_step`` on this host.
-3. Full streaming steps against the bound max(compute, link bytes / measured bandwidth, CPU
-   optimizer time), with and without prefetching (the double-buffering ablation).
-4. Capacity under ``torch.cuda.set_per_process_memory_fraction``: the largest model of a
-   family the reference trains versus the largest the streaming trainer trains, same cap.
+Sections (``--only`` picks some; each is written to ``--json`` as soon as it is done, merged
+with what the file already holds, so a run cut short keeps what it measured):
 
-Run: .venv/bin/python bench/runtime_gpu.py [--quick] [--json OUT]
+- ``link``: host→device and device→host copies, pinned vs pageable, by size.
+- ``adam``: CPU AdamW throughput (parameters per second) of ``runtime.adam.adamw_step``.
+- ``steps``: steady streaming steps against the bound max(compute, link bytes / measured
+  bandwidth, CPU optimizer time), with and without prefetching (the double-buffering
+  ablation). Compute is measured too: resident steps of the same layer shape with full
+  recompute (what streaming computes: forward, recomputed forward, backward) at two depths.
+- ``capacity``: under one memory cap (``headroom train --memory-cap``, i.e.
+  ``torch.cuda.set_per_process_memory_fraction``), the largest depth the resident trainer fits
+  (bisection) against a streaming run of at least ``--ratio`` times its parameters.
+
+Host RAM is checked against the planner's host estimate before any streaming run.
+
+Run: python bench/runtime_gpu.py [--quick] [--only link,adam,steps,capacity] [--json OUT]
 Every number printed is measured here; nothing is assumed. Results go to docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +41,8 @@ from runtime.adam import AdamWConfig, adamw_step
 from runtime.trainer import RunConfig, train_model
 
 MiB = 1 << 20
+GiB = 1 << 30
+SECTIONS = ("link", "adam", "steps", "capacity")
 
 
 def _time_copy(dst: torch.Tensor, src: torch.Tensor, repeat: int) -> float:
@@ -47,6 +64,7 @@ def link(sizes_mib: list[int]) -> list[dict[str, Any]]:
         dev = torch.empty(n, dtype=torch.uint8, device="cuda")
         for pinned in (True, False):
             host = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+            _time_copy(dev, host, 1)  # warm-up
             h2d = _time_copy(dev, host, 5)
             d2h = _time_copy(host, dev, 5)
             rows.append(
@@ -60,6 +78,13 @@ def link(sizes_mib: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def bandwidth(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """Pinned H2D and D2H GB/s at the largest size measured (what a layer copy sees)."""
+    pinned = [r for r in rows if r["pinned"]]
+    top = max(pinned, key=lambda r: r["size_mib"])
+    return top["h2d_gb_s"], top["d2h_gb_s"]
+
+
 def cpu_adam(numel: int) -> float:
     t = [torch.randn(numel) for _ in range(4)]
     cfg = AdamWConfig()
@@ -70,11 +95,14 @@ def cpu_adam(numel: int) -> float:
     return 3 * numel / (time.perf_counter() - start)
 
 
-def _scaled(base: ModelSpec, layers: int, hidden: int) -> ModelSpec:
+def scaled(layers: int, hidden: int, vocab: int = 32000) -> ModelSpec:
+    """The tiny-dense family at ``hidden`` width (head dim 128, 4 query heads per KV head)."""
+    base = planner.load_model("tiny-dense")
     heads = max(1, hidden // 128)
     return base.model_copy(
         update={
-            "name": f"{base.name}-h{hidden}-l{layers}",
+            "name": f"dense-h{hidden}-l{layers}",
+            "vocab_size": vocab,
             "hidden_size": hidden,
             "num_layers": layers,
             "num_heads": heads,
@@ -84,88 +112,193 @@ def _scaled(base: ModelSpec, layers: int, hidden: int) -> ModelSpec:
     )
 
 
-def steps_vs_bound(spec: ModelSpec, seq: int, link_gb_s: float, adam_rate: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"model": spec.name, "params": planner.count_params(spec).total}
-    hw = planner.gpu("H200-141GB")
+def host_fits(spec: ModelSpec, train: planner.TrainSpec, host_bytes: int) -> bool:
+    budget = planner.estimate(spec, train, planner.gpu("H200-141GB"))
+    return budget.host_peak_bytes <= 0.8 * host_bytes
+
+
+def _steady_step_seconds(spec: ModelSpec, train: planner.TrainSpec, cfg: RunConfig) -> float:
+    """Median time between optimizer phases after the first two steps."""
+    marks: list[float] = []
+
+    def hook(phase: str, step: int) -> None:
+        if phase == "optimizer":
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            marks.append(time.perf_counter())
+
+    train_model(spec, train, cfg, on_phase=hook)
+    gaps = [b - a for a, b in itertools.pairwise(marks[1:])]
+    return statistics.median(gaps)
+
+
+def steps_vs_bound(
+    layers: int, hidden: int, seq: int, link_rows: list[dict[str, Any]], adam_rate: float, host: int
+) -> dict[str, Any]:
+    spec = scaled(layers, hidden)
+    n = planner.count_params(spec).total
+    h2d, d2h = bandwidth(link_rows)
+    stream = planner.TrainSpec(
+        micro_batch_size=1, seq_len=seq, offload={"mode": "streaming", "checkpoint_every": 1}
+    )
+    out: dict[str, Any] = {"model": spec.name, "params": n, "seq_len": seq}
+    if not host_fits(spec, stream, host):
+        out["skipped"] = f"host RAM: the plan needs more than 80 % of {host / GiB:.0f} GiB"
+        return out
+    # compute: resident steps with full recompute at two depths give a layer's time
+    resident = planner.TrainSpec(micro_batch_size=1, seq_len=seq, recompute="full")
+    cfg = RunConfig(steps=5, device="cuda", dtype=torch.bfloat16)
+    t2 = _steady_step_seconds(scaled(2, hidden), resident, cfg)
+    t4 = _steady_step_seconds(scaled(4, hidden), resident, cfg)
+    per_layer = (t4 - t2) / 2
+    compute = t2 + (layers - 2) * per_layer
+    # link: each layer's weights go down twice (forward, recompute) and its gradient up once;
+    # the two directions overlap
+    transfer = max(2 * 2 * n / (h2d * 1e9), 2 * n / (d2h * 1e9))
+    cpu = n / adam_rate
+    bound = max(compute, transfer, cpu)
+    out["bound_parts"] = {
+        "compute": compute,
+        "compute_per_layer": per_layer,
+        "transfer": transfer,
+        "cpu_optimizer": cpu,
+    }
+    out["bound_seconds"] = bound
     for prefetch in (True, False):
-        train = planner.TrainSpec(
-            micro_batch_size=1,
-            seq_len=seq,
-            offload={"mode": "streaming", "checkpoint_every": 1},
+        step = _steady_step_seconds(
+            spec, stream, RunConfig(steps=5, device="cuda", dtype=torch.bfloat16, prefetch=prefetch)
         )
-        cfg = RunConfig(steps=4, device="cuda", dtype=torch.bfloat16, prefetch=prefetch)
-        result = train_model(spec, train, cfg)
-        step_s = result.seconds / result.steps
-        n = out["params"]
-        compute = 8 * n * seq / (hw.bf16_flops * 0.45)  # forward twice + backward, recomputed
-        transfer = n * (2 * 2 + 2) / (link_gb_s * 1e9)
-        cpu = n / adam_rate
-        bound = max(compute, transfer, cpu)
         out["prefetch" if prefetch else "no_prefetch"] = {
-            "step_seconds": step_s,
-            "bound_seconds": bound,
-            "ratio_to_bound": step_s / bound,
-            "bound_parts": {"compute": compute, "transfer": transfer, "cpu_optimizer": cpu},
+            "step_seconds": step,
+            "ratio_to_bound": step / bound,
         }
     return out
 
 
-def _fits(spec: ModelSpec, streaming: bool) -> bool:
-    offload = {"mode": "streaming", "checkpoint_every": 1} if streaming else {"mode": "none"}
-    train = planner.TrainSpec(micro_batch_size=1, seq_len=1024, offload=offload)
-    cfg = RunConfig(steps=2, device="cuda", dtype=torch.bfloat16)
-    try:
-        train_model(spec, train, cfg)
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    finally:
-        torch.cuda.empty_cache()
+def _trains(
+    spec: ModelSpec, offload: dict[str, Any], cap_bytes: int, seq: int, device: str = "cuda"
+) -> bool:
+    """Two steps of ``headroom train`` in its own process under the cap: exit 0 or 3 (OOM).
+    (On a CPU the cap is the simulated one; that is for tests.)"""
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file, train_file = Path(tmp) / "model.json", Path(tmp) / "train.json"
+        model_file.write_text(spec.model_dump_json())
+        train_file.write_text(
+            json.dumps({"micro_batch_size": 1, "seq_len": seq, "offload": offload})
+        )
+        argv = [sys.executable, "-m", "headroom", "train", str(model_file), "--train"]
+        argv += [str(train_file), "--steps", "2", "--device", device, "--dtype", "bfloat16"]
+        argv += ["--memory-cap", str(cap_bytes)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(f"headroom train exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc.returncode == 0
 
 
-def capacity(fraction: float, hidden: int) -> dict[str, Any]:
-    torch.cuda.set_per_process_memory_fraction(fraction)
-    base = planner.load_model("tiny-dense")
-    largest = {}
-    for streaming in (False, True):
-        best = 0
-        layers = 2
-        while layers <= 512:
-            spec = _scaled(base, layers, hidden)
-            if not _fits(spec, streaming):
-                break
-            best = planner.count_params(spec).total
-            layers *= 2
-        largest["streaming" if streaming else "reference"] = best
-    torch.cuda.set_per_process_memory_fraction(1.0)
-    largest["ratio"] = largest["streaming"] / max(largest["reference"], 1)
-    largest["memory_fraction"] = fraction
-    return largest
+def capacity(
+    fraction: float,
+    hidden: int,
+    seq: int,
+    ratio: float,
+    host: int,
+    device: str = "cuda",
+    total: int | None = None,
+    vocab: int = 32000,
+) -> dict[str, Any]:
+    total = total or torch.cuda.get_device_properties(0).total_memory
+    cap = int(fraction * total)
+    resident = {"mode": "none"}
+
+    def trains(layers: int, offload: dict[str, Any]) -> bool:
+        return _trains(scaled(layers, hidden, vocab), offload, cap, seq, device)
+
+    lo, hi = 0, 1
+    while trains(hi, resident):  # grow until it does not fit
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # the largest depth that fits lies in [lo, hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if trains(mid, resident) else (lo, mid)
+    out: dict[str, Any] = {"cap_bytes": cap, "memory_fraction": fraction, "hidden": hidden}
+    out["reference_layers"] = lo
+    out["reference_oom_layers"] = hi
+    if not lo:
+        out["skipped"] = "the resident trainer fits no depth under this cap"
+        return out
+    out["reference_params"] = planner.count_params(scaled(lo, hidden, vocab)).total
+    layers = hi
+    while (
+        planner.count_params(scaled(layers, hidden, vocab)).total < ratio * out["reference_params"]
+    ):
+        layers += 1
+    spec = scaled(layers, hidden, vocab)
+    stream = {"mode": "streaming", "checkpoint_every": 1}
+    plan = planner.TrainSpec(micro_batch_size=1, seq_len=seq, offload=stream)
+    out["streaming_layers"] = layers
+    out["streaming_params"] = planner.count_params(spec).total
+    if not host_fits(spec, plan, host):
+        out["skipped"] = (
+            f"host RAM: the streaming plan needs more than 80 % of {host / GiB:.0f} GiB"
+        )
+        return out
+    out["streaming_trained"] = trains(layers, stream)
+    out["ratio"] = out["streaming_params"] / out["reference_params"]
+    return out
+
+
+def _save(path: Path, results: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--json", type=Path, default=Path("runtime-gpu.json"))
+    parser.add_argument("--ratio", type=float, default=4.5, help="capacity: streaming/reference")
+    parser.add_argument(
+        "--host-gib",
+        type=float,
+        default=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB,
+        help="host RAM to plan streaming runs against (default: this machine's)",
+    )
     args = parser.parse_args()
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown {unknown}; allowed: {', '.join(SECTIONS)}")
     if not torch.cuda.is_available():
         raise SystemExit("bench/runtime_gpu.py needs a CUDA GPU; this machine has none")
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name()}
-    results["link"] = link([1, 16, 256] if args.quick else [1, 4, 16, 64, 256, 1024])
-    pinned = [r for r in results["link"] if r["pinned"] and r["size_mib"] >= 64]
-    link_gb_s = min(r["h2d_gb_s"] for r in pinned) if pinned else results["link"][-2]["h2d_gb_s"]
-    results["cpu_adam_params_per_s"] = cpu_adam(16 * MiB if args.quick else 256 * MiB)
-    base = planner.load_model("tiny-dense")
-    spec = _scaled(base, 8 if args.quick else 32, 2048 if args.quick else 4096)
-    results["steps"] = steps_vs_bound(
-        spec, 1024 if args.quick else 4096, link_gb_s, results["cpu_adam_params_per_s"]
-    )
-    results["capacity"] = capacity(0.1 if args.quick else 0.25, 1024 if args.quick else 4096)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    host = int(args.host_gib * GiB)
+    results: dict[str, Any] = json.loads(args.json.read_text()) if args.json.exists() else {}
+    results["device"] = torch.cuda.get_device_name()
+    results["torch"] = torch.__version__
+    results["host_gib"] = args.host_gib
+    quick = args.quick
+    for section in only:
+        start = time.perf_counter()
+        if section == "link":
+            sizes = [1, 16, 256] if quick else [1, 4, 16, 64, 256, 1024]
+            results["link"] = link(sizes)
+        elif section == "adam":
+            results["cpu_adam_params_per_s"] = cpu_adam(16 * MiB if quick else 256 * MiB)
+        elif section == "steps":
+            link_rows = results.get("link") or link([256])
+            rate = results.get("cpu_adam_params_per_s") or cpu_adam(64 * MiB)
+            layers, hidden, seq = (8, 2048, 1024) if quick else (16, 4096, 4096)
+            results["steps"] = steps_vs_bound(layers, hidden, seq, link_rows, rate, host)
+        elif section == "capacity":
+            fraction, hidden = (0.05, 1024) if quick else (0.1, 4096)
+            results["capacity"] = capacity(fraction, hidden, 1024, args.ratio, host)
+        results.setdefault("seconds", {})[section] = round(time.perf_counter() - start, 1)
+        _save(args.json, results)
+        print(
+            f"{section}: {json.dumps(results.get(section, results.get('cpu_adam_params_per_s')))}"
+        )
+    print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
