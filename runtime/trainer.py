@@ -434,8 +434,8 @@ class HostWork:
         self.norms: dict[int, float] = {}
 
     def land(self, index: int, unit: Unit, grad: Tensor, dtype: torch.dtype, final: bool) -> None:
-        """Evacuate ``grad`` (device) into ``unit``'s accumulator; ``final`` (the step's last
-        micro-batch) also takes the unit's squared norm for clipping."""
+        """Evacuate ``grad`` (device) into ``unit``'s accumulator; ``final`` (the unit's last
+        landing of the step) also takes the unit's squared norm for clipping."""
         if len(self.landings) >= len(self.slabs):
             self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
         slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
@@ -443,17 +443,16 @@ class HostWork:
         source = grad.detach().reshape(-1).to(dtype)
         event = self.backend.d2h(slab, source)
 
-        def work() -> None:
-            # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it
+        def work(source: Tensor) -> None:
+            # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it;
+            # ``source`` is held until the copy that reads it has completed
             self.backend.synchronize(event)
             acc = unit.host["grad"]
             acc.add_(slab.float())
             if final:
                 self.norms[index] = float(acc.pow(2).sum())
-            del source_ref[:]  # the device gradient may be freed now
 
-        source_ref = [source]  # held until the copy that reads it has completed
-        self.landings.append(self.executor.submit(work))
+        self.landings.append(self.executor.submit(work, source))
 
     def drain(self) -> None:
         """Wait for every landing (and surface any error from the host thread)."""
@@ -463,7 +462,10 @@ class HostWork:
     def submit(self, fn: Callable[[], None]) -> Future[None]:
         return self.executor.submit(fn)
 
-    def close(self) -> None:
+    def __enter__(self) -> HostWork:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
 
@@ -551,177 +553,154 @@ def _train_streaming(
     with host():  # two pinned gradient slabs, shared by every unit
         slab_fields = [(f"slab{i}", largest, dtype) for i in range(2)]
         slabs = list(carve(backend.host_buffer(carved_bytes(slab_fields)), slab_fields).values())
-    work = HostWork(backend, slabs)
-    try:
-        return _stream_steps(
-            spec, train, cfg, on_phase, backend, units, templates, head_norm, pool, stream, work
-        )
-    finally:
-        work.close()
+    with HostWork(backend, slabs) as work:
+        n_layers = spec.num_layers
+        k = train.checkpoint_every or 1
+        o = cfg.optim
+        losses: list[float] = []
+        last_micro = train.grad_accum_steps - 1
 
+        def land(index: int, grad: Tensor, final: bool) -> None:
+            work.land(index, units[index], grad, dtype, final)
 
-def _stream_steps(
-    spec: ModelSpec,
-    train: TrainSpec,
-    cfg: RunConfig,
-    on_phase: PhaseHook,
-    backend: CpuBackend,
-    units: list[Unit],
-    templates: list[DecoderLayer],
-    head_norm: torch.nn.Module,
-    pool: Pool,
-    stream: Streamer,
-    work: HostWork,
-) -> Result:
-    device = torch.device(cfg.device)
-    dtype = cfg.dtype
-    n_layers = spec.num_layers
-    k = train.checkpoint_every or 1
-    o = cfg.optim
-    losses: list[float] = []
-    last_micro = train.grad_accum_steps - 1
+        def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+            out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
+            return out
 
-    def land(index: int, grad: Tensor, micro: int) -> None:
-        work.land(index, units[index], grad, dtype, final=micro == last_micro)
-
-    def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
-        return out
-
-    start = time.perf_counter()
-    on_phase("placement", 0)
-    tied = spec.tied_embeddings
-    for step in range(1, cfg.steps + 1):
-        total = 0.0
-        for micro in range(train.grad_accum_steps):
-            ids, labels = synthetic_batch(
-                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-            )
-            ids, labels = ids.to(device), labels.to(device)
-            cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
-            # forward: embedding, layers without autograd, checkpoints every k layers
-            # compute is issued before the next prefetch: that one may wait for the CPU
-            # optimizer to finish the next unit, and the device should be busy meanwhile
-            slot, flat = stream.acquire(0)
-            with torch.no_grad():
-                h = F.embedding(ids, units[0].views(flat)["weight"])
-            if n_layers and cfg.prefetch:
-                stream.prefetch(1)
-            stream.release(slot)
-            checkpoints: dict[int, Tensor] = {}
-            for i in range(n_layers):
-                if i % k == 0:
-                    checkpoints[i] = h
-                slot, flat = stream.acquire(1 + i)
-                with torch.no_grad():
-                    h = layer_forward(i, flat, h, cos, sin)
-                if cfg.prefetch:
-                    stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
-                stream.release(slot)
-            # head and loss (and the tied embedding), with autograd
-            head = len(units) - 1
-            slot, flat = stream.acquire(head)
-            head_w = flat.detach().clone().requires_grad_(True)
-            stream.release(slot)
-            embed_w = None
-            if tied:
+        start = time.perf_counter()
+        on_phase("placement", 0)
+        tied = spec.tied_embeddings
+        for step in range(1, cfg.steps + 1):
+            total = 0.0
+            for micro in range(train.grad_accum_steps):
+                ids, labels = synthetic_batch(
+                    spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+                )
+                ids, labels = ids.to(device), labels.to(device)
+                cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
+                # forward: embedding, layers without autograd, checkpoints every k layers
+                # compute is issued before the next prefetch: that one may wait for the CPU
+                # optimizer to finish the next unit, and the device should be busy meanwhile
                 slot, flat = stream.acquire(0)
-                embed_w = flat.detach().clone().requires_grad_(True)
+                with torch.no_grad():
+                    h = F.embedding(ids, units[0].views(flat)["weight"])
+                if n_layers and cfg.prefetch:
+                    stream.prefetch(1)
                 stream.release(slot)
-            x = h.detach().requires_grad_(True)
-            views = units[head].views(head_w)
-            normed = functional_call(
-                head_norm,
-                {n.split(".", 1)[1]: t for n, t in views.items() if n.startswith("norm.")},
-                (x,),
-            )
-            if embed_w is not None:
-                weight = embed_w.view(spec.vocab_size, spec.hidden_size)
-            else:
-                weight = views["lm_head.weight"]
-            bias = views.get("lm_head.bias")
-            loss = loss_fn(F.linear(normed, weight, bias), labels)
-            on_phase("forward", step)
-            (loss / train.grad_accum_steps).backward()
-            total += loss.item()
-            assert head_w.grad is not None and x.grad is not None
-            land(head, head_w.grad, micro)
-            if embed_w is not None:
-                assert embed_w.grad is not None
-                land(0, embed_w.grad, micro)
-            grad_h = x.grad
-            # backward: each block recomputed from its checkpoint, layer by layer
-            for b in reversed(range(0, n_layers, k)):
-                e = min(b + k, n_layers)
-                inputs = [checkpoints.pop(b)]
-                for i in range(b, e - 1):
+                checkpoints: dict[int, Tensor] = {}
+                for i in range(n_layers):
+                    if i % k == 0:
+                        checkpoints[i] = h
                     slot, flat = stream.acquire(1 + i)
                     with torch.no_grad():
-                        inputs.append(layer_forward(i, flat, inputs[-1], cos, sin))
+                        h = layer_forward(i, flat, h, cos, sin)
+                    if cfg.prefetch:
+                        stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
                     stream.release(slot)
-                for i in reversed(range(b, e)):
-                    slot, flat = stream.acquire(1 + i)
-                    nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
-                    if nxt is not None and cfg.prefetch:
-                        stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
-                    w = flat.detach().requires_grad_(True)
-                    xi = inputs[i - b].detach().requires_grad_(True)
-                    out = layer_forward(i, w, xi, cos, sin)
-                    torch.autograd.backward(out, grad_h)
+                # head and loss (and the tied embedding), with autograd
+                head = len(units) - 1
+                slot, flat = stream.acquire(head)
+                head_w = flat.detach().clone().requires_grad_(True)
+                stream.release(slot)
+                embed_w = None
+                if tied:
+                    slot, flat = stream.acquire(0)
+                    embed_w = flat.detach().clone().requires_grad_(True)
                     stream.release(slot)
-                    assert w.grad is not None and xi.grad is not None
-                    land(1 + i, w.grad, micro)
-                    grad_h = xi.grad
-            # embedding backward: scatter the input gradient into the rows that were used
-            embed_grad = torch.zeros(
-                spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
-            )
-            embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
-            land(0, embed_grad, micro)
-            on_phase("backward", step)
-        # the CPU optimizer, on the host thread, unit by unit in the order the next forward
-        # loads them, with the clipping coefficient of the whole step; each unit's next load
-        # waits for its own update only
-        work.drain()
-        stream.invalidate()
-        with host():
+                x = h.detach().requires_grad_(True)
+                views = units[head].views(head_w)
+                normed = functional_call(
+                    head_norm,
+                    {n.split(".", 1)[1]: t for n, t in views.items() if n.startswith("norm.")},
+                    (x,),
+                )
+                if embed_w is not None:
+                    weight = embed_w.view(spec.vocab_size, spec.hidden_size)
+                else:
+                    weight = views["lm_head.weight"]
+                bias = views.get("lm_head.bias")
+                loss = loss_fn(F.linear(normed, weight, bias), labels)
+                on_phase("forward", step)
+                (loss / train.grad_accum_steps).backward()
+                total += loss.item()
+                assert head_w.grad is not None and x.grad is not None
+                last = micro == last_micro
+                land(head, head_w.grad, last)
+                if embed_w is not None:  # the embedding's own backward lands after this
+                    assert embed_w.grad is not None
+                    land(0, embed_w.grad, False)
+                grad_h = x.grad
+                # backward: each block recomputed from its checkpoint, layer by layer
+                for b in reversed(range(0, n_layers, k)):
+                    e = min(b + k, n_layers)
+                    inputs = [checkpoints.pop(b)]
+                    for i in range(b, e - 1):
+                        slot, flat = stream.acquire(1 + i)
+                        with torch.no_grad():
+                            inputs.append(layer_forward(i, flat, inputs[-1], cos, sin))
+                        stream.release(slot)
+                    for i in reversed(range(b, e)):
+                        slot, flat = stream.acquire(1 + i)
+                        nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
+                        if nxt is not None and cfg.prefetch:
+                            stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
+                        w = flat.detach().requires_grad_(True)
+                        xi = inputs[i - b].detach().requires_grad_(True)
+                        out = layer_forward(i, w, xi, cos, sin)
+                        torch.autograd.backward(out, grad_h)
+                        stream.release(slot)
+                        assert w.grad is not None and xi.grad is not None
+                        land(1 + i, w.grad, last)
+                        grad_h = xi.grad
+                # embedding backward: scatter the input gradient into the rows that were used
+                embed_grad = torch.zeros(
+                    spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
+                )
+                embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
+                land(0, embed_grad, last)
+                on_phase("backward", step)
+            # the CPU optimizer, on the host thread, unit by unit in the order the next forward
+            # loads them, with the clipping coefficient of the whole step; each unit's next load
+            # waits for its own update only
+            work.drain()
+            stream.invalidate()
             norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
-        coef = clip_coefficient(norm_sq, cfg.clip_norm)
-        for index, u in enumerate(units):
-            stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
-        on_phase("optimizer", step)
-        losses.append(total / train.grad_accum_steps)
-    for ready in stream.host_ready.values():
-        ready.result()
-    stream.host_ready.clear()
-    seconds = time.perf_counter() - start
-    state: dict[str, Tensor] = {}
-    ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
-    with host():
-        for u in units:
-            for n, t in u.views(u.host["master"]).items():
-                state[_full_name(u, n)] = t.clone()
-            if ema is not None:
-                for n, t in u.views(u.host["ema"]).items():
-                    ema[_full_name(u, n)] = t.clone()
-    return Result(
-        losses,
-        cfg.steps,
-        _tokens(train, cfg),
-        seconds,
-        {
-            "mode": "streaming",
-            "checkpoint_every": k,
-            "num_buffers": train.offload.num_buffers,
-            "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
-            "peak_buffers_in_use": pool.peak_in_use,
-            "host_to_device_loads": pool.loads,
-            "host_state_bytes": backend.host_bytes,
-            "host_pinning": backend.pinning,
-        },
-        state,
-        ema,
-    )
+            coef = clip_coefficient(norm_sq, cfg.clip_norm)
+            for index, u in enumerate(units):
+                stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
+            on_phase("optimizer", step)
+            losses.append(total / train.grad_accum_steps)
+        for ready in stream.host_ready.values():
+            ready.result()
+        stream.host_ready.clear()
+        seconds = time.perf_counter() - start
+        state: dict[str, Tensor] = {}
+        ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
+        with host():
+            for u in units:
+                for n, t in u.views(u.host["master"]).items():
+                    state[_full_name(u, n)] = t.clone()
+                if ema is not None:
+                    for n, t in u.views(u.host["ema"]).items():
+                        ema[_full_name(u, n)] = t.clone()
+        return Result(
+            losses,
+            cfg.steps,
+            _tokens(train, cfg),
+            seconds,
+            {
+                "mode": "streaming",
+                "checkpoint_every": k,
+                "num_buffers": train.offload.num_buffers,
+                "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
+                "peak_buffers_in_use": pool.peak_in_use,
+                "host_to_device_loads": pool.loads,
+                "host_state_bytes": backend.host_bytes,
+                "host_pinning": backend.pinning,
+            },
+            state,
+            ema,
+        )
 
 
 def _update_unit(o: AdamWConfig, step: int, u: Unit, coef: float) -> None:

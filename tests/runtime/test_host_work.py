@@ -70,20 +70,19 @@ def test_a_third_gradient_waits_for_the_first_slab() -> None:
         unit.host = {"grad": torch.zeros(numel)}
         units.append(unit)
     grads = [torch.full((numel,), float(i + 1)) for i in range(3)]
-    work = HostWork(backend, slabs)
+    with HostWork(backend, slabs) as work:
 
-    def land_all() -> None:
-        for i, (unit, grad) in enumerate(zip(units, grads, strict=True)):
-            work.land(i, unit, grad, torch.float32, final=True)
+        def land_all() -> None:
+            for i, (unit, grad) in enumerate(zip(units, grads, strict=True)):
+                work.land(i, unit, grad, torch.float32, final=True)
 
-    lander = threading.Thread(target=land_all)
-    lander.start()
-    time.sleep(0.3)
-    assert backend.copies == 2  # the third landing waits: both slabs hold undrained copies
-    backend.gate.set()
-    lander.join(timeout=30)
-    work.drain()
-    work.close()
+        lander = threading.Thread(target=land_all)
+        lander.start()
+        time.sleep(0.3)
+        assert backend.copies == 2  # the third landing waits: both slabs hold undrained copies
+        backend.gate.set()
+        lander.join(timeout=30)
+        work.drain()
     assert backend.copies == 3 and backend.unwaited() == 0
     for unit, grad in zip(units, grads, strict=True):
         assert torch.equal(unit.host["grad"], grad)
