@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-CHUNK = 1 << 20  # elements per pass: a few MiB of fp32, cache-friendly on the host
+CHUNK = 1 << 20  # elements per pass on the host: a few MiB of fp32, cache-friendly
+DEVICE_CHUNK = 1 << 24  # on the device: fewer, larger launches (chunking allocates nothing)
 
 
 @dataclass(frozen=True)
@@ -50,30 +51,45 @@ def adamw_step(
 ) -> None:
     """One AdamW update of ``master`` in place (all flat fp32, same length), chunk by chunk.
 
-    ``grad`` is multiplied by ``grad_scale`` first (the clipping coefficient); ``ema`` becomes
-    ``d·ema + (1-d)·master``; ``working`` (any dtype) receives the updated master.
+    ``grad`` counts ``grad_scale`` times (the clipping coefficient) and is consumed: it holds
+    scratch afterwards. ``ema`` becomes ``d·ema + (1-d)·master``; ``working`` (any dtype)
+    receives the updated master. Nothing is allocated: the clipping scale is folded into the
+    moment updates and the denominator is written over the spent gradient, so the update holds
+    what the planner's fused kernels hold.
     """
     bias1 = 1 - cfg.beta1**step
     bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
     step_size = cfg.lr / bias1
     n = master.numel()
-    chunk = CHUNK if master.device.type == "cpu" else max(n, 1)
+    if grad.dtype != master.dtype:
+        raise ValueError(f"grad is {grad.dtype}, master {master.dtype}: upcast the gradient first")
+    chunk = CHUNK if master.device.type == "cpu" else DEVICE_CHUNK
     with torch.no_grad():
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
             p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
             g = grad[start:end]
-            if grad_scale != 1.0:
-                g = g * grad_scale
             p.mul_(1 - cfg.lr * cfg.weight_decay)
-            m.lerp_(g, 1 - cfg.beta1)
-            v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
-            denom = (v.sqrt() / bias2_sqrt).add_(cfg.eps)
+            if grad_scale == 1.0:
+                m.lerp_(g, 1 - cfg.beta1)
+            else:
+                m.mul_(cfg.beta1).add_(g, alpha=(1 - cfg.beta1) * grad_scale)
+            v.mul_(cfg.beta2).addcmul_(g, g, value=(1 - cfg.beta2) * grad_scale * grad_scale)
+            denom = torch.sqrt(v, out=g).div_(bias2_sqrt).add_(cfg.eps)  # g is spent
             p.addcdiv_(m, denom, value=-step_size)
             if ema is not None:
                 ema[start:end].lerp_(p, 1 - cfg.ema_decay)
             if working is not None:
                 working[start:end].copy_(p)
+
+
+def grad_norm_sq(grads: list[Tensor]) -> float:
+    """The squared 2-norm of ``grads`` together, accumulated in fp32 without an fp32 copy of any
+    of them (a reduction with an fp32 result reads 16-bit values as it goes), one sync."""
+    if not grads:
+        return 0.0
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+    return float(torch.stack(norms).square().sum()) if len(norms) > 1 else float(norms[0]) ** 2
 
 
 def clip_coefficient(total_norm_sq: float, max_norm: float | None) -> float:

@@ -44,7 +44,7 @@ from torch.func import functional_call
 from planner.estimate import knobs as planner_knobs
 from planner.model import ModelSpec
 from planner.train import TrainSpec
-from runtime.adam import AdamWConfig, adamw_step, clip_coefficient, torch_adamw
+from runtime.adam import AdamWConfig, adamw_step, clip_coefficient, grad_norm_sq, torch_adamw
 from runtime.cap import host
 from runtime.model import (
     DecoderLayer,
@@ -244,7 +244,7 @@ def _train_optimizer_offload(
     on_phase("placement", 0)
     for step in range(1, cfg.steps + 1):
         total = _accumulate(model, spec, train, cfg, step, on_phase)
-        norm_sq = sum(float(p.grad.float().pow(2).sum()) for _, p in named if p.grad is not None)
+        norm_sq = grad_norm_sq([p.grad for _, p in named if p.grad is not None])
         coef = clip_coefficient(norm_sq, cfg.clip_norm)
         # gradients of the offloaded tensors go down first, then both sides update
         events = [
@@ -450,7 +450,7 @@ class HostWork:
             acc = unit.host["grad"]
             acc.add_(slab.float())
             if final:
-                self.norms[index] = float(acc.pow(2).sum())
+                self.norms[index] = grad_norm_sq([acc])
 
         self.landings.append(self.executor.submit(work, source))
 
