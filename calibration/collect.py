@@ -1,9 +1,10 @@
 """Trace the designs the shipped ``runtime`` and ``hf`` coefficients are fitted from, and write
 them to ``calibration/data/<impl>-traces.json``.
 
-- ``runtime``: the trainer's model. The design varies width, FFN width, heads and KV heads,
-  vocabulary, depth, MoE, micro-batch and sequence length, at widths of 64 to 160 (its MoE
-  models trace with real tensors). Every third configuration is held out.
+- ``runtime``: the trainer's model, under fake tensors. The design varies width, FFN width,
+  heads and KV heads, vocabulary, depth, MoE, micro-batch and sequence length: widths of 64 to
+  160 at sequences up to 128, and 512 to 2048 at sequences of 512 to 2048. Every third
+  configuration is held out, and whole two-layer cuts of the GPU matrix's dense and MoE models.
 - ``hf``: transformers models (llama, qwen2, mixtral, qwen2_moe) built from configs with random
   weights, traced under fake tensors at widths of 512 to 4096 and sequences of 256 to 2048.
   Whole shapes are held out: one of each family, and two-layer cuts of Llama-3-8B,
@@ -54,6 +55,34 @@ SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] = [
     ),
 ]
 BATCHES = [(1, 64), (2, 128), (4, 32)]
+#: widths of the GPU matrix's models and its sequence lengths; the last dense and MoE shapes
+#: are two-layer cuts of those models (bench/calibration_gpu.py), held out whole
+LARGE_SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] = [
+    (512, 8, 4, 1408, 8000, 2, None),
+    (1024, 16, 8, 2816, 16000, 3, None),
+    (512, 8, 4, 1408, 8000, 2, {"num_experts": 8, "top_k": 2, "expert_ffn_size": 352}),
+    (
+        1024,
+        16,
+        8,
+        2816,
+        16000,
+        2,
+        {"num_experts": 16, "top_k": 4, "expert_ffn_size": 512, "num_shared_experts": 1},
+    ),
+    (2048, 16, 8, 5632, 32000, 2, None),
+    (
+        2048,
+        16,
+        8,
+        5632,
+        32000,
+        2,
+        {"num_experts": 8, "top_k": 2, "expert_ffn_size": 1408, "num_shared_experts": 1},
+    ),
+]
+LARGE_BATCHES = [(1, 2048), (2, 512), (4, 1024)]
+HELD_OUT_LARGE = 2  # the last two large shapes
 
 #: hf design: (family, hidden, heads, kv heads, ffn, vocab, layers, tied, moe, held out)
 HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | None, bool]] = [
@@ -158,7 +187,12 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         return out
     base = planner.load_model("tiny-dense").model_dump()
     out = []
-    for i, (hidden, heads, kv, ffn, vocab, layers, moe) in enumerate(SHAPES):
+    shapes = [(shape, BATCHES, False) for shape in SHAPES]
+    shapes += [
+        (shape, LARGE_BATCHES, i >= len(LARGE_SHAPES) - HELD_OUT_LARGE)
+        for i, shape in enumerate(LARGE_SHAPES)
+    ]
+    for i, ((hidden, heads, kv, ffn, vocab, layers, moe), batches, whole) in enumerate(shapes):
         model = planner.ModelSpec.model_validate(
             {
                 **base,
@@ -173,8 +207,8 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
                 "source": "calibration design (calibration/collect.py)",
             }
         )
-        for mb, seq in BATCHES:
-            out.append((model, _train(mb, seq, "runtime"), len(out) % 3 == 2))
+        for mb, seq in batches:
+            out.append((model, _train(mb, seq, "runtime"), whole or len(out) % 3 == 2))
     return out
 
 

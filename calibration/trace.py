@@ -3,11 +3,10 @@
 Two optimizer steps (torch AdamW over the working parameters) of a model run under PyTorch's
 per-category memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``). The model is
 
-- ``runtime``: the trainer's own (``runtime.model.DecoderLM``, its ``none`` placement). Dense
-  models run under ``FakeTensorMode``: no memory is allocated, so full-width layers trace in
-  seconds. Its MoE routing is data-dependent (``nonzero``), which fake tensors cannot run, so
-  MoE models are traced with real tensors: give them at a size this host holds (the report says
-  ``mode: real``).
+- ``runtime``: the trainer's own (``runtime.model.DecoderLM``, its ``none`` placement), under
+  ``FakeTensorMode``: no memory is allocated, so full-width layers trace in seconds. Its MoE
+  layers dispatch into fixed ``(experts, capacity)`` slots, so no shape depends on the routing
+  and MoE models trace under fake tensors as dense ones do.
 - ``hf``: a transformers model built from a config with random weights (``calibration.hf``).
   transformers' default experts implementation sorts the tokens by expert into buffers whose
   shapes do not depend on the routing, so dense and MoE models both trace under fake tensors.
@@ -25,7 +24,6 @@ master copy. Other specs are refused, naming ``precision``.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -125,11 +123,10 @@ def trace(
     ``impl`` is ``runtime`` (the trainer's model) or ``hf`` (a transformers model built from
     ``config``, by default the one ``calibration.hf.config_for(model)`` writes)."""
     dtype = check_traceable(train)
-    fake = impl == "hf" or model.moe is None
     start = time.perf_counter()
     phases: list[dict[str, Any]] = []
     previous = torch.get_default_dtype()
-    with FakeTensorMode() if fake else contextlib.nullcontext():
+    with FakeTensorMode():  # both implementations' shapes are independent of the values
         torch.set_default_dtype(dtype)
         try:
             net, batch_loss = _build(impl, model, train, config)
@@ -138,7 +135,6 @@ def trace(
         optimizer = torch_adamw(net.parameters(), train.optimizer_impl, lr=1e-4)
         tracker = MemTracker()
         tracker.track_external(net, optimizer)
-        generator = None if fake else torch.Generator().manual_seed(0)
 
         def snapshot(phase: str, step: int) -> None:
             current = _categories(tracker.get_tracker_snapshot("current"))
@@ -153,7 +149,6 @@ def trace(
                         0,
                         model.vocab_size,
                         (train.micro_batch_size, train.seq_len),
-                        generator=generator,
                     )
                     loss = batch_loss(net, ids)
                     snapshot("forward", step)
@@ -166,7 +161,7 @@ def trace(
             peak = _categories(tracker.get_tracker_snapshot("peak"))
     return {
         "impl": impl,
-        "mode": "fake" if fake else "real",
+        "mode": "fake",
         "seconds": time.perf_counter() - start,
         "peak": peak,
         "phases": phases,

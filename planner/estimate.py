@@ -251,9 +251,10 @@ def _model_states(
             embedding_grad = b.grads_bytes(sp.embedding_numel, bg, zd[1])
             grads_end = grads_total - embedding_grad
             # The embedding's backward makes a new table-sized gradient. A tied table already
-            # holds the head's contribution in autograd's input buffer, and accumulation adds
-            # into the existing .grad: each keeps one more table alive at that moment.
-            extra = int(sp.tied_embeddings) + int(accumulating)
+            # holds the head's contribution in autograd's input buffer, and the engine adds the
+            # two out of place (measured: three tables at once, on real and fake tensors);
+            # accumulation adds into the existing .grad, one more table alive at that moment.
+            extra = 2 * int(sp.tied_embeddings) + int(accumulating)
             grads_tail = grads_total + embedding_grad * extra
         else:
             grads_end = grads_tail = grads_total

@@ -53,9 +53,9 @@ def adamw_step(
 
     ``grad`` counts ``grad_scale`` times (the clipping coefficient) and is consumed: it holds
     scratch afterwards. ``ema`` becomes ``d·ema + (1-d)·master``; ``working`` (any dtype)
-    receives the updated master. Nothing is allocated: the clipping scale is folded into the
-    moment updates and the denominator is written over the spent gradient, so the update holds
-    what the planner's fused kernels hold.
+    receives the updated master. Nothing is allocated: the gradient is scaled in place and the
+    denominator is written over it once the moments have it, so the update holds what the
+    planner's fused kernels hold.
     """
     bias1 = 1 - cfg.beta1**step
     bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
@@ -69,12 +69,11 @@ def adamw_step(
             end = min(n, start + chunk)
             p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
             g = grad[start:end]
+            if grad_scale != 1.0:
+                g.mul_(grad_scale)  # as clip_grad_norm_ scales: in place, the gradient is spent
             p.mul_(1 - cfg.lr * cfg.weight_decay)
-            if grad_scale == 1.0:
-                m.lerp_(g, 1 - cfg.beta1)
-            else:
-                m.mul_(cfg.beta1).add_(g, alpha=(1 - cfg.beta1) * grad_scale)
-            v.mul_(cfg.beta2).addcmul_(g, g, value=(1 - cfg.beta2) * grad_scale * grad_scale)
+            m.lerp_(g, 1 - cfg.beta1)
+            v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
             denom = torch.sqrt(v, out=g).div_(bias2_sqrt).add_(cfg.eps)  # g is spent
             p.addcdiv_(m, denom, value=-step_size)
             if ema is not None:
@@ -88,8 +87,9 @@ def grad_norm_sq(grads: list[Tensor]) -> float:
     of them (a reduction with an fp32 result reads 16-bit values as it goes), one sync."""
     if not grads:
         return 0.0
+    # clip_grad_norm_'s arithmetic: the norm of the per-tensor norms
     norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
-    return float(torch.stack(norms).square().sum()) if len(norms) > 1 else float(norms[0]) ** 2
+    return float(torch.linalg.vector_norm(torch.stack(norms))) ** 2
 
 
 def clip_coefficient(total_norm_sq: float, max_norm: float | None) -> float:

@@ -137,9 +137,31 @@ class StackedExperts(nn.Module):
             return self._proj("down_proj", index, hidden)
         return self._proj("fc2", index, F.gelu(self._proj("fc1", index, x)))
 
+    def _batched(self, name: str, x: Tensor) -> Tensor:
+        proj = getattr(self, name)
+        assert isinstance(proj, Stacked)
+        y = torch.bmm(x, proj.weight.transpose(1, 2))
+        return y if proj.bias is None else y + proj.bias[:, None, :]
+
+    def all_experts(self, x: Tensor) -> Tensor:
+        """Every expert on its own slots: ``x`` is ``(count, slots, in)``."""
+        if self.swiglu:
+            hidden = F.silu(self._batched("gate_proj", x)) * self._batched("up_proj", x)
+            return self._batched("down_proj", hidden)
+        return self._batched("fc2", F.gelu(self._batched("fc1", x)))
+
 
 class MoE(nn.Module):
-    """Top-k softmax router with a per-expert capacity; overflowing tokens skip the expert."""
+    """Top-k softmax router with a per-expert capacity; overflowing tokens skip the expert.
+
+    Dispatch has fixed shapes (GShard's): each expert owns ``C = ceil(CF x tokens x top_k / E)``
+    slots, filled first come, first served in (token, choice) order; the experts run as one
+    batched matmul over ``(E, C, hidden)`` gathered inputs, and the outputs, scaled by their
+    routing weights, are added back to their tokens. An empty slot computes on token 0 with
+    weight 0. Nothing depends on the routing's values: no host synchronisation on a GPU, the
+    memory is the planner's (``moe_dispatch``: fp32 router probabilities, the gathered inputs
+    and the expert outputs), and the layer traces under fake tensors.
+    """
 
     def __init__(self, spec: ModelSpec, capacity_factor: float) -> None:
         super().__init__()
@@ -167,15 +189,10 @@ class MoE(nn.Module):
         _, chosen = scores.topk(self.top_k, dim=-1)
         weights = probs.gather(-1, chosen)
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
-        capacity = math.ceil(self.capacity_factor * tokens.shape[0] * self.top_k / self.num_experts)
-        out = torch.zeros_like(tokens)
-        for e in range(self.num_experts):
-            token_idx, slot = (chosen == e).nonzero(as_tuple=True)
-            if token_idx.numel() == 0:
-                continue
-            token_idx, slot = token_idx[:capacity], slot[:capacity]  # first come, first served
-            y = self.experts.expert(e, tokens[token_idx]) * weights[token_idx, slot, None]
-            out = out.index_add(0, token_idx, y)
+        slot_token, slot_weight = self.dispatch(chosen, weights)
+        gathered = tokens.index_select(0, slot_token).view(self.num_experts, -1, shape[-1])
+        y = self.experts.all_experts(gathered) * slot_weight.view(self.num_experts, -1, 1)
+        out = torch.zeros_like(tokens).index_add(0, slot_token, y.view(-1, shape[-1]))
         if self.shared_experts is not None:
             shared = self.shared_experts.expert(0, tokens)
             for i in range(1, self.shared_experts.count):
@@ -184,6 +201,28 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
             out = out + shared
         return out.reshape(shape)
+
+    def dispatch(self, chosen: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """(token, routing weight) of each of the ``E x C`` slots, from the top-k choices."""
+        experts, k = self.num_experts, self.top_k
+        total = chosen.numel()
+        capacity = math.ceil(self.capacity_factor * chosen.shape[0] * k / experts)
+        flat = chosen.reshape(-1)
+        # rank of each choice among its expert's, in (token, choice) order: a stable sort
+        # groups the choices by expert, and each group starts where searchsorted says
+        ordered, order = flat.sort(stable=True)
+        starts = torch.searchsorted(ordered, torch.arange(experts, device=flat.device))
+        rank_sorted = torch.arange(total, device=flat.device) - starts[ordered]
+        rank = torch.empty_like(rank_sorted).scatter_(0, order, rank_sorted)
+        # overflowing choices all land on one extra slot, dropped below
+        slot = torch.where(rank < capacity, flat * capacity + rank, experts * capacity)
+        token = torch.arange(chosen.shape[0], device=flat.device).repeat_interleave(k)
+        slots = experts * capacity + 1
+        slot_token = torch.zeros(slots, dtype=torch.long, device=flat.device).scatter(
+            0, slot, token
+        )
+        slot_weight = weights.new_zeros(slots).scatter(0, slot, weights.reshape(-1))
+        return slot_token[:-1], slot_weight[:-1]
 
 
 class DecoderLayer(nn.Module):

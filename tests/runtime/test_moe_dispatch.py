@@ -1,0 +1,106 @@
+"""The MoE layer's fixed-shape dispatch routes, drops and weighs exactly as a per-expert loop
+over the tokens each expert was chosen by (first come, first served up to its capacity)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import planner
+from runtime.model import DecoderLM, MoE, build_model
+
+
+def _loop_forward(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The routing by data-dependent selection: each expert takes the (token, choice) pairs
+    that chose it, in order, up to capacity."""
+    tokens = x.reshape(-1, x.shape[-1])
+    probs = F.linear(tokens, moe.gate.weight).float().softmax(dim=-1)
+    bias = moe.gate.e_score_correction_bias
+    scores = probs if bias is None else probs + bias.float()
+    _, chosen = scores.topk(moe.top_k, dim=-1)
+    weights = probs.gather(-1, chosen)
+    weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+    capacity = math.ceil(moe.capacity_factor * tokens.shape[0] * moe.top_k / moe.num_experts)
+    out = torch.zeros_like(tokens)
+    for e in range(moe.num_experts):
+        token_idx, slot = (chosen == e).nonzero(as_tuple=True)
+        token_idx, slot = token_idx[:capacity], slot[:capacity]
+        y = moe.experts.expert(e, tokens[token_idx]) * weights[token_idx, slot, None]
+        out = out.index_add(0, token_idx, y)
+    if moe.shared_experts is not None:
+        for i in range(moe.shared_experts.count):
+            out = out + moe.shared_experts.expert(i, tokens)
+    return out.reshape(x.shape)
+
+
+def _moe(capacity_factor: float, **moe: object) -> MoE:
+    spec = planner.load_model("tiny-moe").model_copy(deep=True)
+    spec = planner.ModelSpec.model_validate(
+        {**spec.model_dump(), "moe": {**spec.moe.model_dump(), **moe}}  # type: ignore[union-attr]
+    )
+    model = build_model(spec, seed=3, dtype=torch.float32, device=torch.device("cpu"))
+    layer = next(m for m in model.modules() if isinstance(m, MoE))
+    layer.capacity_factor = capacity_factor
+    return layer
+
+
+@pytest.mark.parametrize(
+    ("capacity_factor", "moe"),
+    [
+        (1.25, {}),
+        (0.5, {}),  # most experts overflow: drops decide the output
+        (0.75, {"router_bias": True, "num_shared_experts": 2}),
+    ],
+)
+def test_dispatch_matches_the_per_expert_loop(capacity_factor: float, moe: dict) -> None:
+    layer = _moe(capacity_factor, **moe)
+    if layer.gate.e_score_correction_bias is not None:
+        with torch.no_grad():
+            layer.gate.e_score_correction_bias.normal_(0, 0.1)
+    x = torch.randn(2, 24, layer.gate.weight.shape[1], generator=torch.Generator().manual_seed(1))
+    grads = []
+    outs = []
+    for forward in (layer.forward, lambda t: _loop_forward(layer, t)):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        out = forward(xi)
+        out.pow(2).sum().backward()
+        outs.append(out.detach())
+        assert xi.grad is not None
+        grads.append([xi.grad] + [p.grad for p in layer.parameters() if p.grad is not None])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_overflowing_choices_are_dropped_in_token_order() -> None:
+    layer = _moe(1.0)
+    experts, k = layer.num_experts, layer.top_k
+    tokens = 2 * experts
+    chosen = torch.stack(
+        [torch.zeros(tokens, dtype=torch.long), torch.ones(tokens, dtype=torch.long)], 1
+    )[:, :k]
+    weights = torch.rand(tokens, k)
+    slot_token, slot_weight = layer.dispatch(chosen, weights)
+    capacity = math.ceil(tokens * k / experts)
+    assert slot_token.shape == (experts * capacity,)
+    # expert 0 takes the first `capacity` tokens; the rest of its choosers are dropped
+    assert slot_token[:capacity].tolist() == list(range(capacity))
+    assert torch.equal(slot_weight[:capacity], weights[:capacity, 0])
+    assert slot_weight[2 * capacity :].abs().sum() == 0  # unchosen experts: empty slots
+
+
+def test_the_moe_model_runs_under_fake_tensors() -> None:
+    spec = planner.load_model("tiny-moe")
+    with FakeTensorMode():
+        model = DecoderLM(spec, 1.25)  # uninitialised: fake tensors hold no values
+        ids = torch.randint(0, spec.vocab_size, (2, 16))
+        logits = model(ids)
+        logits.sum().backward()
+        assert logits.shape == (2, 16, spec.vocab_size)
+        assert all(p.grad is not None for p in model.parameters())
