@@ -567,98 +567,104 @@ def _train_streaming(
             out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
             return out
 
+        tied = spec.tied_embeddings
+
+        def micro_batch(step: int, micro: int) -> float:
+            """One micro-batch's forward and backward; its tensors die on return."""
+            ids, labels = synthetic_batch(
+                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
+            )
+            ids, labels = ids.to(device), labels.to(device)
+            cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
+            # forward: embedding, layers without autograd, checkpoints every k layers
+            # compute is issued before the next prefetch: that one may wait for the CPU
+            # optimizer to finish the next unit, and the device should be busy meanwhile
+            slot, flat = stream.acquire(0)
+            with torch.no_grad():
+                h = F.embedding(ids, units[0].views(flat)["weight"])
+            if n_layers and cfg.prefetch:
+                stream.prefetch(1)
+            stream.release(slot)
+            checkpoints: dict[int, Tensor] = {}
+            for i in range(n_layers):
+                if i % k == 0:
+                    checkpoints[i] = h
+                slot, flat = stream.acquire(1 + i)
+                with torch.no_grad():
+                    h = layer_forward(i, flat, h, cos, sin)
+                if cfg.prefetch:
+                    stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
+                stream.release(slot)
+            # head and loss (and the tied embedding), with autograd
+            head = len(units) - 1
+            slot, flat = stream.acquire(head)
+            head_w = flat.detach().clone().requires_grad_(True)
+            stream.release(slot)
+            embed_w = None
+            if tied:
+                slot, flat = stream.acquire(0)
+                embed_w = flat.detach().clone().requires_grad_(True)
+                stream.release(slot)
+            x = h.detach().requires_grad_(True)
+            views = units[head].views(head_w)
+            normed = functional_call(
+                head_norm,
+                {n.split(".", 1)[1]: t for n, t in views.items() if n.startswith("norm.")},
+                (x,),
+            )
+            if embed_w is not None:
+                weight = embed_w.view(spec.vocab_size, spec.hidden_size)
+            else:
+                weight = views["lm_head.weight"]
+            bias = views.get("lm_head.bias")
+            loss = loss_fn(F.linear(normed, weight, bias), labels)
+            on_phase("forward", step)
+            (loss / train.grad_accum_steps).backward()
+            loss_value = loss.item()
+            assert head_w.grad is not None and x.grad is not None
+            last = micro == last_micro
+            land(head, head_w.grad, last)
+            if embed_w is not None:  # the embedding's own backward lands after this
+                assert embed_w.grad is not None
+                land(0, embed_w.grad, False)
+            grad_h = x.grad
+            # backward: each block recomputed from its checkpoint, layer by layer
+            for b in reversed(range(0, n_layers, k)):
+                e = min(b + k, n_layers)
+                inputs = [checkpoints.pop(b)]
+                for i in range(b, e - 1):
+                    slot, flat = stream.acquire(1 + i)
+                    with torch.no_grad():
+                        inputs.append(layer_forward(i, flat, inputs[-1], cos, sin))
+                    stream.release(slot)
+                for i in reversed(range(b, e)):
+                    slot, flat = stream.acquire(1 + i)
+                    nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
+                    if nxt is not None and cfg.prefetch:
+                        stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
+                    w = flat.detach().requires_grad_(True)
+                    xi = inputs[i - b].detach().requires_grad_(True)
+                    out = layer_forward(i, w, xi, cos, sin)
+                    torch.autograd.backward(out, grad_h)
+                    stream.release(slot)
+                    assert w.grad is not None and xi.grad is not None
+                    land(1 + i, w.grad, last)
+                    grad_h = xi.grad
+            # embedding backward: scatter the input gradient into the rows that were used
+            embed_grad = torch.zeros(
+                spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
+            )
+            embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
+            land(0, embed_grad, last)
+            on_phase("backward", step)
+            return loss_value
+
         start = time.perf_counter()
         on_phase("placement", 0)
-        tied = spec.tied_embeddings
         for step in range(1, cfg.steps + 1):
             total = 0.0
             for micro in range(train.grad_accum_steps):
-                ids, labels = synthetic_batch(
-                    spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-                )
-                ids, labels = ids.to(device), labels.to(device)
-                cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
-                # forward: embedding, layers without autograd, checkpoints every k layers
-                # compute is issued before the next prefetch: that one may wait for the CPU
-                # optimizer to finish the next unit, and the device should be busy meanwhile
-                slot, flat = stream.acquire(0)
-                with torch.no_grad():
-                    h = F.embedding(ids, units[0].views(flat)["weight"])
-                if n_layers and cfg.prefetch:
-                    stream.prefetch(1)
-                stream.release(slot)
-                checkpoints: dict[int, Tensor] = {}
-                for i in range(n_layers):
-                    if i % k == 0:
-                        checkpoints[i] = h
-                    slot, flat = stream.acquire(1 + i)
-                    with torch.no_grad():
-                        h = layer_forward(i, flat, h, cos, sin)
-                    if cfg.prefetch:
-                        stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
-                    stream.release(slot)
-                # head and loss (and the tied embedding), with autograd
-                head = len(units) - 1
-                slot, flat = stream.acquire(head)
-                head_w = flat.detach().clone().requires_grad_(True)
-                stream.release(slot)
-                embed_w = None
-                if tied:
-                    slot, flat = stream.acquire(0)
-                    embed_w = flat.detach().clone().requires_grad_(True)
-                    stream.release(slot)
-                x = h.detach().requires_grad_(True)
-                views = units[head].views(head_w)
-                normed = functional_call(
-                    head_norm,
-                    {n.split(".", 1)[1]: t for n, t in views.items() if n.startswith("norm.")},
-                    (x,),
-                )
-                if embed_w is not None:
-                    weight = embed_w.view(spec.vocab_size, spec.hidden_size)
-                else:
-                    weight = views["lm_head.weight"]
-                bias = views.get("lm_head.bias")
-                loss = loss_fn(F.linear(normed, weight, bias), labels)
-                on_phase("forward", step)
-                (loss / train.grad_accum_steps).backward()
-                total += loss.item()
-                assert head_w.grad is not None and x.grad is not None
-                last = micro == last_micro
-                land(head, head_w.grad, last)
-                if embed_w is not None:  # the embedding's own backward lands after this
-                    assert embed_w.grad is not None
-                    land(0, embed_w.grad, False)
-                grad_h = x.grad
-                # backward: each block recomputed from its checkpoint, layer by layer
-                for b in reversed(range(0, n_layers, k)):
-                    e = min(b + k, n_layers)
-                    inputs = [checkpoints.pop(b)]
-                    for i in range(b, e - 1):
-                        slot, flat = stream.acquire(1 + i)
-                        with torch.no_grad():
-                            inputs.append(layer_forward(i, flat, inputs[-1], cos, sin))
-                        stream.release(slot)
-                    for i in reversed(range(b, e)):
-                        slot, flat = stream.acquire(1 + i)
-                        nxt = i - 1 if i > b else (b - 1 if b > 0 else None)
-                        if nxt is not None and cfg.prefetch:
-                            stream.prefetch(1 + nxt if i > b else 1 + max(b - k, 0))
-                        w = flat.detach().requires_grad_(True)
-                        xi = inputs[i - b].detach().requires_grad_(True)
-                        out = layer_forward(i, w, xi, cos, sin)
-                        torch.autograd.backward(out, grad_h)
-                        stream.release(slot)
-                        assert w.grad is not None and xi.grad is not None
-                        land(1 + i, w.grad, last)
-                        grad_h = xi.grad
-                # embedding backward: scatter the input gradient into the rows that were used
-                embed_grad = torch.zeros(
-                    spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
-                )
-                embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
-                land(0, embed_grad, last)
-                on_phase("backward", step)
+                total += micro_batch(step, micro)
             # the CPU optimizer, on the host thread, unit by unit in the order the next forward
             # loads them, with the clipping coefficient of the whole step; each unit's next load
             # waits for its own update only

@@ -74,3 +74,25 @@ def test_the_cap_counts_what_the_trainer_holds_on_the_device() -> None:
     train = planner.TrainSpec(micro_batch_size=1, seq_len=8)
     peak = _peak(train)
     assert 16 * n <= peak < 16 * n * 1.5
+
+
+def test_streaming_holds_only_its_pool_between_steps() -> None:
+    """A micro-batch's tensors (checkpoints, the embedding gradient, the last layer's gradient)
+    die with it: after each step the device holds the buffer pool and nothing else, so every
+    step peaks where the first does."""
+    from runtime.probe import MemoryProbe
+
+    spec = planner.load_model("tiny-dense")
+    train = planner.TrainSpec(
+        micro_batch_size=2, seq_len=32, offload={"mode": "streaming", "checkpoint_every": 2}
+    )
+    with DeviceCap(2**40) as cap:
+        probe = MemoryProbe(torch.device("cpu"), cap)
+        train_model(spec, train, RunConfig(steps=3), on_phase=probe)
+    snaps = probe.snapshots
+    pool = snaps[0]["allocated_bytes"]
+    assert snaps[0]["phase"] == "placement" and pool > 0
+    assert [s["allocated_bytes"] for s in snaps if s["phase"] == "optimizer"] == [pool] * 3
+    for phase in ("forward", "backward"):
+        peaks = {s["allocated_peak_bytes"] for s in snaps if s["phase"] == phase}
+        assert len(peaks) == 1, (phase, peaks)
