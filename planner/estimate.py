@@ -508,8 +508,11 @@ def _phase_totals(
         bwd = grads_tail
     if logits_f:
         # the loss's backward runs before any gradient of a parameter exists (the head's own
-        # follows it), unless the buffers are already live
+        # follows it), unless the buffers are already live; streaming has no gradient
+        # draining to the host yet (its slabs are counted in transfer)
         loss = (grads_start if (accumulating or streaming) else 0) + live + logits_f + logits_b
+        if streaming:
+            loss -= transfer
         if loss > bwd:
             bwd = loss
     fwd = base + live + logits_f
@@ -625,7 +628,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
                 acts_all,
                 logits_f + logits_b,
                 disp_all,
-                transfer,
+                0 if streaming else transfer,
             )
             if sum(loss) > sum(best):
                 best = loss

@@ -628,6 +628,9 @@ def _train_streaming(
                 assert embed_w.grad is not None
                 land(0, embed_w.grad, False)
             grad_h = x.grad
+            # the head's weight copies (their gradients have landed) go before the layers'
+            # backward: it holds the pool and the draining gradients only
+            del head_w, embed_w, weight, bias, views, normed, x, loss
             # backward: each block recomputed from its checkpoint, layer by layer
             for b in reversed(range(0, n_layers, k)):
                 e = min(b + k, n_layers)
