@@ -1,0 +1,150 @@
+"""The GPU calibration matrix's design on a CPU: the bundled trainer under the simulated device
+cap (``runtime.cap.DeviceCap``), against the planner's allocated bytes.
+
+The GPU matrix (``bench/calibration_gpu.py``) needs a card. This runs its grid (dense and MoE;
+offload none, optimizer 0.5 and 1, streaming; recompute none, selective, every-2 and full;
+micro-batch 1-8) with the models cut to ``--width`` and the sequences divided by ``--seq-div``,
+in bf16 with fp32 master weights, as the GPU matrix trains. The cap counts every live device
+storage exactly, so the comparison is the planner's allocated peak (every bucket but
+``cuda_context`` and ``allocator_overhead``) with the trainer's, the allocator's rounding and
+caching aside; it catches a trainer that holds what the planner does not count, or a planner
+term that is wrong, before a GPU is spent on it.
+
+Run: .venv/bin/python bench/calibration_sim.py [--width 256] [--seq-div 8] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import planner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration_gpu import DENSE, MOE, PLACEMENTS, RECOMPUTE, SHAPES
+
+sys.path.pop(0)
+
+HARDWARE = "H200-141GB"  # only the verdict's capacity; the compared bytes exclude the card's own
+
+
+def scaled(model: dict[str, Any], width: int) -> dict[str, Any]:
+    """``model`` at ``width`` (heads of 64, FFN and expert widths scaled with it)."""
+    ratio = width / model["hidden_size"]
+    heads = max(2, width // 64)
+    out = {
+        **model,
+        "name": f"{model['name']}-w{width}",
+        "hidden_size": width,
+        "num_heads": heads,
+        "num_kv_heads": max(1, heads // 2),
+        "ffn_hidden_size": int(model["ffn_hidden_size"] * ratio) // 8 * 8,
+        "vocab_size": max(1024, int(model["vocab_size"] * ratio) // 64 * 64),
+        "num_layers": min(model["num_layers"], 4),
+    }
+    if model.get("moe"):
+        moe = model["moe"]
+        out["moe"] = {**moe, "expert_ffn_size": int(moe["expert_ffn_size"] * ratio) // 8 * 8}
+        out["num_layers"] = min(model["num_layers"], 2)
+    return out
+
+
+def design(width: int, seq_div: int) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """The GPU matrix's grid (without its cliff set) at ``width`` and ``seq / seq_div``."""
+    out = []
+    for model in (scaled(DENSE, width), scaled(MOE, width)):
+        for i, offload in enumerate(PLACEMENTS):
+            for j, recompute in enumerate(RECOMPUTE):
+                if offload["mode"] == "streaming" and recompute != "none":
+                    continue
+                mb, seq = SHAPES[(i + j) % len(SHAPES)]
+                train = {
+                    "micro_batch_size": mb,
+                    "seq_len": seq // seq_div,
+                    "recompute": recompute,
+                    "offload": offload,
+                    "activation_profile": "runtime",
+                }
+                policy = recompute if isinstance(recompute, str) else "every-2"
+                label = f"{model['name']} {offload['mode']} {policy} {mb}x{seq // seq_div}"
+                out.append((label, model, train))
+    return out
+
+
+def allocated(budget: planner.Budget) -> dict[str, int]:
+    """The planner's allocated bytes per phase: the card's context and allocator slack aside."""
+    return {
+        name: row.total_bytes - row.buckets["cuda_context"] - row.buckets["allocator_overhead"]
+        for name, row in budget.gpu.phases.items()
+    }
+
+
+def measure(model: dict[str, Any], train: dict[str, Any], steps: int = 2) -> dict[str, Any]:
+    """Train one configuration under the simulated cap; planner and trainer side by side."""
+    from runtime.cap import DeviceCap
+    from runtime.probe import MemoryProbe
+    from runtime.trainer import RunConfig, train_model
+
+    spec, plan = planner.load_model(model), planner.load_train(train)
+    predicted = allocated(planner.estimate(spec, plan, planner.load_hardware(HARDWARE)))
+    start = time.perf_counter()
+    with DeviceCap(1 << 50) as cap:
+        probe = MemoryProbe(torch.device("cpu"), cap)
+        train_model(spec, plan, RunConfig(steps=steps, dtype=torch.bfloat16), on_phase=probe)
+    optimizer = max(s["allocated_peak_bytes"] for s in probe.snapshots if s["phase"] == "optimizer")
+    peak = max(predicted.values())
+    return {
+        "predicted_peak_bytes": peak,
+        "measured_peak_bytes": cap.peak_bytes,
+        "error": peak / cap.peak_bytes - 1,
+        "predicted_optimizer_bytes": predicted["optimizer"],
+        "measured_optimizer_bytes": optimizer,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [abs(r["error"]) for r in rows]
+    return {
+        "configurations": len(rows),
+        "median_abs_error": statistics.median(errors),
+        "max_abs_error": max(errors),
+        "under_predicted": sum(r["error"] < 0 for r in rows),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--seq-div", type=int, default=8)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rows = []
+    print(f"{'configuration':52} {'predicted':>10} {'measured':>10} {'error':>7}  optimizer")
+    for label, model, train in design(args.width, args.seq_div):
+        row = {"label": label, **measure(model, train)}
+        rows.append(row)
+        mib = 1 << 20
+        opt = row["predicted_optimizer_bytes"] / mib, row["measured_optimizer_bytes"] / mib
+        print(
+            f"{label:52} {row['predicted_peak_bytes'] / mib:9.2f}M "
+            f"{row['measured_peak_bytes'] / mib:9.2f}M {row['error']:+7.2%}  "
+            f"{opt[0]:.2f}/{opt[1]:.2f}M",
+            flush=True,
+        )
+    summary = summarise(rows)
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
