@@ -57,13 +57,17 @@ RECOMPUTE: list[Any] = ["none", "selective", {"every_k": 2}, "full"]
 SHAPES = [(1, 8192), (2, 4096), (4, 2048), (8, 512)]
 
 
-def design(gpu: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(label, model dict, train dict) of every configuration, the cliff set last."""
+def grid(
+    models: tuple[dict[str, Any], ...], seq_div: int = 1
+) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(label, model dict, train dict) of every placement x recompute configuration of
+    ``models``, the sequences divided by ``seq_div`` (``bench/calibration_sim.py`` cuts them)."""
     out = []
-    for model in (DENSE, MOE):
+    for model in models:
         for i, offload in enumerate(PLACEMENTS):
             for j, recompute in enumerate(RECOMPUTE):
                 mb, seq = SHAPES[(i + j) % len(SHAPES)]
+                seq //= seq_div
                 if offload["mode"] == "streaming" and recompute != "none":
                     continue  # streaming recomputes block-wise by itself
                 train = {
@@ -76,6 +80,12 @@ def design(gpu: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
                 policy = recompute if isinstance(recompute, str) else "every-2"
                 label = f"{model['name']} {offload['mode']} {policy} {mb}x{seq}"
                 out.append((label, model, train))
+    return out
+
+
+def design(gpu: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(label, model dict, train dict) of every configuration, the cliff set last."""
+    out = grid((DENSE, MOE))
     hw = planner.load_hardware(gpu)
     for mb in range(10, 17):  # the cliff: predictions from below to above capacity
         train = {"micro_batch_size": mb, "seq_len": 4096, "activation_profile": "runtime"}

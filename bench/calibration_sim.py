@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 import planner
+from calibration.compare import NOT_ALLOCATED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration_gpu import DENSE, MOE, PLACEMENTS, RECOMPUTE, SHAPES
+from calibration_gpu import DENSE, MOE, grid
 
 sys.path.pop(0)
 
@@ -58,30 +59,13 @@ def scaled(model: dict[str, Any], width: int) -> dict[str, Any]:
 
 def design(width: int, seq_div: int) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """The GPU matrix's grid (without its cliff set) at ``width`` and ``seq / seq_div``."""
-    out = []
-    for model in (scaled(DENSE, width), scaled(MOE, width)):
-        for i, offload in enumerate(PLACEMENTS):
-            for j, recompute in enumerate(RECOMPUTE):
-                if offload["mode"] == "streaming" and recompute != "none":
-                    continue
-                mb, seq = SHAPES[(i + j) % len(SHAPES)]
-                train = {
-                    "micro_batch_size": mb,
-                    "seq_len": seq // seq_div,
-                    "recompute": recompute,
-                    "offload": offload,
-                    "activation_profile": "runtime",
-                }
-                policy = recompute if isinstance(recompute, str) else "every-2"
-                label = f"{model['name']} {offload['mode']} {policy} {mb}x{seq // seq_div}"
-                out.append((label, model, train))
-    return out
+    return grid((scaled(DENSE, width), scaled(MOE, width)), seq_div)
 
 
 def allocated(budget: planner.Budget) -> dict[str, int]:
     """The planner's allocated bytes per phase: the card's context and allocator slack aside."""
     return {
-        name: row.total_bytes - row.buckets["cuda_context"] - row.buckets["allocator_overhead"]
+        name: sum(v for k, v in row.buckets.items() if k not in NOT_ALLOCATED)
         for name, row in budget.gpu.phases.items()
     }
 
@@ -126,7 +110,6 @@ def main() -> None:
     parser.add_argument("--seq-div", type=int, default=8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     print(f"{'configuration':52} {'predicted':>10} {'measured':>10} {'error':>7}  optimizer")
     for label, model, train in design(args.width, args.seq_div):

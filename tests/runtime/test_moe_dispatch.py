@@ -38,7 +38,7 @@ def _loop_forward(moe: MoE, x: torch.Tensor) -> torch.Tensor:
 
 
 def _moe(capacity_factor: float, **moe: object) -> MoE:
-    spec = planner.load_model("tiny-moe").model_copy(deep=True)
+    spec = planner.load_model("tiny-moe")
     spec = planner.ModelSpec.model_validate(
         {**spec.model_dump(), "moe": {**spec.moe.model_dump(), **moe}}  # type: ignore[union-attr]
     )
