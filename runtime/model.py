@@ -14,6 +14,7 @@ run any layer's weights through one template with ``torch.func.functional_call``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -125,30 +126,36 @@ class StackedExperts(nn.Module):
         for name, (out, inp) in shapes.items():
             self.add_module(name, Stacked(count, out, inp, self.bias))
 
-    def _proj(self, name: str, index: int, x: Tensor) -> Tensor:
+    def _stacked(self, name: str) -> Stacked:
         proj = getattr(self, name)
         assert isinstance(proj, Stacked)
-        bias = None if proj.bias is None else proj.bias[index]
-        return F.linear(x, proj.weight[index], bias)
+        return proj
+
+    def _mlp(self, project: Callable[[str, Tensor], Tensor], x: Tensor) -> Tensor:
+        if self.swiglu:
+            hidden = F.silu(project("gate_proj", x)) * project("up_proj", x)
+            return project("down_proj", hidden)
+        return project("fc2", F.gelu(project("fc1", x)))
 
     def expert(self, index: int, x: Tensor) -> Tensor:
-        if self.swiglu:
-            hidden = F.silu(self._proj("gate_proj", index, x)) * self._proj("up_proj", index, x)
-            return self._proj("down_proj", index, hidden)
-        return self._proj("fc2", index, F.gelu(self._proj("fc1", index, x)))
+        """Expert ``index`` on tokens ``x`` (``(tokens, in)``)."""
 
-    def _batched(self, name: str, x: Tensor) -> Tensor:
-        proj = getattr(self, name)
-        assert isinstance(proj, Stacked)
-        y = torch.bmm(x, proj.weight.transpose(1, 2))
-        return y if proj.bias is None else y + proj.bias[:, None, :]
+        def project(name: str, t: Tensor) -> Tensor:
+            proj = self._stacked(name)
+            bias = None if proj.bias is None else proj.bias[index]
+            return F.linear(t, proj.weight[index], bias)
+
+        return self._mlp(project, x)
 
     def all_experts(self, x: Tensor) -> Tensor:
         """Every expert on its own slots: ``x`` is ``(count, slots, in)``."""
-        if self.swiglu:
-            hidden = F.silu(self._batched("gate_proj", x)) * self._batched("up_proj", x)
-            return self._batched("down_proj", hidden)
-        return self._batched("fc2", F.gelu(self._batched("fc1", x)))
+
+        def project(name: str, t: Tensor) -> Tensor:
+            proj = self._stacked(name)
+            y = torch.bmm(t, proj.weight.transpose(1, 2))
+            return y if proj.bias is None else y + proj.bias[:, None, :]
+
+        return self._mlp(project, x)
 
 
 class MoE(nn.Module):
