@@ -35,6 +35,7 @@ from headroom.launcher import (
     process_cmdline,
     process_start_ticks,
 )
+from runtime.support import TORCH_DTYPE, working_precision
 
 log = logging.getLogger("headroom.runs")
 
@@ -152,7 +153,7 @@ def write_specs(run: Run, directory: Path) -> list[str]:
         "--device",
         device,
         "--dtype",
-        "float32" if train.precision.params == "fp32" else "bfloat16",
+        TORCH_DTYPE[working_precision(train)],
         "--report",
         str(directory / "report.json"),
     ]

@@ -238,7 +238,7 @@ def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
     if existing is not None:
         return existing, False
     model, train, hw, budget = _planned(body)
-    from runtime.support import check_supported
+    from runtime.support import check_supported, runtime_precision, working_precision
 
     check_supported(model)
     fitted = None
@@ -255,6 +255,7 @@ def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
             "ladder choose a plan that fits",
             field="train",
         )
+    runtime_precision(train, working_precision(train))  # what the trainer cannot keep
     plan: dict[str, Any] = {
         **_spec_dump(model, train, hw),
         "predicted_fits": budget.fits,

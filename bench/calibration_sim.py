@@ -10,7 +10,10 @@ storage exactly, so the comparison is the planner's allocated peak (every bucket
 caching aside; it catches a trainer that holds what the planner does not count, or a planner
 term that is wrong, before a GPU is spent on it.
 
-Run: .venv/bin/python bench/calibration_sim.py [--width 256] [--seq-div 8] [--json FILE]
+``--states`` runs the state variants instead: 16-bit moments, fp32 gradient accumulation, the
+EMA on the device or the host, and pure bf16 (no master), under each placement they allow.
+
+Run: .venv/bin/python bench/calibration_sim.py [--width 256] [--seq-div 8] [--states] [--json FILE]
 """
 
 from __future__ import annotations
@@ -62,6 +65,50 @@ def design(width: int, seq_div: int) -> list[tuple[str, dict[str, Any], dict[str
     return grid((scaled(DENSE, width), scaled(MOE, width)), seq_div)
 
 
+# the state precisions and EMA placements the trainer keeps as the spec says, beside the
+# grid's default (bf16 weights and gradients, fp32 master and moments, no EMA)
+STATE_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("bf16-moments", {"precision": {"optimizer_states": "bf16"}}),
+    ("fp32-grads", {"precision": {"grads": "fp32"}}),
+    ("ema-gpu", {"ema": "gpu"}),
+    ("ema-host", {"ema": "host"}),
+    ("pure-bf16", {"precision": {"master": "none", "optimizer_states": "bf16"}}),
+]
+STATE_PLACEMENTS: list[dict[str, Any]] = [
+    {"mode": "none"},
+    {"mode": "optimizer", "fraction": 0.5},
+    {"mode": "streaming", "checkpoint_every": 1},
+]
+
+
+def state_design(width: int, seq_len: int) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Every state variant under every placement it allows (no master: resident only), dense
+    and MoE, micro-batches of two ``seq_len`` sequences; the fp32 gradients also with
+    accumulation and with tied embeddings."""
+    dense = scaled(DENSE, width)
+    tied = {**dense, "name": f"{dense['name']}-tied", "tied_embeddings": True}
+    out = []
+    for model in (dense, tied, scaled(MOE, width)):
+        for name, extra in STATE_VARIANTS:
+            if model is tied and name != "fp32-grads":
+                continue  # the tied table's gradients at the end of backward: fp32 grads only
+            for offload in STATE_PLACEMENTS:
+                if "master" in extra.get("precision", {}) and offload["mode"] != "none":
+                    continue  # offloading updates against an fp32 master
+                for accum in (1, 2) if name == "fp32-grads" and offload["mode"] == "none" else (1,):
+                    train = {
+                        "micro_batch_size": 2,
+                        "seq_len": seq_len,
+                        "grad_accum_steps": accum,
+                        "offload": offload,
+                        "activation_profile": "runtime",
+                        **extra,
+                    }
+                    label = f"{model['name']} {name} {offload['mode']} accum {accum}"
+                    out.append((label, model, train))
+    return out
+
+
 def allocated(budget: planner.Budget) -> dict[str, int]:
     """The planner's allocated bytes per phase: the card's context and allocator slack aside."""
     return {
@@ -108,11 +155,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--seq-div", type=int, default=8)
+    parser.add_argument(
+        "--states",
+        action="store_true",
+        help="The state-precision and EMA variants instead of the grid (sequence 2048/seq-div).",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     print(f"{'configuration':52} {'predicted':>10} {'measured':>10} {'error':>7}  optimizer")
-    for label, model, train in design(args.width, args.seq_div):
+    if args.states:
+        configs = state_design(args.width, 2048 // args.seq_div)
+    else:
+        configs = design(args.width, args.seq_div)
+    for label, model, train in configs:
         row = {"label": label, **measure(model, train)}
         rows.append(row)
         mib = 1 << 20

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 import planner
 from headroom.launcher import EXIT_OOM
 from planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
+from runtime.support import TORCH_DTYPE, working_precision
 
 #: percentage points a failed probe adds to the margin beyond the error it proved
 MARGIN_STEP_PCT = 5.0
@@ -80,10 +81,6 @@ Prober = Callable[[planner.TrainSpec], ProbeOutcome]
 Recorder = Callable[[planner.TrainSpec, planner.Budget, ProbeOutcome], str | None]
 
 
-def _runtime_dtype(train: planner.TrainSpec) -> str:
-    return "float32" if train.precision.params == "fp32" else "bfloat16"
-
-
 def probe_cap_bytes(hw: planner.Hardware) -> int:
     """Device bytes a probe may allocate: the card less what the CUDA context takes."""
     return hw.memory_bytes - hw.cuda_context_bytes
@@ -117,7 +114,7 @@ def subprocess_prober(
                 "--device",
                 device,
                 "--dtype",
-                _runtime_dtype(plan),
+                TORCH_DTYPE[working_precision(plan)],
                 "--memory-cap",
                 str(probe_cap_bytes(hw)),
                 "--report",

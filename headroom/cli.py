@@ -569,9 +569,10 @@ def train(
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
-        from runtime.support import check_supported
+        from runtime.support import check_supported, runtime_precision
 
         check_supported(spec)
+        runtime_precision(train_spec, "fp32" if dtype is DType.float32 else "bf16")
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
     import contextlib
@@ -808,9 +809,11 @@ def calibrate_run(
     (source ``runtime``) with the estimate it is compared against. Exit 3 on out-of-memory."""
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
-        from runtime.support import check_supported
+        from runtime.support import check_supported, runtime_train, working_precision
 
         check_supported(spec)
+        # the planner predicts the state the trainer keeps (fp32 weights: fp32 gradients)
+        run_spec = runtime_train(train_spec, working_precision(train_spec))
         if not gpu_probe:
             raise planner.SpecError(
                 "--gpu-probe: calibrate run measures a GPU run, pass --gpu-probe (on a CPU, "
@@ -831,9 +834,9 @@ def calibrate_run(
     from headroom.launcher import EXIT_OOM
     from headroom.records import open_store, probe_recorder
 
-    budget = planner.estimate(spec, train_spec, hw)
-    outcome = subprocess_prober(model, hw, "cuda", steps)(train_spec)
-    uid = probe_recorder(open_store(), spec, hw, "runtime")(train_spec, budget, outcome)
+    budget = planner.estimate(spec, run_spec, hw)
+    outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec)
+    uid = probe_recorder(open_store(), spec, hw, "runtime")(run_spec, budget, outcome)
     out = {
         "model": spec.name,
         "gpu": hw.name,

@@ -10,6 +10,8 @@ import math
 
 # Optimizer-state elements per parameter for the element-wise optimizers.
 _MOMENTS = {"adamw": 2, "adam": 2, "sgd": 0, "sgd_momentum": 1}
+# elements per fp32 scratch of an update that stores 16-bit moments (runtime/adam.py)
+STATE_CHUNK = 1 << 20
 
 
 def params_bytes(numel: int, bytes_per_param: int, zero3_shards: int = 1) -> int:
@@ -66,6 +68,7 @@ def optimizer_temporary_bytes(
     largest_matrix_numel: int,
     bytes_per_state: int,
     upcast_grad_bytes: int,
+    mixed_states: bool = False,
 ) -> int:
     """Intermediates an optimizer step allocates on top of its state.
 
@@ -79,6 +82,9 @@ def optimizer_temporary_bytes(
     - ``fused`` kernels (PyTorch's, Apex's, DeepSpeed's) update in registers: none.
 
     An fp32 copy of 16-bit grads (fp32 master) is made per group (foreach) or per tensor.
+    16-bit moments beside an fp32 master (``mixed_states``, DeepSeek-V3's recipe) are computed
+    in fp32 and stored rounded: the bundled trainer's update keeps the new first moment in an
+    fp32 scratch of up to ``STATE_CHUNK`` elements.
     Adafactor's factored statistics take two state-sized temporaries per element; Muon's
     Newton-Schulz iteration holds about five bf16 copies of the largest matrix.
     """
@@ -89,7 +95,8 @@ def optimizer_temporary_bytes(
     scope = numel if impl == "foreach" else min(largest_tensor_numel, numel)
     if optimizer in ("adam", "adamw"):
         copies = {"foreach": 1, "for_loop": 2, "fused": 0}[impl]
-        return scope * (copies * bytes_per_state + upcast_grad_bytes)
+        scratch = 4 * min(largest_tensor_numel, numel, STATE_CHUNK) if mixed_states else 0
+        return scope * (copies * bytes_per_state + upcast_grad_bytes) + scratch
     per_elem = upcast_grad_bytes + (2 * bytes_per_state if optimizer == "adafactor" else 0)
     return scope * per_elem
 

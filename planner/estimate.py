@@ -203,11 +203,14 @@ def _model_states(
     )
     ema_total = b.ema_bytes(dense, zd[2]) + b.ema_bytes(expert, ze[2]) if ema != "none" else 0
 
+    # bytes of a gradient as autograd produces it (fp32 accumulation adds a buffer to it)
+    bw = bp if bg > bp else bg
     if streaming:
+        # the device holds autograd's gradients only; the fp32 accumulator is the host's
         unit = sp.max_unit_numel
         params = num_buffers * unit * bp
-        grads_total = grads_start = grads_end = grads_tail = unit * bg
-        transfer = 2 * unit * bg  # gradient slabs draining to the host
+        grads_total = grads_start = grads_end = grads_tail = unit * bw
+        transfer = 2 * unit * bw  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
         gpu_updated = 0
@@ -233,6 +236,7 @@ def _model_states(
                 sp.largest_matrix_numel,
                 bo,
                 4 if (bm == 4 and bg < 4) else 0,
+                mixed_states=bm == 4 and bo < 4,
             )
             if gpu_updated
             else 0
@@ -254,8 +258,12 @@ def _model_states(
             # holds the head's contribution in autograd's input buffer, and the engine adds the
             # two out of place (measured: three tables at once, on real and fake tensors);
             # accumulation adds into the existing .grad, one more table alive at that moment.
+            # Those tables are autograd's (working precision); an fp32 accumulator of the
+            # embedding is made when its gradient lands, after them, unless accumulating.
             extra = 2 * int(sp.tied_embeddings) + int(accumulating)
-            grads_tail = grads_total + embedding_grad * extra
+            working_table = b.grads_bytes(sp.embedding_numel, bw, zd[1])
+            late = 0 if accumulating else embedding_grad - working_table
+            grads_tail = grads_total - late + working_table * extra
         else:
             grads_end = grads_tail = grads_total
         host = (0, off * 4, off * bm, opt_total - opt, ema_host, 0)

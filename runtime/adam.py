@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from planner.buckets import STATE_CHUNK  # 16-bit moments: elements per fp32 scratch
+
 CHUNK = 1 << 20  # elements per pass on the host: a few MiB of fp32, cache-friendly
 DEVICE_CHUNK = 1 << 24  # on the device: fewer, larger launches (chunking allocates nothing)
 
@@ -49,20 +51,41 @@ def adamw_step(
     ema: Tensor | None = None,
     working: Tensor | None = None,
 ) -> None:
-    """One AdamW update of ``master`` in place (all flat fp32, same length), chunk by chunk.
+    """One AdamW update of ``master`` in place (all flat, same length), chunk by chunk.
 
     ``grad`` counts ``grad_scale`` times (the clipping coefficient) and is consumed: it holds
     scratch afterwards. ``ema`` becomes ``d·ema + (1-d)·master``; ``working`` (any dtype)
-    receives the updated master. Nothing is allocated: the gradient is scaled in place and the
+    receives the updated master.
+
+    All fp32 (the usual case): nothing is allocated; the gradient is scaled in place and the
     denominator is written over it once the moments have it, so the update holds what the
-    planner's fused kernels hold.
+    planner's fused kernels hold. Otherwise (16-bit moments, a 16-bit gradient, or no master
+    and 16-bit weights) the arithmetic is the same in fp32, as a fused kernel does it in
+    registers: each moment is computed in fp32, stored rounded once, and the update uses the
+    unrounded values. That takes an fp32 scratch of at most ``STATE_CHUNK`` elements per 16-bit
+    first moment or gradient.
     """
+    if master.dtype == grad.dtype == exp_avg.dtype == exp_avg_sq.dtype == torch.float32:
+        _adamw_fp32(cfg, step, master, grad, exp_avg, exp_avg_sq, grad_scale, ema, working)
+    else:
+        _adamw_mixed(cfg, step, master, grad, exp_avg, exp_avg_sq, grad_scale, ema, working)
+
+
+def _adamw_fp32(
+    cfg: AdamWConfig,
+    step: int,
+    master: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    grad_scale: float,
+    ema: Tensor | None,
+    working: Tensor | None,
+) -> None:
     bias1 = 1 - cfg.beta1**step
     bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
     step_size = cfg.lr / bias1
     n = master.numel()
-    if grad.dtype != master.dtype:
-        raise ValueError(f"grad is {grad.dtype}, master {master.dtype}: upcast the gradient first")
     chunk = CHUNK if master.device.type == "cpu" else DEVICE_CHUNK
     with torch.no_grad():
         for start in range(0, n, chunk):
@@ -78,6 +101,63 @@ def adamw_step(
             p.addcdiv_(m, denom, value=-step_size)
             if ema is not None:
                 ema[start:end].lerp_(p, 1 - cfg.ema_decay)
+            if working is not None:
+                working[start:end].copy_(p)
+
+
+def _adamw_mixed(
+    cfg: AdamWConfig,
+    step: int,
+    master: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    grad_scale: float,
+    ema: Tensor | None,
+    working: Tensor | None,
+) -> None:
+    bias1 = 1 - cfg.beta1**step
+    bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
+    step_size = cfg.lr / bias1
+    n = master.numel()
+    if not n:
+        return
+    size = min(n, STATE_CHUNK)
+    # the new first moment, unrounded (an fp32 first moment is updated in place)
+    mom = (
+        None
+        if exp_avg.dtype == torch.float32
+        else torch.empty(size, dtype=torch.float32, device=master.device)
+    )
+    sq = (
+        grad
+        if grad.dtype == torch.float32
+        else torch.empty(size, dtype=torch.float32, device=master.device)
+    )
+    with torch.no_grad():
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
+            g = sq[start:end] if sq is grad else sq[: end - start].copy_(grad[start:end])
+            if grad_scale != 1.0:
+                g.mul_(grad_scale)
+            p.mul_(1 - cfg.lr * cfg.weight_decay)
+            if mom is None:
+                m_new = m.lerp_(g, 1 - cfg.beta1)
+            else:
+                m_new = mom[: end - start].copy_(m).lerp_(g, 1 - cfg.beta1)
+                m.copy_(m_new)
+            if v.dtype == torch.float32:
+                v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
+                denom = torch.sqrt(v, out=g)
+            else:
+                g.mul_(g).mul_(1 - cfg.beta2).add_(v, alpha=cfg.beta2)  # the new second moment
+                v.copy_(g)
+                denom = g.sqrt_()
+            denom.div_(bias2_sqrt).add_(cfg.eps)
+            p.addcdiv_(m_new, denom, value=-step_size)
+            if ema is not None:
+                ema[start:end].lerp_(p if p.dtype == ema.dtype else p.float(), 1 - cfg.ema_decay)
             if working is not None:
                 working[start:end].copy_(p)
 

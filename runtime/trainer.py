@@ -55,6 +55,7 @@ from runtime.model import (
     synthetic_batch,
 )
 from runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
+from runtime.support import Working, runtime_precision
 
 
 @dataclass
@@ -146,11 +147,7 @@ def _train_reference(
         eps=o.eps,
         weight_decay=o.weight_decay,
     )
-    ema = (
-        {n: p.detach().float().clone() for n, p in model.named_parameters()}
-        if train.ema != "none"
-        else None
-    )
+    ema = _init_ema(model, train)
     losses: list[float] = []
     start = time.perf_counter()
     on_phase("placement", 0)
@@ -161,9 +158,8 @@ def _train_reference(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    ema[n].lerp_(p.float(), 1 - o.ema_decay)
+            for n, p in model.named_parameters():
+                _ema_update(ema[n], p.detach(), o.ema_decay, train.ema == "host")
         on_phase("optimizer", step)
         losses.append(total / train.grad_accum_steps)
     seconds = time.perf_counter() - start
@@ -174,10 +170,40 @@ def _train_reference(
         cfg.steps,
         _tokens(train, cfg),
         seconds,
-        {"mode": "none", "reference": cfg.reference},
+        {
+            "mode": "none",
+            "reference": cfg.reference,
+            # what torch.optim.AdamW keeps: everything in the working precision, no master
+            "precision": dict.fromkeys(("params", "grads", "optimizer_states"), working(cfg))
+            | {"master": "none"},
+            "ema": train.ema,
+        },
         state,
         None if ema is None else {n: t.cpu() for n, t in ema.items()},
     )
+
+
+def _init_ema(model: DecoderLM, train: TrainSpec) -> dict[str, Tensor] | None:
+    """The fp32 EMA of the weights where the spec puts it (``ema``: gpu or host)."""
+    if train.ema == "none":
+        return None
+    if train.ema == "gpu":
+        return {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    with host():
+        return {n: p.detach().cpu().float().clone() for n, p in model.named_parameters()}
+
+
+def _ema_update(ema: Tensor, weights: Tensor, decay: float, on_host: bool) -> None:
+    """``ema = decay·ema + (1-decay)·weights``: on the host from a host copy of the weights
+    (16-bit over the link, upcast there), on the device without an fp32 copy of them."""
+    with torch.no_grad():
+        if on_host:
+            with host():
+                ema.lerp_(weights.reshape(ema.shape).cpu().float(), 1 - decay)
+        elif weights.dtype == ema.dtype:
+            ema.lerp_(weights.reshape(ema.shape), 1 - decay)
+        else:  # mixed-dtype arithmetic reads the 16-bit weights as it goes
+            ema.mul_(decay).add_(weights.reshape(ema.shape), alpha=1 - decay)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,23 +226,73 @@ def offload_split(numels: list[int], fraction: float) -> int:
     return len(numels)
 
 
-def mixed_precision(train: TrainSpec, cfg: RunConfig) -> bool:
-    """Low-precision working weights with an fp32 master copy (the spec's ``precision.master``):
-    the device keeps fp32 master weights and moments, as the planner counts them, rather than
-    ``torch.optim.AdamW``'s state in the working precision."""
-    return train.precision.master != "none" and cfg.dtype != torch.float32
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def working(cfg: RunConfig) -> Working:
+    """The run's working precision by name."""
+    if cfg.dtype == torch.float32:
+        return "fp32"
+    if cfg.dtype == torch.bfloat16:
+        return "bf16"
+    raise ValueError(f"dtype: the trainer computes in float32 or bfloat16, got {cfg.dtype}")
+
+
+def torch_adamw_keeps(train: TrainSpec, cfg: RunConfig) -> bool:
+    """Whether ``torch.optim.AdamW`` on the working weights keeps exactly the spec's state (no
+    master copy, gradients and moments in the working precision), so a resident run is the
+    reference itself; otherwise it runs the trainer's AdamW with nothing offloaded."""
+    p = runtime_precision(train, working(cfg))
+    return p.master == "none" and p.grads == p.params == p.optimizer_states
+
+
+class FoldGrads:
+    """fp32 gradient accumulation (``precision.grads`` fp32 with 16-bit weights): as autograd
+    finishes each parameter's gradient, a hook adds it to the parameter's fp32 accumulator
+    and zeroes it in place, so both stay allocated for the step, as the planner counts them
+    (working-precision gradient + fp32 accumulator per parameter)."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        self.acc: dict[str, Tensor] = {}
+        self.handles = [
+            p.register_post_accumulate_grad_hook(partial(self._fold, name)) for name, p in named
+        ]
+
+    def _fold(self, name: str, p: Tensor) -> None:
+        assert p.grad is not None
+        with torch.no_grad():
+            grad = p.grad.reshape(-1)
+            acc = self.acc.get(name)
+            if acc is None:
+                self.acc[name] = grad.float()
+            else:
+                acc.add_(grad)
+            grad.zero_()
+
+    def clear(self) -> None:
+        self.acc.clear()
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 def _train_optimizer_offload(
     spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook, backend: CpuBackend
 ) -> Result:
+    """Placement ``optimizer`` (and ``none`` when the spec's state is not what torch AdamW
+    keeps: an fp32 master, fp32 gradient accumulation or moments in another precision)."""
     device = torch.device(cfg.device)
+    precision = runtime_precision(train, working(cfg))
+    state_dtype = DTYPES[precision.optimizer_states]
     model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
     named = list(model.named_parameters())
-    # placement none (mixed precision): the same loop with nothing offloaded
     fraction = train.offload.fraction if train.offload.mode == "optimizer" else 0.0
     cut = offload_split([p.numel() for _, p in named], fraction)
     o = cfg.optim
+    fold = FoldGrads(named) if precision.grads != precision.params else None
+    grad_dtype = torch.float32 if fold is not None else cfg.dtype
+    ema_on_host = train.ema == "host"
     # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor
     offloaded: dict[str, dict[str, Tensor]] = {}
     with host():
@@ -224,72 +300,106 @@ def _train_optimizer_offload(
             flat = p.detach().float().reshape(-1).cpu()
             offloaded[name] = {
                 "master": backend.pinned(flat.numel(), torch.float32).copy_(flat),
-                "m": backend.pinned(flat.numel(), torch.float32),
-                "v": backend.pinned(flat.numel(), torch.float32),
-                "grad": backend.pinned(flat.numel(), p.dtype),
+                "m": backend.pinned(flat.numel(), state_dtype),
+                "v": backend.pinned(flat.numel(), state_dtype),
+                "grad": backend.pinned(flat.numel(), grad_dtype),
             }
-    # device side: fp32 master (the parameter itself in fp32 mode) and moments
+    # device side: the fp32 master (none: the weights themselves) and the moments
     dev: dict[str, dict[str, Tensor]] = {}
     for name, p in named[cut:]:
-        master = p.data.reshape(-1) if p.dtype == torch.float32 else p.detach().float().reshape(-1)
-        dev[name] = {"master": master, "m": torch.zeros_like(master), "v": torch.zeros_like(master)}
-    with host():
-        ema = (
-            {n: p.detach().float().reshape(-1).clone().cpu() for n, p in named}
-            if train.ema != "none"
-            else None
-        )
+        weights = p.data.reshape(-1)
+        master = weights.to(torch.float32, copy=True) if precision.master == "fp32" else weights
+        dev[name] = {
+            "master": master,
+            "m": torch.zeros_like(master, dtype=state_dtype),
+            "v": torch.zeros_like(master, dtype=state_dtype),
+        }
+    ema = _init_ema(model, train)
     losses: list[float] = []
     start = time.perf_counter()
     on_phase("placement", 0)
-    for step in range(1, cfg.steps + 1):
-        total = _accumulate(model, spec, train, cfg, step, on_phase)
-        norm_sq = grad_norm_sq([p.grad for _, p in named if p.grad is not None])
-        coef = clip_coefficient(norm_sq, cfg.clip_norm)
-        # gradients of the offloaded tensors go down first, then both sides update
-        events = [
-            backend.d2h(offloaded[name]["grad"], p.grad.reshape(-1))
-            for name, p in named[:cut]
-            if p.grad is not None
-        ]
-        for name, p in named[cut:]:
-            d = dev[name]
-            assert p.grad is not None
-            working = None if p.dtype == torch.float32 else p.data.reshape(-1)
-            adamw_step(
-                o,
-                step,
-                d["master"],
-                p.grad.reshape(-1).float(),
-                d["m"],
-                d["v"],
-                grad_scale=coef,
-                working=working,
-            )
-        for event in events:
-            backend.synchronize(event)
-        uploads = []
-        for name, p in named[:cut]:
-            h = offloaded[name]
-            with host():
-                adamw_step(o, step, h["master"], h["grad"].float(), h["m"], h["v"], grad_scale=coef)
-                working = h["master"].to(p.dtype)
-            uploads.append(backend.h2d(p.data.reshape(-1), working))
-        for event in uploads:
-            backend.wait(event)
-        if ema is not None:
-            with torch.no_grad(), host():
+    try:
+        for step in range(1, cfg.steps + 1):
+            total = _accumulate(model, spec, train, cfg, step, on_phase)
+            if fold is not None:
+                grads = {name: fold.acc.get(name) for name, _ in named}
+            else:
+                grads = {n: None if p.grad is None else p.grad.reshape(-1) for n, p in named}
+            norm_sq = grad_norm_sq([g for g in grads.values() if g is not None])
+            coef = clip_coefficient(norm_sq, cfg.clip_norm)
+            # gradients of the offloaded tensors go down first, then both sides update
+            # (a comprehension: no loop variable keeps a gradient alive past the step)
+            events = [
+                backend.d2h(offloaded[name]["grad"], g)
+                for name, g in grads.items()
+                if name in offloaded and g is not None
+            ]
+            for name, p in named[cut:]:
+                d, g = dev[name], grads[name]
+                assert g is not None
+                if d["master"].dtype == torch.float32:
+                    g = g.float()  # a 16-bit gradient's fp32 copy, one tensor at a time
+                adamw_step(
+                    o,
+                    step,
+                    d["master"],
+                    g,
+                    d["m"],
+                    d["v"],
+                    grad_scale=coef,
+                    ema=None if ema is None or ema_on_host else ema[name].reshape(-1),
+                    working=p.data.reshape(-1) if precision.master == "fp32" else None,
+                )
+                del g
+            for event in events:
+                backend.synchronize(event)
+            uploads = []
+            for name, p in named[:cut]:
+                h = offloaded[name]
+                with host():
+                    adamw_step(
+                        o,
+                        step,
+                        h["master"],
+                        h["grad"],
+                        h["m"],
+                        h["v"],
+                        grad_scale=coef,
+                        ema=ema[name].reshape(-1) if ema is not None and ema_on_host else None,
+                    )
+                    weights = h["master"].to(p.dtype)
+                uploads.append(backend.h2d(p.data.reshape(-1), weights))
+            for event in uploads:
+                backend.wait(event)
+            if ema is not None:  # what the updates above did not fold in
                 for name, p in named:
-                    ema[name].lerp_(p.detach().float().reshape(-1).cpu(), 1 - o.ema_decay)
-        model.zero_grad(set_to_none=True)
-        on_phase("optimizer", step)
-        losses.append(total / train.grad_accum_steps)
+                    if ema_on_host and name not in offloaded:
+                        source = dev[name]["master"]
+                    elif not ema_on_host and name in offloaded:
+                        source = p.data  # the uploaded working copy, on the device
+                    else:
+                        continue
+                    _ema_update(ema[name], source, o.ema_decay, ema_on_host)
+            grads.clear()
+            if fold is not None:
+                fold.clear()
+            model.zero_grad(set_to_none=True)
+            on_phase("optimizer", step)
+            losses.append(total / train.grad_accum_steps)
+    finally:
+        if fold is not None:
+            fold.remove()
     seconds = time.perf_counter() - start
     state = {}
     with host():
         for name, p in named:
             flat = offloaded[name]["master"] if name in offloaded else dev[name]["master"]
             state[name] = flat.detach().float().cpu().reshape(p.shape).clone()
+        ema_out = (
+            None
+            if ema is None
+            else {n: t.cpu().reshape(dict(named)[n].shape) for n, t in ema.items()}
+        )
     return Result(
         losses,
         cfg.steps,
@@ -298,7 +408,9 @@ def _train_optimizer_offload(
         {
             "mode": train.offload.mode,
             "fraction": fraction,
-            "master": "fp32",
+            "master": precision.master,
+            "precision": precision.model_dump(),
+            "ema": train.ema,
             "offloaded_tensors": cut,
             "offloaded_params": sum(p.numel() for _, p in named[:cut]),
             "total_params": sum(p.numel() for _, p in named),
@@ -306,7 +418,7 @@ def _train_optimizer_offload(
             "host_pinning": backend.pinning,
         },
         state,
-        None if ema is None else {n: t.reshape(dict(named)[n].shape) for n, t in ema.items()},
+        ema_out,
     )
 
 
@@ -502,8 +614,9 @@ def _full_name(unit: Unit, name: str) -> str:
 def _host_fields(
     u: Unit, train: TrainSpec, dtype: torch.dtype
 ) -> list[tuple[str, int, torch.dtype]]:
-    fields = [("working", u.numel, dtype)]
-    fields += [(name, u.numel, torch.float32) for name in ("master", "m", "v", "grad")]
+    states = DTYPES[train.precision.optimizer_states]
+    fields = [("working", u.numel, dtype), ("master", u.numel, torch.float32)]
+    fields += [("m", u.numel, states), ("v", u.numel, states), ("grad", u.numel, torch.float32)]
     if train.ema != "none":
         fields.append(("ema", u.numel, torch.float32))
     return fields
@@ -534,6 +647,7 @@ def _train_streaming(
 ) -> Result:
     device = torch.device(cfg.device)
     dtype = cfg.dtype
+    precision = runtime_precision(train, working(cfg))
     # initial weights: built on the host in fp32, then packed per unit
     with host():
         init = build_model(spec, seed=cfg.seed, dtype=torch.float32, device="cpu")
@@ -699,6 +813,8 @@ def _train_streaming(
             seconds,
             {
                 "mode": "streaming",
+                "precision": precision.model_dump(),
+                "ema": train.ema,
                 "checkpoint_every": k,
                 "num_buffers": train.offload.num_buffers,
                 "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
@@ -736,7 +852,7 @@ def train_model(
     backend: CpuBackend | None = None,
 ) -> Result:
     """Train ``spec`` under ``train``'s placement (or the reference) and report."""
-    if cfg.reference or (train.offload.mode == "none" and not mixed_precision(train, cfg)):
+    if cfg.reference or (train.offload.mode == "none" and torch_adamw_keeps(train, cfg)):
         return _train_reference(spec, train, cfg, on_phase)
     backend = backend or make_backend(torch.device(cfg.device))
     try:

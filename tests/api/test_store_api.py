@@ -177,6 +177,16 @@ def test_runs_are_queued_listed_and_cancelled(client: TestClient) -> None:
     _problem(client.post("/api/v1/runs", json={"model": "no-such-model"}, headers=AUTH), 422)
 
 
+def test_a_run_the_trainer_cannot_keep_is_refused_before_it_is_queued(
+    client: TestClient,
+) -> None:
+    train = {"precision": {"master": "none"}, "offload": {"mode": "streaming"}}
+    body = {"model": "tiny-dense", "train": train, "fit": False}
+    problem = _problem(client.post("/api/v1/runs", json=body, headers=AUTH), 422)
+    assert "precision.master" in str(problem["detail"])
+    assert client.get("/api/v1/runs").json()["total"] == 0
+
+
 def test_coefficients_list_the_shipped_profiles(client: TestClient) -> None:
     sets = client.get("/api/v1/coefficients").json()
     assert {s["profile"] for s in sets} == set(planner.profiles())

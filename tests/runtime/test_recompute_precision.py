@@ -52,4 +52,11 @@ def test_mixed_precision_keeps_fp32_master_and_moments_on_the_device() -> None:
     # bf16 weights 2 B + fp32 master 4 B + fp32 moments 8 B per parameter, nothing else
     assert placement["allocated_bytes"] == 14 * numel
     reference = train_model(spec, train, RunConfig(steps=2, dtype=torch.bfloat16, reference=True))
-    assert reference.placement == {"mode": "none", "reference": True}
+    assert reference.placement["mode"] == "none" and reference.placement["reference"] is True
+    # torch.optim.AdamW keeps its moments in the working precision and no master copy
+    assert reference.placement["precision"] == {
+        "params": "bf16",
+        "grads": "bf16",
+        "master": "none",
+        "optimizer_states": "bf16",
+    }
