@@ -65,91 +65,37 @@ def adamw_step(
     unrounded values. That takes an fp32 scratch of at most ``STATE_CHUNK`` elements per 16-bit
     first moment or gradient.
     """
-    if master.dtype == grad.dtype == exp_avg.dtype == exp_avg_sq.dtype == torch.float32:
-        _adamw_fp32(cfg, step, master, grad, exp_avg, exp_avg_sq, grad_scale, ema, working)
+    bias1 = 1 - cfg.beta1**step
+    bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
+    step_size = cfg.lr / bias1
+    n = master.numel()
+    fp32 = torch.float32
+    # fp32 state updates in place; a 16-bit first moment's new value, unrounded, and a 16-bit
+    # gradient's fp32 copy each take a scratch
+    if exp_avg.dtype != fp32 or grad.dtype != fp32:
+        size = min(n, STATE_CHUNK)
     else:
-        _adamw_mixed(cfg, step, master, grad, exp_avg, exp_avg_sq, grad_scale, ema, working)
-
-
-def _adamw_fp32(
-    cfg: AdamWConfig,
-    step: int,
-    master: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    grad_scale: float,
-    ema: Tensor | None,
-    working: Tensor | None,
-) -> None:
-    bias1 = 1 - cfg.beta1**step
-    bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
-    step_size = cfg.lr / bias1
-    n = master.numel()
-    chunk = CHUNK if master.device.type == "cpu" else DEVICE_CHUNK
-    with torch.no_grad():
-        for start in range(0, n, chunk):
-            end = min(n, start + chunk)
-            p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
-            g = grad[start:end]
-            if grad_scale != 1.0:
-                g.mul_(grad_scale)  # as clip_grad_norm_ scales: in place, the gradient is spent
-            p.mul_(1 - cfg.lr * cfg.weight_decay)
-            m.lerp_(g, 1 - cfg.beta1)
-            v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
-            denom = torch.sqrt(v, out=g).div_(bias2_sqrt).add_(cfg.eps)  # g is spent
-            p.addcdiv_(m, denom, value=-step_size)
-            if ema is not None:
-                ema[start:end].lerp_(p, 1 - cfg.ema_decay)
-            if working is not None:
-                working[start:end].copy_(p)
-
-
-def _adamw_mixed(
-    cfg: AdamWConfig,
-    step: int,
-    master: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    grad_scale: float,
-    ema: Tensor | None,
-    working: Tensor | None,
-) -> None:
-    bias1 = 1 - cfg.beta1**step
-    bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
-    step_size = cfg.lr / bias1
-    n = master.numel()
-    if not n:
+        size = min(n, CHUNK if master.device.type == "cpu" else DEVICE_CHUNK)
+    if not size:
         return
-    size = min(n, STATE_CHUNK)
-    # the new first moment, unrounded (an fp32 first moment is updated in place)
-    mom = (
-        None
-        if exp_avg.dtype == torch.float32
-        else torch.empty(size, dtype=torch.float32, device=master.device)
-    )
-    sq = (
-        grad
-        if grad.dtype == torch.float32
-        else torch.empty(size, dtype=torch.float32, device=master.device)
-    )
+    mom = None if exp_avg.dtype == fp32 else torch.empty(size, dtype=fp32, device=master.device)
+    sq = grad if grad.dtype == fp32 else torch.empty(size, dtype=fp32, device=master.device)
     with torch.no_grad():
         for start in range(0, n, size):
             end = min(n, start + size)
             p, m, v = master[start:end], exp_avg[start:end], exp_avg_sq[start:end]
             g = sq[start:end] if sq is grad else sq[: end - start].copy_(grad[start:end])
             if grad_scale != 1.0:
-                g.mul_(grad_scale)
+                g.mul_(grad_scale)  # as clip_grad_norm_ scales: in place, the gradient is spent
             p.mul_(1 - cfg.lr * cfg.weight_decay)
             if mom is None:
                 m_new = m.lerp_(g, 1 - cfg.beta1)
             else:
                 m_new = mom[: end - start].copy_(m).lerp_(g, 1 - cfg.beta1)
                 m.copy_(m_new)
-            if v.dtype == torch.float32:
+            if v.dtype == fp32:
                 v.mul_(cfg.beta2).addcmul_(g, g, value=1 - cfg.beta2)
-                denom = torch.sqrt(v, out=g)
+                denom = torch.sqrt(v, out=g)  # g is spent
             else:
                 g.mul_(g).mul_(1 - cfg.beta2).add_(v, alpha=cfg.beta2)  # the new second moment
                 v.copy_(g)

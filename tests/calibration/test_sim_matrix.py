@@ -6,21 +6,14 @@ planner says it holds."""
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-try:
-    import calibration_sim
-finally:
-    sys.path.pop(0)
-
 
 @pytest.fixture(scope="module")
-def rows() -> list[dict[str, Any]]:
+def rows(calibration_sim: ModuleType) -> list[dict[str, Any]]:
     return [
         {"label": label, "mode": train["offload"]["mode"], **calibration_sim.measure(model, train)}
         for label, model, train in calibration_sim.design(width=128, seq_div=16)

@@ -5,28 +5,23 @@ state, and the planner counts it)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-try:
-    import calibration_sim
-finally:
-    sys.path.pop(0)
-
 
 @pytest.fixture(scope="module")
-def rows() -> list[dict[str, Any]]:
+def rows(calibration_sim: ModuleType) -> list[dict[str, Any]]:
     return [
         {"label": label, "mode": train["offload"]["mode"], **calibration_sim.measure(model, train)}
         for label, model, train in calibration_sim.state_design(width=128, seq_len=128)
     ]
 
 
-def test_the_design_covers_every_variant_and_placement(rows: list[dict[str, Any]]) -> None:
+def test_the_design_covers_every_variant_and_placement(
+    rows: list[dict[str, Any]], calibration_sim: ModuleType
+) -> None:
     for name, _ in calibration_sim.STATE_VARIANTS:
         modes = {r["mode"] for r in rows if f" {name} " in r["label"]}
         assert modes == ({"none"} if name == "pure-bf16" else {"none", "optimizer", "streaming"})
