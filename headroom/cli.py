@@ -569,10 +569,10 @@ def train(
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
-        from runtime.support import check_supported, runtime_precision
+        from runtime.support import WORKING, check_supported, runtime_precision
 
         check_supported(spec)
-        runtime_precision(train_spec, "fp32" if dtype is DType.float32 else "bf16")
+        runtime_precision(train_spec, WORKING[dtype.value])
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
     import contextlib

@@ -10,6 +10,7 @@ from planner.train import Precision, TrainSpec
 
 Working = Literal["fp32", "bf16"]
 TORCH_DTYPE: dict[Working, str] = {"fp32": "float32", "bf16": "bfloat16"}  # headroom train --dtype
+WORKING: dict[str, Working] = {name: w for w, name in TORCH_DTYPE.items()}  # --dtype -> working
 
 
 def check_supported(spec: ModelSpec) -> None:

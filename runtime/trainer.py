@@ -55,7 +55,7 @@ from runtime.model import (
     synthetic_batch,
 )
 from runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
-from runtime.support import Working, runtime_precision
+from runtime.support import WORKING, Working, runtime_precision
 
 
 @dataclass
@@ -231,11 +231,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def working(cfg: RunConfig) -> Working:
     """The run's working precision by name."""
-    if cfg.dtype == torch.float32:
-        return "fp32"
-    if cfg.dtype == torch.bfloat16:
-        return "bf16"
-    raise ValueError(f"dtype: the trainer computes in float32 or bfloat16, got {cfg.dtype}")
+    name = str(cfg.dtype).removeprefix("torch.")
+    if name not in WORKING:
+        raise ValueError(f"dtype: the trainer computes in {', '.join(WORKING)}, got {name}")
+    return WORKING[name]
 
 
 def torch_adamw_keeps(train: TrainSpec, cfg: RunConfig) -> bool:
