@@ -506,7 +506,7 @@ def _phase_totals(
         transfer,
         _,
     ) = states
-    saved, disp, block, block_disp, first_act, first_disp, logits_f, logits_b, _, _ = acts
+    saved, disp, block, block_disp, first_act, first_disp, logits_f, logits_b, _, layer = acts
     base = params + master + ema + transfer
     live = m * (saved + disp)
     start = grads_start + live + block + block_disp
@@ -514,17 +514,26 @@ def _phase_totals(
     bwd = start if start >= end else end
     if grads_tail > bwd:  # the embedding's backward: every layer's activations are gone
         bwd = grads_tail
-    if logits_f:
-        # the loss's backward runs before any gradient of a parameter exists (the head's own
-        # follows it), unless the buffers are already live; streaming has no gradient
-        # draining to the host yet (its slabs are counted in transfer)
-        loss = (grads_start if (accumulating or streaming) else 0) + live + logits_f + logits_b
-        if streaming:
-            loss -= transfer
-        if loss > bwd:
+    if streaming:
+        # the head runs on its pool buffer and its input is held for its gradient; no
+        # gradient of a parameter exists until the loss's backward is done, and gradients
+        # drain to the host during a forward only after an earlier micro-batch's backward
+        head_input = layer.layer_input if logits_f else 0
+        draining = transfer if accumulating else 0
+        fwd = params + draining + live + head_input + logits_f
+        loss = live + head_input + logits_f + logits_b - transfer
+        if logits_f and loss > bwd:
             bwd = loss
-    fwd = base + live + logits_f
-    g_fwd = grads_total if (accumulating or streaming) else 0
+        g_fwd = 0
+    else:
+        if logits_f:
+            # the loss's backward runs before any gradient of a parameter exists (the head's
+            # own follows it), unless the buffers are already live
+            loss = (grads_start if accumulating else 0) + live + logits_f + logits_b
+            if loss > bwd:
+                bwd = loss
+        fwd = base + live + logits_f
+        g_fwd = grads_total if accumulating else 0
     # streaming: the CPU updates each layer as its gradients land; otherwise ZeRO-3's
     # gathered units are released once backward is done
     optimizer = base if streaming else params + grads_total + master + opt + opt_temp + ema
@@ -597,7 +606,10 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     disp_all = m * disp
     streaming = kn.offload == "streaming"
     accumulating = kn.grad_accum > 1
-    g_fwd = grads_total if (accumulating or streaming) else 0
+    g_fwd = grads_total if accumulating and not streaming else 0
+    # streaming: the head's input, held for its gradient (_phase_totals says why)
+    head_input = t[1].layer_input if streaming and logits_f else 0
+    fwd_transfer = transfer if accumulating or not streaming else 0
 
     def backward(o: int) -> tuple[int, ...]:
         start = (
@@ -629,11 +641,11 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         if logits_f:
             loss = (
                 params,
-                grads_start if (accumulating or streaming) else 0,
+                grads_start if accumulating and not streaming else 0,
                 master,
                 o,
                 ema,
-                acts_all,
+                acts_all + head_input,
                 logits_f + logits_b,
                 disp_all,
                 0 if streaming else transfer,
@@ -653,13 +665,23 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
             master,
             0,
             ema,
-            acts_all,
+            acts_all + head_input,
             logits_f,
             disp_all,
-            transfer,
+            fwd_transfer,
         ),
         backward(0),
-        (params, g_fwd, master, opt, ema, acts_all, logits_f, disp_all, transfer),
+        (
+            params,
+            g_fwd,
+            master,
+            opt,
+            ema,
+            acts_all + head_input,
+            logits_f,
+            disp_all,
+            fwd_transfer,
+        ),
         backward(opt),
         optimizer,
     )

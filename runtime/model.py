@@ -39,8 +39,11 @@ class Norm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "layernorm":
             return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, NORM_EPS)
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + NORM_EPS)).to(x.dtype) * self.weight
+        # one fp32 copy of the input serves both the variance and the scaling (autograd keeps
+        # it once; two casts would keep two)
+        xf = x.float()
+        variance = xf.pow(2).mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(variance + NORM_EPS)).to(x.dtype) * self.weight
 
 
 def _linear(inp: int, out: int, bias: bool) -> nn.Linear:

@@ -708,16 +708,16 @@ def _train_streaming(
                 if cfg.prefetch:
                     stream.prefetch(2 + i if i + 1 < n_layers else len(units) - 1)
                 stream.release(slot)
-            # head and loss (and the tied embedding), with autograd
+            # head and loss (and the tied embedding), with autograd on the pool buffers
+            # themselves (held until the loss's backward is done), as each layer's backward
+            # runs: no copy of the head's weights
             head = len(units) - 1
-            slot, flat = stream.acquire(head)
-            head_w = flat.detach().clone().requires_grad_(True)
-            stream.release(slot)
-            embed_w = None
+            head_slot, flat = stream.acquire(head)
+            head_w = flat.detach().requires_grad_(True)
+            embed_slot, embed_w = None, None
             if tied:
-                slot, flat = stream.acquire(0)
-                embed_w = flat.detach().clone().requires_grad_(True)
-                stream.release(slot)
+                embed_slot, flat = stream.acquire(0)
+                embed_w = flat.detach().requires_grad_(True)
             x = h.detach().requires_grad_(True)
             views = units[head].views(head_w)
             normed = functional_call(
@@ -733,6 +733,9 @@ def _train_streaming(
             loss = loss_fn(F.linear(normed, weight, bias), labels)
             on_phase("forward", step)
             (loss / train.grad_accum_steps).backward()
+            stream.release(head_slot)
+            if embed_slot is not None:
+                stream.release(embed_slot)
             loss_value = loss.item()
             assert head_w.grad is not None and x.grad is not None
             last = micro == last_micro
@@ -741,8 +744,8 @@ def _train_streaming(
                 assert embed_w.grad is not None
                 land(0, embed_w.grad, False)
             grad_h = x.grad
-            # the head's weight copies (their gradients have landed) go before the layers'
-            # backward: it holds the pool and the draining gradients only
+            # the head's autograd graph goes before the layers' backward: it holds the pool
+            # and the draining gradients only
             del head_w, embed_w, weight, bias, views, normed, x, loss
             # backward: each block recomputed from its checkpoint, layer by layer
             for b in reversed(range(0, n_layers, k)):

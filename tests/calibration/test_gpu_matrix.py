@@ -48,9 +48,23 @@ class Card:
 
 
 def test_the_matrix_resumes_from_its_file_and_summarises(tmp_path: Path) -> None:
+    import planner
+
     out = tmp_path / "gpu.json"
-    card = Card(capacity=130 * GIB)  # below the 97 % cliff point's 136.6 GiB prediction
-    total = len(calibration_gpu.design(GPU))
+    design = calibration_gpu.design(GPU)
+    total = len(design)
+    hw = planner.load_hardware(GPU)
+    cliff_peaks = sorted(
+        planner.estimate(planner.load_model(m), planner.load_train(t), hw).gpu_peak_bytes
+        for label, m, t in design
+        if label.startswith("cliff")
+    )
+    fitting = [p for p in cliff_peaks if p <= hw.memory_bytes]
+    refused = len(cliff_peaks) - len(fitting)
+    assert len(fitting) >= 3 and refused >= 1
+    # a card smaller than the planner's: the two highest cliff points predicted to fit
+    # measure (2 % above their prediction) past it
+    card = Card(capacity=int(1.02 * (fitting[-3] + fitting[-2]) / 2))
     first = calibration_gpu.run_matrix(GPU, out, card, limit=5, log=lambda _: None)
     assert len(card.calls) == 5 and first["measured"] == 5
     summary = calibration_gpu.run_matrix(GPU, out, card, log=lambda _: None)
@@ -60,11 +74,11 @@ def test_the_matrix_resumes_from_its_file_and_summarises(tmp_path: Path) -> None
     assert doc["summary"] == summary
     assert summary["configurations"] == summary["measured"] == total
     assert summary["median_error"] == pytest.approx(0.02 / 1.02, rel=1e-3)
-    # the cliff points predicted at 91 % and 97 % fit on paper but exceed this card
+    # the two highest cliff points predicted to fit run out of memory on this card
     cliff = [r for r in doc["results"] if r["label"].startswith("cliff")]
     oom_but_fits = [r["label"] for r in cliff if r["predicted_fits"] and r["outcome"]["oom"]]
     assert summary["false_fits"] == len(oom_but_fits) == 2
-    assert summary["completed"] == total - 4  # those two and the two predicted not to fit
+    assert summary["completed"] == total - 2 - refused  # those two and those predicted not to fit
 
 
 def test_a_time_budget_stops_starting_configurations(tmp_path: Path) -> None:

@@ -96,3 +96,30 @@ def test_streaming_holds_only_its_pool_between_steps() -> None:
     for phase in ("forward", "backward"):
         peaks = {s["allocated_peak_bytes"] for s in snaps if s["phase"] == phase}
         assert len(peaks) == 1, (phase, peaks)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_streaming_runs_the_loss_on_the_pool_without_a_copy_of_the_head(tied: bool) -> None:
+    """When the loss is computed (before its backward) the device holds the pool, the
+    checkpoints, the head's input and saved tensors, and the kept log-probabilities: here all
+    of those beside the pool are far smaller than the head's weights, so a copy of the head
+    (or of the tied embedding) would show as a whole table more."""
+    from runtime.probe import MemoryProbe
+
+    spec = planner.load_model("tiny-dense").model_copy(
+        update={"vocab_size": 4096, "hidden_size": 64, "tied_embeddings": tied}
+    )
+    train = planner.TrainSpec(
+        micro_batch_size=1, seq_len=8, offload={"mode": "streaming", "checkpoint_every": 1}
+    )
+    table = spec.vocab_size * spec.hidden_size * 4  # fp32: the head's (or embedding's) bytes
+    with DeviceCap(2**40) as cap:
+        probe = MemoryProbe(torch.device("cpu"), cap)
+        result = train_model(spec, train, RunConfig(steps=2), on_phase=probe)
+    pool = result.placement["device_buffer_bytes"] * result.placement["num_buffers"]
+    assert result.placement["device_buffer_bytes"] >= table  # the table is the largest unit
+    loss_time = [s["allocated_bytes"] for s in probe.snapshots if s["phase"] == "forward"]
+    assert len(loss_time) == 2
+    logits = train.micro_batch_size * train.seq_len * spec.vocab_size * 4
+    for live in loss_time:
+        assert pool + logits <= live < pool + logits + table // 4, (live - pool - logits, table)
