@@ -3,8 +3,10 @@ them to ``calibration/data/<impl>-traces.json``.
 
 - ``runtime``: the trainer's model, under fake tensors. The design varies width, FFN width,
   heads and KV heads, vocabulary, depth, MoE, micro-batch and sequence length: widths of 64 to
-  160 at sequences up to 128, and 512 to 2048 at sequences of 512 to 2048. Every third
-  configuration is held out, and whole two-layer cuts of the GPU matrix's dense and MoE models.
+  160 at sequences up to 128, and 512 to 2048 at sequences of 512 to 2048 (those also with full
+  recompute, which leaves the head's saved tensors and the logits apart from the layers' terms).
+  Every third configuration is held out, and whole two-layer cuts of the GPU matrix's dense and
+  MoE models.
 - ``hf``: transformers models (llama, qwen2, mixtral, qwen2_moe) built from configs with random
   weights, traced under fake tensors at widths of 512 to 4096 and sequences of 256 to 2048.
   Whole shapes are held out: one of each family, and two-layer cuts of Llama-3-8B,
@@ -136,11 +138,12 @@ HF_BATCHES = [(1, 512), (2, 1024), (4, 256)]
 HF_PRESETS = [("llama-3-8b", 1, 1024), ("mixtral-8x7b", 1, 1024), ("qwen1.5-moe-a2.7b", 2, 512)]
 
 
-def _train(mb: int, seq: int, profile: str) -> planner.TrainSpec:
+def _train(mb: int, seq: int, profile: str, recompute: Any = "none") -> planner.TrainSpec:
     return planner.TrainSpec.model_validate(
         {
             "micro_batch_size": mb,
             "seq_len": seq,
+            "recompute": recompute,
             "precision": PURE_BF16,
             "activation_profile": profile,
         }
@@ -209,6 +212,11 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         )
         for mb, seq in batches:
             out.append((model, _train(mb, seq, "runtime"), whole or len(out) % 3 == 2))
+        if batches is LARGE_BATCHES:
+            # full recompute: the layers keep their inputs only, so the head's saved tensors
+            # and the logits stand apart from the layers' terms
+            mb, seq = batches[0]
+            out.append((model, _train(mb, seq, "runtime", "full"), whole or len(out) % 3 == 2))
     return out
 
 

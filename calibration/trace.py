@@ -68,11 +68,11 @@ def check_traceable(train: planner.TrainSpec) -> torch.dtype:
             f"optimizer: a trace runs torch AdamW; allowed: adamw (got {train.optimizer})",
             field="optimizer",
         )
-    if train.offload.mode != "none" or train.recompute != "none":
+    if train.offload.mode != "none":
         raise SpecError(
-            "train: a trace runs the trainer's resident placement without recompute; "
-            "allowed: offload.mode none, recompute none",
-            field="offload.mode" if train.offload.mode != "none" else "recompute",
+            "offload.mode: a trace runs the trainer's resident placement; allowed: none "
+            f"(got {train.offload.mode})",
+            field="offload.mode",
         )
     if train.parallel.dp * train.parallel.tp * train.parallel.pp * train.parallel.cp > 1:
         raise SpecError("parallel: a trace runs one rank without parallelism", field="parallel")
@@ -97,18 +97,33 @@ def _build(
     impl: str, model: planner.ModelSpec, train: planner.TrainSpec, config: dict[str, Any] | None
 ) -> tuple[Any, Callable[[Any, torch.Tensor], torch.Tensor]]:
     """(module, loss of a batch) for ``impl``."""
+    # layers per recomputed block as the planner reads the spec (selective recomputes the
+    # attention scores, which scaled-dot-product attention never keeps: it traces as none)
+    every = planner.knobs(train).checkpoint_every
     if impl == "hf":
         from calibration import hf
 
+        if every not in (None, 1):
+            raise SpecError(
+                "recompute: transformers checkpoints every layer; allowed for --impl hf: "
+                f"none, selective, full (got every_k {every})",
+                field="recompute",
+            )
         cfg = config if config is not None else hf.config_for(model)
         net = hf.build(cfg)
+        if every == 1:  # every layer checkpointed (its every_n_layers is not a block size)
+            kwargs = {"use_reentrant": False}
+            if hasattr(net, "activation_checkpointing_enable"):  # newer transformers
+                net.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return net, lambda m, ids: m(input_ids=ids, labels=ids).loss
     if impl != "runtime":
         raise SpecError(f"impl: unknown {impl!r}; allowed: {', '.join(IMPLS)}", field="impl")
     check_supported(model)
     capacity = model.moe.capacity_factor if model.moe and model.moe.capacity_factor else 1.25
     net = DecoderLM(model, train.moe_capacity_factor or capacity)
-    return net, lambda m, ids: loss_fn(m(ids), ids)
+    return net, lambda m, ids: loss_fn(m(ids, every), ids)
 
 
 def trace(

@@ -184,3 +184,26 @@ def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:
     assert refused.returncode == 2, refused.stderr
     assert "config.json: transformers cannot build it" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_full_recompute_traces_transformers_checkpointing() -> None:
+    """``recompute: full`` turns on transformers' per-layer checkpointing: the forward keeps the
+    layers' inputs, not their activations, and the trace still runs the whole step."""
+    model = planner.load_model("tiny-dense")
+    transient = {}
+    for recompute in ("none", "full"):
+        train = planner.load_train(
+            {
+                "precision": PURE_BF16,
+                "micro_batch_size": 2,
+                "seq_len": 64,
+                "recompute": recompute,
+                "activation_profile": "hf",
+            }
+        )
+        measured = trace(model, train, impl="hf")
+        transient[recompute] = [p for p in measured["phases"] if p["phase"] == "forward"][-1][
+            "transient"
+        ]
+        assert [p["step"] for p in measured["phases"] if p["phase"] == "optimizer"] == [1, 2]
+    assert transient["full"] * 3 < transient["none"]

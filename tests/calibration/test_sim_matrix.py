@@ -30,6 +30,9 @@ def test_every_peak_is_the_planners_within_the_gpu_targets(rows: list[dict[str, 
     errors = {r["label"]: r["error"] for r in rows}
     assert max(abs(e) for e in errors.values()) <= 0.03, errors
     assert statistics.median(abs(e) for e in errors.values()) <= 0.015, errors
+    # without the CUDA allocator the simulated device leaves the estimate more to answer for:
+    # every policy and placement within 1.5 % (0.77 % at worst when last measured)
+    assert max(abs(e) for e in errors.values()) <= 0.015, errors
 
 
 def test_the_optimizer_phase_holds_what_the_planner_counts(rows: list[dict[str, Any]]) -> None:

@@ -41,10 +41,10 @@ def test_resident_state_is_the_planners_to_half_a_percent(rows: list[dict[str, A
 
 def test_streaming_state_stays_on_the_host(rows: list[dict[str, Any]]) -> None:
     """Streaming keeps every state on the host: the variants change nothing on the device (the
-    fp32 accumulator is the host's), and the peak is the planner's within 1.5 % (the loss runs
-    on the head's pool buffer; the RoPE tables and ids are the small remainder)."""
+    fp32 accumulator is the host's), and the peak is the planner's within 1 % (the loss runs on
+    the head's pool buffer)."""
     for model in {r["label"].split()[0] for r in rows}:
         streaming = [r for r in rows if r["mode"] == "streaming" and r["label"].split()[0] == model]
         assert len({r["measured_peak_bytes"] for r in streaming}) == 1, streaming
         assert len({r["predicted_peak_bytes"] for r in streaming}) == 1, streaming
-        assert all(abs(r["error"]) <= 0.015 for r in streaming), streaming
+        assert all(abs(r["error"]) <= 0.01 for r in streaming), streaming

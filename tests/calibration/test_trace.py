@@ -61,8 +61,34 @@ def test_a_spec_the_trace_cannot_run_is_refused_naming_the_field() -> None:
         trace(model, planner.TrainSpec())  # fp32 master weights: not what torch AdamW does
     assert info.value.field == "precision"
     with pytest.raises(planner.SpecError) as info:
-        trace(model, _train(recompute="full"))
-    assert info.value.field == "recompute"
+        trace(model, _train(offload={"mode": "optimizer", "fraction": 0.5}))
+    assert info.value.field == "offload.mode"
+    with pytest.raises(planner.SpecError) as info:  # transformers checkpoints every layer
+        trace(model, _train(recompute={"every_k": 2}), impl="hf")
+    assert info.value.field == "recompute" and "every_k 2" in str(info.value)
+
+
+def test_recompute_keeps_the_checkpoints_only() -> None:
+    """With a checkpoint every k layers the forward keeps the k-layer blocks' inputs, not the
+    layers' activations: the traced forward shrinks as the planner says, and the calibrated
+    estimate of the recomputed step stays within 2 % of the traced peak."""
+    model = planner.load_model("tiny-dense").model_copy(update={"num_layers": 4})
+    coeffs = planner.calibrated_coefficients("runtime")
+    transient, errors = {}, {}
+    for name, recompute in (("none", "none"), ("every-2", {"every_k": 2}), ("full", "full")):
+        train = _train(micro_batch_size=2, seq_len=64, recompute=recompute)
+        measured = trace(model, train)
+        transient[name] = [p for p in measured["phases"] if p["phase"] == "forward"][-1][
+            "transient"
+        ]
+        budget = planner.estimate(model, train, planner.gpu("H100-80GB"), coeffs)
+        errors[name] = compare_trace(budget, measured)["error"]["total"]
+    assert transient["none"] > 4 * transient["full"]
+    # full keeps one input per layer (four), every-2 one per two layers (two): the forwards
+    # differ by exactly two layer inputs (bf16, two sequences of 64)
+    hidden_input = 2 * 64 * model.hidden_size * 2
+    assert transient["full"] - transient["every-2"] == 2 * hidden_input
+    assert all(abs(e) <= 0.02 for e in errors.values()), errors
 
 
 def test_calibrate_trace_json_contract_and_record(tmp_path: Path) -> None:
