@@ -551,19 +551,22 @@ class HostWork:
             self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
         slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
         self.count += 1
-        source = grad.detach().reshape(-1).to(dtype)
-        event = self.backend.d2h(slab, source)
+        # the device gradient, held until the copy that reads it has completed and released
+        # before the landing's future completes (the executor keeps a finished task's
+        # arguments a moment longer, past the point a waiter resumes)
+        source = [grad.detach().reshape(-1).to(dtype)]
+        event = self.backend.d2h(slab, source[0])
 
-        def work(source: Tensor) -> None:
-            # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it;
-            # ``source`` is held until the copy that reads it has completed
+        def work() -> None:
+            # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it
             self.backend.synchronize(event)
+            source.clear()
             acc = unit.host["grad"]
             acc.add_(slab.float())
             if final:
                 self.norms[index] = grad_norm_sq([acc])
 
-        self.landings.append(self.executor.submit(work, source))
+        self.landings.append(self.executor.submit(work))
 
     def drain(self) -> None:
         """Wait for every landing (and surface any error from the host thread)."""
