@@ -538,7 +538,7 @@ def _phase_totals(
     # gathered units are released once backward is done
     optimizer = base if streaming else params + grads_total + master + opt + opt_temp + ema
     return (
-        fwd + (g_fwd if accumulating else 0),
+        fwd + g_fwd,
         base + bwd,
         fwd + g_fwd + opt,
         base + bwd + opt,
@@ -661,7 +661,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     return (
         (
             params,
-            g_fwd if accumulating else 0,
+            g_fwd,
             master,
             0,
             ema,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import planner
-from calibration.trace import compare_trace, trace
+from calibration.trace import compare_trace, steady_forward_transient, trace
 from runtime.model import DecoderLM
 
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
@@ -78,9 +78,7 @@ def test_recompute_keeps_the_checkpoints_only() -> None:
     for name, recompute in (("none", "none"), ("every-2", {"every_k": 2}), ("full", "full")):
         train = _train(micro_batch_size=2, seq_len=64, recompute=recompute)
         measured = trace(model, train)
-        transient[name] = [p for p in measured["phases"] if p["phase"] == "forward"][-1][
-            "transient"
-        ]
+        transient[name] = steady_forward_transient(measured)
         budget = planner.estimate(model, train, planner.gpu("H100-80GB"), coeffs)
         errors[name] = compare_trace(budget, measured)["error"]["total"]
     assert transient["none"] > 4 * transient["full"]
