@@ -4,7 +4,9 @@ them to ``calibration/data/<impl>-traces.json``.
 - ``runtime``: the trainer's model, under fake tensors. The design varies width, FFN width,
   heads and KV heads, vocabulary, depth, MoE, micro-batch and sequence length: widths of 64 to
   160 at sequences up to 128, and 512 to 2048 at sequences of 512 to 2048 (those also with full
-  recompute, which leaves the head's saved tensors and the logits apart from the layers' terms).
+  recompute, which leaves the head's saved tensors and the logits apart from the layers' terms,
+  and with a checkpoint every two layers). Each record keeps the peak inside a decoder layer's
+  backward too, which the layers' backward terms are fitted to.
   Every third configuration is held out, and whole two-layer cuts of the GPU matrix's dense and
   MoE models.
 - ``hf``: transformers models (llama, qwen2, mixtral, qwen2_moe) built from configs with random
@@ -32,7 +34,7 @@ import torch
 
 import planner
 from calibration.fit import traces_path
-from calibration.trace import IMPLS, steady_forward_transient, trace
+from calibration.trace import IMPLS, layer_backward_peak, steady_forward_transient, trace
 from planner.hf import from_hf_config
 
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
@@ -217,6 +219,10 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
             # and the logits stand apart from the layers' terms
             mb, seq = batches[0]
             out.append((model, _train(mb, seq, "runtime", "full"), whole or len(out) % 3 == 2))
+            # a checkpoint every two layers: the recomputed block's backward holds both
+            mb, seq = batches[2]
+            every_2 = _train(mb, seq, "runtime", {"every_k": 2})
+            out.append((model, every_2, whole or len(out) % 3 == 2))
     return out
 
 
@@ -231,6 +237,7 @@ def record(
         "mode": measured["mode"],
         "forward_transient_bytes": steady_forward_transient(measured),
         "peak_bytes": measured["peak"]["total"],
+        "layer_backward_peak_bytes": layer_backward_peak(measured),
         "peak": measured["peak"],
     }
 

@@ -5,7 +5,10 @@ are linear in its activation coefficients, so each coefficient's contribution to
 configuration is the estimate made with that coefficient at 1 and the others at 0 (a
 *feature*). Fitting solves, for non-negative coefficients, the least-squares problem on the
 relative error of the traced transient bytes at the end of step 2's forward (optimizer state
-exists then; nothing of backward is live yet). The loss backward's bytes per logit are then
+exists then; nothing of backward is live yet). The layers' backward terms (the FFN- and
+hidden-width tensors a layer's backward holds beyond its saved ones, and a recomputed block's
+extra) are then fitted the same way to the largest total the trace saw inside a decoder layer's
+backward, with the forward terms fixed. The loss backward's bytes per logit are then
 the value (in steps of 1/8) with the least squared relative error of the predicted peaks
 (peaks that do not depend on it leave the choice to those that do).
 
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import planner
+from planner.estimate import layer_backward_bytes
 
 #: feature name → the coefficient values that isolate it (all others 0)
 FEATURES: dict[str, dict[str, float]] = {
@@ -38,6 +42,11 @@ FEATURES: dict[str, dict[str, float]] = {
 }
 #: the smallest MLP scale a fit ships (the FFN bytes are mlp_scale x swiglu_saved_ffn_tensors)
 MIN_MLP_SCALE = 1e-3
+#: backward feature name → the coefficient it isolates (fitted to the layers' backward peaks)
+BACKWARD = ("backward_ffn_tensors", "backward_hidden_tensors", "recompute_hidden_tensors")
+#: the widths the backward terms are fitted at: narrower layers' weight gradients (made during
+#: the same backward) are as large as their token-sized tensors, which the terms do not model
+BACKWARD_MIN_HIDDEN = 512
 ZERO = {
     "attention_scale": 0.0,
     "mlp_scale": 0.0,
@@ -151,6 +160,7 @@ def fit_coefficients(
         "head_hidden_tensors": c["head"],
         "logits_bytes_per_element": c["logits"],
     }
+    values.update(_fit_backward(records, specs, profile, values))
     best: tuple[float, float] | None = None
     for eighths in range(0, 129):
         candidate = planner.Coefficients(
@@ -177,6 +187,39 @@ def fit_coefficients(
     )
 
 
+def _fit_backward(
+    records: Sequence[dict[str, Any]],
+    specs: Sequence[tuple[planner.ModelSpec, planner.TrainSpec]],
+    profile: str,
+    values: dict[str, Any],
+) -> dict[str, float]:
+    """The layers' backward terms, fitted (non-negative least squares on relative errors) to
+    the largest total each record's trace saw inside a decoder layer's backward, with the
+    forward terms already fitted: each term's feature is what it adds at 1."""
+    rows, fixed, targets = [], [], []
+    for record, (model, train) in zip(records, specs, strict=True):
+        measured = record.get("layer_backward_peak_bytes")
+        if not measured or model.hidden_size < BACKWARD_MIN_HIDDEN:
+            continue
+        base = planner.Coefficients(profile=profile, **values)
+        zero = layer_backward_bytes(model, train, base)
+        rows.append(
+            [
+                layer_backward_bytes(model, train, base.model_copy(update={name: 1.0})) - zero
+                for name in BACKWARD
+            ]
+        )
+        fixed.append(zero)
+        targets.append(float(measured))
+    if not rows:
+        return {}
+    a, y = np.array(rows, dtype=float), np.array(targets)
+    solution = np.zeros(len(BACKWARD))
+    used = [j for j in range(len(BACKWARD)) if a[:, j].any()]
+    solution[used] = _nnls(a[:, used] / y[:, None], 1 - np.array(fixed) / y)
+    return {name: float(v) for name, v in zip(BACKWARD, solution, strict=True)}
+
+
 def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients) -> list[float]:
     """(predicted - traced) / traced peak of each record."""
     return [(predicted_peak(r, coeffs) - r["peak_bytes"]) / r["peak_bytes"] for r in records]
@@ -192,6 +235,7 @@ FITTED = (
     "head_hidden_tensors",
     "logits_bytes_per_element",
     "logits_backward_bytes_per_element",
+    *BACKWARD,
 )
 DATA = Path(__file__).resolve().parent / "data"
 SHIPPED = Path(planner.__file__).resolve().parent / "data" / "coefficients.json"

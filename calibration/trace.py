@@ -14,7 +14,9 @@ per-category memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``
 The tracker's categories map to the planner's buckets: Parameter and Buffer → ``params``,
 Gradient → ``grads``, Optstate → ``optimizer_states``; Activation, Temp and Other are the
 step's transient tensors, compared with the planner's ``activations`` + ``logits`` +
-``moe_dispatch`` (the tracker does not tell logits from other activations).
+``moe_dispatch`` (the tracker does not tell logits from other activations). The tracker's
+per-module statistics also give each decoder layer's backward peak (``layer_backward_peaks``),
+which the layers' backward terms are fitted to.
 
 The optimizer is ``torch.optim.AdamW`` with the spec's ``optimizer_impl`` (for_loop, foreach or
 fused). Precision: the trace runs what torch AdamW does, so the training spec must say so: working
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 import planner
 from planner.errors import SpecError
@@ -174,14 +176,37 @@ def trace(
                 optimizer.zero_grad(set_to_none=True)
                 snapshot("optimizer", step)
             peak = _categories(tracker.get_tracker_snapshot("peak"))
+            layers = [
+                _categories(snaps[0])
+                for layer in decoder_layers(net)
+                for snaps in [tracker.memory_tracking[layer].snapshots.get(_ModState.PEAK_BW)]
+                if snaps
+            ]
     return {
         "impl": impl,
         "mode": "fake",
         "seconds": time.perf_counter() - start,
         "peak": peak,
         "phases": phases,
+        "layer_backward_peaks": layers,
         "torch": torch.__version__,
     }
+
+
+def decoder_layers(net: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of the runtime's model or a transformers causal LM, in order."""
+    for path in ("layers", "model.layers"):
+        found: Any = net
+        for name in path.split("."):
+            found = getattr(found, name, None)
+        if isinstance(found, torch.nn.ModuleList):
+            return list(found)
+    raise TypeError(f"no decoder layers found in {type(net).__name__}")
+
+
+def layer_backward_peak(measured: dict[str, Any]) -> int:
+    """The largest total while a decoder layer's backward ran (the last micro-batch's)."""
+    return max((p["total"] for p in measured["layer_backward_peaks"]), default=0)
 
 
 def steady_forward_transient(measured: dict[str, Any]) -> int:

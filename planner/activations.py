@@ -30,6 +30,8 @@ class LayerActivations(NamedTuple):
     scores: int  # eager attention probabilities (part of both), dropped by selective recompute
     dispatch: int  # moe_dispatch of one MoE layer
     layer_input: int  # the checkpoint a recomputed layer keeps
+    backward_dense: int  # held by a dense layer's backward beyond its saved tensors
+    backward_moe: int  # the same for an MoE layer (its larger MLP: routed or shared experts)
 
 
 @identity_memo(4096, objects=2)
@@ -86,7 +88,10 @@ def layer_activations(
     common = coeffs.norm_scale * norms + attention
     dense = int(common + coeffs.mlp_scale * dense_mlp)
 
-    moe_bytes = dispatch = 0
+    back = coeffs.backward_ffn_tensors
+    ffn_tokens = tokens * model.ffn_hidden_size * e // tp  # one FFN-width tensor
+    back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
+    moe_bytes = dispatch = back_moe = 0
     moe = model.moe
     if moe is not None:
         route_tokens = tokens // whole
@@ -98,10 +103,17 @@ def layer_activations(
         experts = int(local_experts * capacity * moe.expert_ffn_size * ffn_tensors) * e // tp
         shared = int(moe.num_shared_experts * tokens * moe.shared_ffn * ffn_tensors) * e // tp
         moe_bytes = int(common + coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
+        # the routed experts' slots: their intermediates, or the dispatched tokens if wider
+        slot_width = max(moe.expert_ffn_size // tp, h // whole)
+        routed_tokens = local_experts * capacity * slot_width * e
+        shared_tokens = moe.num_shared_experts * tokens * moe.shared_ffn * e // tp
+        back_moe = int(back * max(routed_tokens, shared_tokens) + back_hidden)
     return LayerActivations(
         dense=dense,
         moe=moe_bytes,
         scores=int(coeffs.attention_scale * scores),
         dispatch=dispatch,
         layer_input=hidden_tokens * e,
+        backward_dense=int(back * ffn_tokens + back_hidden),
+        backward_moe=back_moe,
     )

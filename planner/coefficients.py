@@ -34,6 +34,25 @@ class Coefficients(BaseModel):
     swiglu_saved_ffn_tensors: float = Field(
         default=3.0, ge=0, description="FFN-width tensors a SwiGLU MLP saves per token."
     )
+    backward_ffn_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="FFN-width tensors per token a layer's backward holds beyond its saved ones "
+        "(the gradients of the MLP's intermediates), x activation bytes; the textbook counts "
+        "saved tensors only.",
+    )
+    backward_hidden_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per token a layer's backward holds beyond its saved "
+        "ones (the incoming and outgoing gradients), x activation bytes.",
+    )
+    recompute_hidden_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per token a recomputed block's backward holds beyond "
+        "a plain layer's (the re-run block's output and the checkpoint's gradient).",
+    )
     head_hidden_tensors: float = Field(
         default=0.0,
         ge=0,

@@ -2,9 +2,11 @@
 
 A step has phases. Step 1 runs forward and backward before any optimizer state exists; from
 step 2 on the moments are resident throughout. Within backward, activations are freed layer by
-layer while gradients appear, so the backward peak is taken at its start (all activations, the
-loss temporaries or the first recomputed block) and at its end (almost all gradients, the last
-block). The optimizer phase adds the step's own temporaries. The reported peak is the largest
+layer while gradients appear: the backward peak is the largest of the loss's backward (logits
+and their gradient), each layer's backward (the gradients of the layers above it, the saved
+tensors up to it or, with recompute, the checkpoints below its block and the block re-run up to
+it, and its own backward temporaries) and the embedding's. The optimizer phase adds the step's
+own temporaries. The reported peak is the largest
 phase total, never the sum of the buckets' separate maxima.
 """
 
@@ -40,8 +42,10 @@ class StageTerms(NamedTuple):
     gpu_updated_numel: int
     params: int
     grads_total: int
-    grads_start: int
-    grads_end: int
+    grads_start: int  # when the layers' backward starts (the head's, a tied table's pending
+    # gradient, or all when accumulating)
+    layer_grads_dense: int  # one dense layer's gradients, made during backward (0: already live)
+    layer_grads_moe: int  # one MoE layer's
     grads_tail: int  # at the embedding's backward: its gradient being made and accumulated
     master_params: int
     optimizer_states: int
@@ -50,10 +54,9 @@ class StageTerms(NamedTuple):
     transfer_buffers: int
     activations_saved: int  # per micro-batch, at the end of forward
     dispatch_saved: int  # per micro-batch
-    recompute_block: int  # transient in backward (activations)
-    recompute_dispatch: int  # transient in backward (moe_dispatch)
-    first_layer_saved: int
-    first_layer_dispatch: int
+    # at the peak of each backward step that can be the largest: (dense layers, MoE layers)
+    # whose gradients exist, and the micro-batch's activations and dispatch buffers then
+    backward_points: tuple[tuple[int, int, int, int], ...]
     logits_forward: int
     logits_backward: int
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
@@ -209,7 +212,8 @@ def _model_states(
         # the device holds autograd's gradients only; the fp32 accumulator is the host's
         unit = sp.max_unit_numel
         params = num_buffers * unit * bp
-        grads_total = grads_start = grads_end = grads_tail = unit * bw
+        grads_total = grads_start = grads_tail = unit * bw
+        layer_dense = layer_moe = 0  # each layer's land in the one unit counted
         transfer = 2 * unit * bw  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
@@ -247,13 +251,19 @@ def _model_states(
         transfer = 2 * (sp.max_unit_numel * bp) if (z >= 3 and dp > 1) else 0
         if accumulating:  # every gradient buffer is live from the first micro-batch on
             grads_start = grads_total
-        elif sp.has_head:
-            grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1])
+            layer_dense = layer_moe = 0
         else:
-            grads_start = 0
+            grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1]) if sp.has_head else 0
+            layer_dense = b.grads_bytes(sp.dense_layer_numel, bg, zd[1])
+            layer_moe = b.grads_bytes(sp.moe_layer_numel, bg, zd[1]) + b.grads_bytes(
+                sp.moe_layer_expert_numel, bg, ze[1]
+            )
+        if sp.tied_embeddings:
+            # the head's gradient of a tied table waits in autograd's input buffer for the
+            # embedding's through every layer's backward (the tail below adds the two)
+            grads_start += b.grads_bytes(sp.embedding_numel, bw, zd[1])
         if sp.has_embedding:
             embedding_grad = b.grads_bytes(sp.embedding_numel, bg, zd[1])
-            grads_end = grads_total - embedding_grad
             # The embedding's backward makes a new table-sized gradient. A tied table already
             # holds the head's contribution in autograd's input buffer, and the engine adds the
             # two out of place (measured: three tables at once, on real and fake tensors);
@@ -265,7 +275,7 @@ def _model_states(
             late = 0 if accumulating else embedding_grad - working_table
             grads_tail = grads_total - late + working_table * extra
         else:
-            grads_end = grads_tail = grads_total
+            grads_tail = grads_total
         host = (0, off * 4, off * bm, opt_total - opt, ema_host, 0)
     return (
         zd,
@@ -275,7 +285,8 @@ def _model_states(
         params,
         grads_total,
         grads_start,
-        grads_end,
+        layer_dense,
+        layer_moe,
         grads_tail,
         master,
         opt,
@@ -311,42 +322,23 @@ def _activation_terms(
         model, coeffs, micro_batch, seq_len, bp, eager, tp, cp, ep, sequence_parallel, cf, imbalance
     )
     n, n_moe = sp.num_layers, sp.num_moe_layers
-    a_dense, a_moe, a_scores, a_dispatch, a_input = acts
-    if sp.first_layer_is_moe:
-        first_act, first_disp = a_moe, a_dispatch
-    else:
-        first_act, first_disp = a_dense, 0
+    a_dense, a_moe, a_scores, a_dispatch, a_input, t_dense, t_moe = acts
     if k is None:
         saved = (n - n_moe) * a_dense + n_moe * a_moe
         disp = n_moe * a_dispatch
-        block = block_disp = 0
-        if selective:
+        if selective:  # each layer recomputes its scores in its own backward
             saved -= n * a_scores
-            first_act -= a_scores
-            block = a_scores if n else 0
-    elif n:
-        blk = min(k, n)
+            a_dense -= a_scores
+            a_moe -= a_scores
+            t_dense += a_scores
+            t_moe += a_scores
+    else:
         saved = -(-n // k) * a_input
         disp = 0
-        # the block's checkpoint is its first norm's saved input: count it once
-        if n_moe:
-            flags = sp.moe_flags
-            last_moe, first_moe = sum(flags[n - blk :]), sum(flags[:blk])
-        else:
-            last_moe = first_moe = 0
-        block = last_moe * a_moe + (blk - last_moe) * a_dense - a_input
-        if block < 0:
-            block = 0
-        block_disp = last_moe * a_dispatch
-        # backward ends recomputing the stage's first block
-        first_block = first_moe * a_moe + (blk - first_moe) * a_dense - a_input
-        if first_block < 0:
-            first_block = 0
-        first_act = a_input + first_block - block
-        first_disp = (first_moe - last_moe) * a_dispatch
-    else:
-        saved = disp = block = block_disp = first_act = first_disp = 0
-
+        rerun = int(coeffs.recompute_hidden_tensors * a_input)
+        t_dense += rerun
+        t_moe += rerun
+    points = _backward_points(sp.moe_flags, k, a_dense, a_moe, a_dispatch, a_input, t_dense, t_moe)
     logits_f = logits_b = 0
     if sp.has_head:
         tokens = micro_batch * -(-seq_len // cp)
@@ -356,18 +348,60 @@ def _activation_terms(
         if coeffs.head_hidden_tensors:
             whole = tp if sequence_parallel else 1
             saved += int(coeffs.head_hidden_tensors * tokens * model.hidden_size * bp) // whole
-    return (
-        saved,
-        disp,
-        block,
-        block_disp,
-        first_act,
-        first_disp,
-        logits_f,
-        logits_b,
-        sp,
-        acts,
-    )
+    return (saved, disp, points, logits_f, logits_b, sp, acts)
+
+
+def _backward_points(
+    flags: tuple[bool, ...],
+    k: int | None,
+    a_dense: int,
+    a_moe: int,
+    a_dispatch: int,
+    a_input: int,
+    t_dense: int,
+    t_moe: int,
+) -> tuple[tuple[int, int, int, int], ...]:
+    """Where one micro-batch's backward through the stage's layers can peak.
+
+    At layer j's backward the gradients of the layers above j exist and j's own are being
+    made; the micro-batch holds the saved tensors of the layers up to j (without recompute)
+    or the checkpoints of the blocks below j's and the recomputed block up to j, plus j's own
+    backward temporaries. Each point is (dense layers, MoE layers) with gradients, activation
+    bytes, dispatch bytes. Between two layers of one kind in one block the bytes change
+    linearly, and so do they between consecutive blocks of the same shape, so the ends of
+    such runs are the only candidates (a uniform stage has two or four).
+    """
+    n = len(flags)
+    if not n:
+        return ()
+    size = n if k is None else k
+    # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
+    blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
+    chosen = [
+        i
+        for i, (_, shape) in enumerate(blocks)
+        if i in (0, len(blocks) - 1) or shape != blocks[i - 1][1] or shape != blocks[i + 1][1]
+    ]
+    dense_above = [0] * (n + 1)  # dense_above[j]: dense layers at j or above
+    for j in range(n - 1, -1, -1):
+        dense_above[j] = dense_above[j + 1] + (not flags[j])
+    points = []
+    for i in chosen:
+        b0, shape = blocks[i]
+        checkpoints = 0 if k is None else (b0 // size) * a_input
+        acts = disp = 0
+        for offset, is_moe in enumerate(shape):
+            j = b0 + offset
+            acts += a_moe if is_moe else a_dense
+            disp += a_dispatch if is_moe else 0
+            last = offset == len(shape) - 1 or shape[offset + 1] != is_moe
+            first = offset == 0 or shape[offset - 1] != is_moe
+            if first or last:
+                dense = dense_above[j + 1]
+                moe = n - j - 1 - dense
+                held = checkpoints + acts + (t_moe if is_moe else t_dense)
+                points.append((dense, moe, held, disp))
+    return tuple(points)
 
 
 # Spec-dependent memo of ``_stage_parts``, keyed by the identity of the model and coefficients
@@ -480,7 +514,7 @@ def _stage_terms(model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int) 
     (states,), (acts,) = _stage_parts(model, kn, coeffs, (stage,))
     in_flight = min(kn.pp - stage, kn.grad_accum)
     return StageTerms._make(
-        (acts[8], acts[9], in_flight, kn.checkpoint_every, *states[:14], *acts[:8], states[14])
+        (acts[5], acts[6], in_flight, kn.checkpoint_every, *states[:15], *acts[:5], states[15])
     )
 
 
@@ -497,7 +531,8 @@ def _phase_totals(
         params,
         grads_total,
         grads_start,
-        grads_end,
+        g_dense,
+        g_moe,
         grads_tail,
         master,
         opt,
@@ -506,14 +541,16 @@ def _phase_totals(
         transfer,
         _,
     ) = states
-    saved, disp, block, block_disp, first_act, first_disp, logits_f, logits_b, _, layer = acts
+    saved, disp, points, logits_f, logits_b, _, layer = acts
     base = params + master + ema + transfer
     live = m * (saved + disp)
-    start = grads_start + live + block + block_disp
-    end = grads_end + live - saved - disp + first_act + first_disp + block + block_disp
-    bwd = start if start >= end else end
-    if grads_tail > bwd:  # the embedding's backward: every layer's activations are gone
-        bwd = grads_tail
+    # the other micro-batches in flight keep their forwards' activations
+    others = live - saved - disp
+    bwd = grads_tail  # the embedding's backward: every layer's activations are gone
+    for dense, moe, held, dispatch in points:
+        at = grads_start + dense * g_dense + moe * g_moe + others + held + dispatch
+        if at > bwd:
+            bwd = at
     if streaming:
         # the head runs on its pool buffer and its input is held for its gradient; no
         # gradient of a parameter exists until the loss's backward is done, and gradients
@@ -529,7 +566,7 @@ def _phase_totals(
         if logits_f:
             # the loss's backward runs before any gradient of a parameter exists (the head's
             # own follows it), unless the buffers are already live
-            loss = (grads_start if accumulating else 0) + live + logits_f + logits_b
+            loss = (grads_total if accumulating else 0) + live + logits_f + logits_b
             if loss > bwd:
                 bwd = loss
         fwd = base + live + logits_f
@@ -585,7 +622,8 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         params,
         grads_total,
         grads_start,
-        grads_end,
+        g_dense,
+        g_moe,
         grads_tail,
         master,
         opt,
@@ -594,10 +632,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         transfer,
         saved,
         disp,
-        block,
-        block_disp,
-        first_act,
-        first_disp,
+        points,
         logits_f,
         logits_b,
         _,
@@ -612,36 +647,25 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     fwd_transfer = transfer if accumulating or not streaming else 0
 
     def backward(o: int) -> tuple[int, ...]:
-        start = (
-            params,
-            grads_start,
-            master,
-            o,
-            ema,
-            acts_all + block,
-            0,
-            disp_all + block_disp,
-            transfer,
-        )
-        end = (
-            params,
-            grads_end,
-            master,
-            o,
-            ema,
-            acts_all - saved + first_act + block,
-            0,
-            disp_all - disp + first_disp + block_disp,
-            transfer,
-        )
-        best = start if sum(start) >= sum(end) else end
-        tail = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
-        if sum(tail) > sum(best):
-            best = tail
+        best = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
+        for dense, moe, held, dispatch in points:
+            row = (
+                params,
+                grads_start + dense * g_dense + moe * g_moe,
+                master,
+                o,
+                ema,
+                acts_all - saved + held,
+                0,
+                disp_all - disp + dispatch,
+                transfer,
+            )
+            if sum(row) > sum(best):
+                best = row
         if logits_f:
             loss = (
                 params,
-                grads_start if accumulating and not streaming else 0,
+                grads_total if accumulating and not streaming else 0,
                 master,
                 o,
                 ema,
@@ -734,7 +758,7 @@ def evaluate(
     peak, i, index = _peak(
         all_states, all_acts, stages, kn.grad_accum, kn.offload == "streaming", context, fraction
     )
-    stage, host = stages[i], all_states[i][14]
+    stage, host = stages[i], all_states[i][-1]
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
     host_peak = sum(host) * ranks
@@ -765,6 +789,25 @@ def evaluate(
         host_cap,
         coeffs,
     )
+
+
+def layer_backward_bytes(
+    model: ModelSpec, train: TrainSpec, coefficients: Coefficients | None = None
+) -> int:
+    """Allocated bytes of the first stage at the largest of its backward points in the steady
+    state: the peak while one of its layers' backward runs (calibration compares it with the
+    largest a trace saw inside a decoder layer's backward)."""
+    kn = knobs(train)
+    coeffs = coefficients or default_coefficients(kn.activation_profile)
+    ((states,), (acts,)) = _stage_parts(model, kn, coeffs, (0,))
+    params, _, start, g_dense, g_moe, _, master, opt, _, ema, transfer = states[4:15]
+    m = min(kn.pp, kn.grad_accum)
+    others = (m - 1) * (acts[0] + acts[1])
+    through = max(
+        (start + d * g_dense + e * g_moe + others + held + disp for d, e, held, disp in acts[2]),
+        default=0,
+    )
+    return int(params + master + ema + transfer + opt + through)
 
 
 def clear_spec_caches() -> None:

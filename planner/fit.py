@@ -287,7 +287,7 @@ def fit(
                     peak, where, _ = _peak(
                         all_states, all_acts, stages, grad_accum, streaming, context, fraction
                     )
-                    host_peak = sum(all_states[where][14]) * ranks
+                    host_peak = sum(all_states[where][-1]) * ranks
                     margin = math.ceil(peak * margin_fraction)
                     if peak + margin > cap or (host_cap is not None and host_peak > host_cap):
                         rejected_total += 1
@@ -306,7 +306,7 @@ def fit(
                                 )
                             )
                         continue
-                    sp = all_acts[where][8]
+                    sp = all_acts[where][-2]
                     if kn is None:
                         kn = base._replace(**{**inner_values, **outer})
                     t = price(kn, sp.dense_numel + sp.expert_numel, all_states[where][2])

@@ -31,6 +31,9 @@ class StageParams(NamedTuple):
     expert_numel: int
     embedding_numel: int
     first_layer_numel: int
+    dense_layer_numel: int  # one dense layer of the stage (0 if none)
+    moe_layer_numel: int  # one MoE layer's non-expert tensors (attention, router, shared)
+    moe_layer_expert_numel: int  # one MoE layer's routed experts
     head_unit_numel: int
     max_unit_numel: int
     largest_tensor_numel: int
@@ -91,8 +94,10 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
     order_numel: list[int] = []
     order_is_expert: list[bool] = []
     unit_sizes = []
+    layer_numel = [0, 0, 0]  # a dense layer; an MoE layer's dense part and its experts
     for unit in chosen:
         unit_numel = 0
+        unit_expert = 0
         for t in unit.tensors:
             rows, cols = _local(t, tp, ep)
             numel = rows * cols
@@ -101,6 +106,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             unit_numel += numel
             if is_expert:
                 expert += numel
+                unit_expert += numel
             else:
                 dense += numel
             per_tensor = rows * (cols // max(t.copies, 1)) if t.copies > 1 else numel
@@ -124,8 +130,13 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             embed = unit_numel
         elif unit.name == "lm_head":
             head_unit = unit_numel
-        elif not first_layer:
-            first_layer = unit_numel
+        else:
+            if not first_layer:
+                first_layer = unit_numel
+            if unit.is_moe:
+                layer_numel[1:] = [unit_numel - unit_expert, unit_expert]
+            else:
+                layer_numel[0] = unit_numel
     # A tied head streams the embedding matrix again: the largest unit is at least that big.
     if model.tied_embeddings and has_head:
         tied = _local(all_units[0].tensors[0], tp, ep)
@@ -145,6 +156,9 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         expert_numel=expert,
         embedding_numel=embed,
         first_layer_numel=first_layer,
+        dense_layer_numel=layer_numel[0],
+        moe_layer_numel=layer_numel[1],
+        moe_layer_expert_numel=layer_numel[2],
         head_unit_numel=head_unit,
         max_unit_numel=max(unit_sizes) if unit_sizes else 0,
         largest_tensor_numel=largest,

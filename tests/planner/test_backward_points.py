@@ -1,0 +1,92 @@
+"""The backward's candidate points: the few the estimator keeps hold the largest total of every
+layer's backward, for any mix of dense and MoE layers, block size and byte sizes."""
+
+from __future__ import annotations
+
+import importlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import planner
+
+estimate_module = importlib.import_module("planner.estimate")
+
+
+def _every_layer(
+    flags: tuple[bool, ...],
+    k: int | None,
+    sizes: tuple[int, int, int, int, int, int, int],
+    g_dense: int,
+    g_moe: int,
+) -> int:
+    """The largest total over each layer's backward, walked layer by layer."""
+    a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
+    n = len(flags)
+    size = n if k is None else k
+    best = 0
+    for j in range(n):
+        b0 = j // size * size
+        held = (b0 // size) * a_input if k is not None else 0
+        held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
+        held += t_moe if flags[j] else t_dense
+        disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
+        grads = sum(g_moe if flags[i] else g_dense for i in range(j + 1, n))
+        best = max(best, grads + held + disp)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    flags=st.lists(st.booleans(), min_size=1, max_size=24).map(tuple)
+    | st.tuples(st.integers(0, 4), st.integers(1, 30)).map(
+        lambda d: (False,) * d[0] + (True,) * d[1]
+    ),
+    k=st.none() | st.integers(1, 30),
+    sizes=st.tuples(*[st.integers(0, 10**6)] * 7),
+    g_dense=st.integers(0, 10**6),
+    g_moe=st.integers(0, 10**6),
+)
+def test_the_kept_points_hold_the_largest_layer_backward(
+    flags: tuple[bool, ...],
+    k: int | None,
+    sizes: tuple[int, int, int, int, int, int, int],
+    g_dense: int,
+    g_moe: int,
+) -> None:
+    a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
+    points = estimate_module._backward_points(
+        flags, k, a_dense, a_moe, dispatch, a_input, t_dense, t_moe
+    )
+    kept = max(d * g_dense + m * g_moe + held + disp for d, m, held, disp in points)
+    assert kept == _every_layer(flags, k, sizes, g_dense, g_moe)
+
+
+def test_a_uniform_stage_keeps_few_points() -> None:
+    """Eighty identical layers checkpointed one by one: the first and last blocks only."""
+    flags = (False,) * 80
+    assert len(estimate_module._backward_points(flags, 1, 9, 0, 0, 1, 2, 0)) == 2
+    assert len(estimate_module._backward_points(flags, 3, 9, 0, 0, 1, 2, 0)) <= 6
+    assert len(estimate_module._backward_points(flags, None, 9, 0, 0, 1, 2, 0)) == 2
+
+
+def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
+    """One recomputed block of all the layers: the gradients of the block's own layers appear
+    as its activations are freed, so the backward is not all gradients plus the whole block."""
+    model = planner.load_model("llama-3-8b")
+    pure = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
+    spec = {"micro_batch_size": 1, "seq_len": 8192, "precision": pure}
+    one_block = planner.load_train({**spec, "recompute": {"every_k": model.num_layers}})
+    kn = estimate_module.knobs(one_block)
+    coeffs = planner.calibrated_coefficients("runtime")
+    t = estimate_module._stage_terms(model, kn, coeffs, 0)
+    row = planner.estimate(model, one_block, planner.gpu("H200-141GB"), coeffs).gpu
+    backward = row.phases["backward"].buckets
+    layers = model.num_layers * t.layer_grads_dense
+    # at the top of the block: the recomputed block and no layer's gradients yet
+    assert backward["grads"] == t.grads_start
+    assert backward["activations"] >= model.num_layers * t.acts.dense
+    # the backward is the recomputed block, not the block plus every layer's gradients
+    assert backward["grads"] + backward["activations"] < layers + model.num_layers * t.acts.dense
+    top = max(t.backward_points, key=lambda p: p[2])
+    assert top[:2] == (0, 0) and backward["activations"] == top[2]
