@@ -375,6 +375,20 @@ def _backward_points(
     if not n:
         return ()
     size = n if k is None else k
+    if all(flags) or not any(flags):  # one kind: the bottom, last full and partial top blocks
+        is_moe = flags[0]
+        a, t = (a_moe, t_moe) if is_moe else (a_dense, t_dense)
+        d = a_dispatch if is_moe else 0
+        size = min(size, n)
+        full = n // size
+        uniform = []
+        for b0 in sorted({0, (full - 1) * size, full * size} - {n}):
+            checkpoints = 0 if k is None else (b0 // size) * a_input
+            for layers in sorted({1, min(size, n - b0)}):
+                above = n - b0 - layers
+                counts = (0, above) if is_moe else (above, 0)
+                uniform.append((*counts, checkpoints + layers * a + t, layers * d))
+        return tuple(uniform)
     # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
     blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
     chosen = [
