@@ -115,6 +115,18 @@ def _nnls(a: np.ndarray, b: np.ndarray, iterations: int = 200) -> np.ndarray:
     return x
 
 
+def _relative_nnls(
+    rows: Sequence[Sequence[float]], fixed: Sequence[float], targets: Sequence[float]
+) -> list[float]:
+    """Non-negative x minimising the relative errors (rows · x + fixed − target) / target;
+    a feature that is zero in every row gets 0."""
+    a, y = np.array(rows, dtype=float), np.array(targets, dtype=float)
+    used = [j for j in range(a.shape[1]) if a[:, j].any()]
+    solution = np.zeros(a.shape[1])
+    solution[used] = _nnls(a[:, used] / y[:, None], 1 - np.array(fixed) / y)
+    return [float(v) for v in solution]
+
+
 def _specs(record: dict[str, Any]) -> tuple[planner.ModelSpec, planner.TrainSpec]:
     return (
         planner.ModelSpec.model_validate(record["model"]),
@@ -140,12 +152,7 @@ def fit_coefficients(
         rows.append([f[n] for n in names])
         fixed.append(f["fixed"])
         targets.append(float(record["forward_transient_bytes"]))
-    a, y = np.array(rows), np.array(targets)
-    used = [j for j in range(len(names)) if a[:, j].any()]
-    solution = np.zeros(len(names))
-    # relative errors: (a x + fixed - y) / y
-    solution[used] = _nnls(a[:, used] / y[:, None], 1 - np.array(fixed) / y)
-    c = dict(zip(names, (float(v) for v in solution), strict=True))
+    c = dict(zip(names, _relative_nnls(rows, fixed, targets), strict=True))
     # the norms save twice the MLP input's hidden-width bytes in every layer: only
     # 2 x norm + mlp_input is determined, so both scales get its third
     hidden = (2 * c["norm"] + c["mlp_input"]) / 3
@@ -197,27 +204,19 @@ def _fit_backward(
     the largest total each record's trace saw inside a decoder layer's backward, with the
     forward terms already fitted: each term's feature is what it adds at 1."""
     rows, fixed, targets = [], [], []
+    base = planner.Coefficients(profile=profile, **values)
+    unit = [base.model_copy(update={name: 1.0}) for name in BACKWARD]
     for record, (model, train) in zip(records, specs, strict=True):
         measured = record.get("layer_backward_peak_bytes")
         if not measured or model.hidden_size < BACKWARD_MIN_HIDDEN:
             continue
-        base = planner.Coefficients(profile=profile, **values)
         zero = layer_backward_bytes(model, train, base)
-        rows.append(
-            [
-                layer_backward_bytes(model, train, base.model_copy(update={name: 1.0})) - zero
-                for name in BACKWARD
-            ]
-        )
+        rows.append([layer_backward_bytes(model, train, c) - zero for c in unit])
         fixed.append(zero)
         targets.append(float(measured))
     if not rows:
         return {}
-    a, y = np.array(rows, dtype=float), np.array(targets)
-    solution = np.zeros(len(BACKWARD))
-    used = [j for j in range(len(BACKWARD)) if a[:, j].any()]
-    solution[used] = _nnls(a[:, used] / y[:, None], 1 - np.array(fixed) / y)
-    return {name: float(v) for name, v in zip(BACKWARD, solution, strict=True)}
+    return dict(zip(BACKWARD, _relative_nnls(rows, fixed, targets), strict=True))
 
 
 def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients) -> list[float]:

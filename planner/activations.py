@@ -89,7 +89,7 @@ def layer_activations(
     dense = int(common + coeffs.mlp_scale * dense_mlp)
 
     back = coeffs.backward_ffn_tensors
-    ffn_tokens = tokens * model.ffn_hidden_size * e // tp  # one FFN-width tensor
+    ffn_tensor = tokens * model.ffn_hidden_size * e // tp  # bytes of one FFN-width tensor
     back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
     moe_bytes = dispatch = back_moe = 0
     moe = model.moe
@@ -101,19 +101,19 @@ def layer_activations(
         capacity = moe_capacity(group_tokens, moe.top_k, moe.num_experts, cf, imbalance)
         dispatch = moe_dispatch_bytes(route_tokens, moe.num_experts, local_experts, capacity, h, e)
         experts = int(local_experts * capacity * moe.expert_ffn_size * ffn_tensors) * e // tp
-        shared = int(moe.num_shared_experts * tokens * moe.shared_ffn * ffn_tensors) * e // tp
+        shared_width = moe.num_shared_experts * tokens * moe.shared_ffn
+        shared = int(shared_width * ffn_tensors) * e // tp
         moe_bytes = int(common + coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
         # the routed experts' slots: their intermediates, or the dispatched tokens if wider
         slot_width = max(moe.expert_ffn_size // tp, h // whole)
-        routed_tokens = local_experts * capacity * slot_width * e
-        shared_tokens = moe.num_shared_experts * tokens * moe.shared_ffn * e // tp
-        back_moe = int(back * max(routed_tokens, shared_tokens) + back_hidden)
+        routed_tensor = local_experts * capacity * slot_width * e
+        back_moe = int(back * max(routed_tensor, shared_width * e // tp) + back_hidden)
     return LayerActivations(
         dense=dense,
         moe=moe_bytes,
         scores=int(coeffs.attention_scale * scores),
         dispatch=dispatch,
         layer_input=hidden_tokens * e,
-        backward_dense=int(back * ffn_tokens + back_hidden),
+        backward_dense=int(back * ffn_tensor + back_hidden),
         backward_moe=back_moe,
     )

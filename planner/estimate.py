@@ -369,7 +369,7 @@ def _backward_points(
     backward temporaries. Each point is (dense layers, MoE layers) with gradients, activation
     bytes, dispatch bytes. Between two layers of one kind in one block the bytes change
     linearly, and so do they between consecutive blocks of the same shape, so the ends of
-    such runs are the only candidates (a uniform stage has two or four).
+    such runs are the only candidates (a stage of one kind of layer has two to six).
     """
     n = len(flags)
     if not n:
@@ -558,13 +558,9 @@ def _phase_totals(
     saved, disp, points, logits_f, logits_b, _, layer = acts
     base = params + master + ema + transfer
     live = m * (saved + disp)
-    # the other micro-batches in flight keep their forwards' activations
-    others = live - saved - disp
-    bwd = grads_tail  # the embedding's backward: every layer's activations are gone
-    for dense, moe, held, dispatch in points:
-        at = grads_start + dense * g_dense + moe * g_moe + others + held + dispatch
-        if at > bwd:
-            bwd = at
+    through = _through_layers(points, grads_start, g_dense, g_moe, live - saved - disp)
+    # the embedding's backward: every layer's activations are gone
+    bwd = through if through > grads_tail else grads_tail
     if streaming:
         # the head runs on its pool buffer and its input is held for its gradient; no
         # gradient of a parameter exists until the loss's backward is done, and gradients
@@ -595,6 +591,23 @@ def _phase_totals(
         base + bwd + opt,
         optimizer,
     )
+
+
+def _through_layers(
+    points: tuple[tuple[int, int, int, int], ...],
+    grads_start: int,
+    g_dense: int,
+    g_moe: int,
+    others: int,
+) -> int:
+    """Gradients and transient bytes at the largest of the layers' backward points; ``others``
+    is what the other micro-batches in flight keep of their forwards (0 without layers)."""
+    best = 0
+    for dense, moe, held, dispatch in points:
+        at = grads_start + dense * g_dense + moe * g_moe + others + held + dispatch
+        if at > best:
+            best = at
+    return best
 
 
 def _peak(
@@ -812,16 +825,12 @@ def layer_backward_bytes(
     state: the peak while one of its layers' backward runs (calibration compares it with the
     largest a trace saw inside a decoder layer's backward)."""
     kn = knobs(train)
-    coeffs = coefficients or default_coefficients(kn.activation_profile)
-    ((states,), (acts,)) = _stage_parts(model, kn, coeffs, (0,))
-    params, _, start, g_dense, g_moe, _, master, opt, _, ema, transfer = states[4:15]
-    m = min(kn.pp, kn.grad_accum)
-    others = (m - 1) * (acts[0] + acts[1])
-    through = max(
-        (start + d * g_dense + e * g_moe + others + held + disp for d, e, held, disp in acts[2]),
-        default=0,
+    t = _stage_terms(model, kn, coefficients or default_coefficients(kn.activation_profile), 0)
+    others = (t.in_flight - 1) * (t.activations_saved + t.dispatch_saved)
+    through = _through_layers(
+        t.backward_points, t.grads_start, t.layer_grads_dense, t.layer_grads_moe, others
     )
-    return int(params + master + ema + transfer + opt + through)
+    return t.params + t.master_params + t.ema + t.transfer_buffers + t.optimizer_states + through
 
 
 def clear_spec_caches() -> None:

@@ -22,15 +22,12 @@ class StageParams(NamedTuple):
     stage: int
     num_layers: int
     num_moe_layers: int
-    first_layer_is_moe: bool
-    last_layer_is_moe: bool
     has_embedding: bool
     has_head: bool
     tied_embeddings: bool  # the embedding table is also this stage's head
     dense_numel: int
     expert_numel: int
     embedding_numel: int
-    first_layer_numel: int
     dense_layer_numel: int  # one dense layer of the stage (0 if none)
     moe_layer_numel: int  # one MoE layer's non-expert tensors (attention, router, shared)
     moe_layer_expert_numel: int  # one MoE layer's routed experts
@@ -86,7 +83,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
     chosen += [all_units[1 + i] for i in layer_range]
     if has_head:
         chosen.append(all_units[-1])
-    dense = expert = embed = head_unit = first_layer = 0
+    dense = expert = embed = head_unit = 0
     largest = largest_matrix = 0
     matrix = [0, 0]
     adafactor = [0, 0]
@@ -130,13 +127,10 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             embed = unit_numel
         elif unit.name == "lm_head":
             head_unit = unit_numel
+        elif unit.is_moe:
+            layer_numel[1:] = [unit_numel - unit_expert, unit_expert]
         else:
-            if not first_layer:
-                first_layer = unit_numel
-            if unit.is_moe:
-                layer_numel[1:] = [unit_numel - unit_expert, unit_expert]
-            else:
-                layer_numel[0] = unit_numel
+            layer_numel[0] = unit_numel
     # A tied head streams the embedding matrix again: the largest unit is at least that big.
     if model.tied_embeddings and has_head:
         tied = _local(all_units[0].tensors[0], tp, ep)
@@ -147,15 +141,12 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         stage=stage,
         num_layers=len(layer_ids),
         num_moe_layers=sum(moe_flags),
-        first_layer_is_moe=bool(moe_flags) and moe_flags[0],
-        last_layer_is_moe=bool(moe_flags) and moe_flags[-1],
         has_embedding=has_embedding,
         has_head=has_head,
         tied_embeddings=model.tied_embeddings and has_embedding and has_head,
         dense_numel=dense,
         expert_numel=expert,
         embedding_numel=embed,
-        first_layer_numel=first_layer,
         dense_layer_numel=layer_numel[0],
         moe_layer_numel=layer_numel[1],
         moe_layer_expert_numel=layer_numel[2],
