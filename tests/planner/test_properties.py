@@ -16,6 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import planner
+from planner.estimate import stage_terms
 from planner.stage import stage_params
 
 estimate_module = importlib.import_module("planner.estimate")
@@ -339,11 +340,17 @@ def test_peak_nonincreasing_in_recompute_strength(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
     none, selective, full = (
-        _peak(model, _with(train, recompute=r), hw) for r in ("none", "selective", "full")
+        _allocated(planner.estimate(model, _with(train, recompute=r), hw))
+        for r in ("none", "selective", "full")
     )
-    assert none >= selective >= full, (none, selective, full)
+    assert none >= selective, (none, selective)
+    # Re-running a block holds a little more than the layers it re-runs saved (its output, the
+    # checkpoint's gradient): a one-layer stage saves nothing by recompute and pays that.
+    t, coeffs = stage_terms(model, _with(train, recompute="full"), hw, 0)
+    rerun = int(coeffs.recompute_hidden_tensors * t.acts.layer_input)
+    assert full <= none + rerun, (none, full, rerun)
     # block-wise recompute with one layer per block is full recompute
-    assert _peak(model, _with(train, recompute={"every_k": 1}), hw) == full
+    assert _allocated(planner.estimate(model, _with(train, recompute={"every_k": 1}), hw)) == full
 
 
 # Found by this test: with every tensor's optimizer state offloaded (fraction 0.999 reaches
