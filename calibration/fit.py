@@ -43,9 +43,15 @@ FEATURES: dict[str, dict[str, float]] = {
 #: the smallest MLP scale a fit ships (the FFN bytes are mlp_scale x swiglu_saved_ffn_tensors)
 MIN_MLP_SCALE = 1e-3
 #: backward feature name → the coefficient it isolates (fitted to the layers' backward peaks)
-BACKWARD = ("backward_ffn_tensors", "backward_hidden_tensors", "recompute_hidden_tensors")
-#: the widths the backward terms are fitted at: narrower layers' weight gradients (made during
-#: the same backward) are as large as their token-sized tensors, which the terms do not model
+BACKWARD = (
+    "backward_ffn_tensors",
+    "backward_hidden_tensors",
+    "recompute_hidden_tensors",
+    "backward_mlp_grads",
+)
+#: the widths the backward terms are fitted at: in narrower layers every tensor's gradient
+#: (attention's and the norms', not only the MLP's that ``backward_mlp_grads`` counts) is as
+#: large as the token-sized tensors, and toy widths would steer the terms real widths use
 BACKWARD_MIN_HIDDEN = 512
 ZERO = {
     "attention_scale": 0.0,
@@ -216,7 +222,10 @@ def _fit_backward(
         targets.append(float(measured))
     if not rows:
         return {}
-    return dict(zip(BACKWARD, _relative_nnls(rows, fixed, targets), strict=True))
+    fitted = dict(zip(BACKWARD, _relative_nnls(rows, fixed, targets), strict=True))
+    # a fraction of the layer's own gradients: at most all of them
+    fitted["backward_mlp_grads"] = min(fitted["backward_mlp_grads"], 1.0)
+    return fitted
 
 
 def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients) -> list[float]:

@@ -53,6 +53,14 @@ class Coefficients(BaseModel):
         description="Hidden-width tensors per token a recomputed block's backward holds beyond "
         "a plain layer's (the re-run block's output and the checkpoint's gradient).",
     )
+    backward_mlp_grads: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Fraction of a layer's MLP gradients (dense FFN, or an MoE layer's local "
+        "and shared experts) that exist at the peak of its backward, when gradients are made "
+        "during backward (the output projection's come first); the textbook counts none.",
+    )
     head_hidden_tensors: float = Field(
         default=0.0,
         ge=0,

@@ -46,6 +46,8 @@ class StageTerms(NamedTuple):
     # gradient, or all when accumulating)
     layer_grads_dense: int  # one dense layer's gradients, made during backward (0: already live)
     layer_grads_moe: int  # one MoE layer's
+    own_grads_dense: int  # a dense layer's gradients at the peak of its own backward
+    own_grads_moe: int  # an MoE layer's
     grads_tail: int  # at the embedding's backward: its gradient being made and accumulated
     master_params: int
     optimizer_states: int
@@ -55,8 +57,9 @@ class StageTerms(NamedTuple):
     activations_saved: int  # per micro-batch, at the end of forward
     dispatch_saved: int  # per micro-batch
     # at the peak of each backward step that can be the largest: (dense layers, MoE layers)
-    # whose gradients exist, and the micro-batch's activations and dispatch buffers then
-    backward_points: tuple[tuple[int, int, int, int], ...]
+    # whose gradients exist, the micro-batch's activations and dispatch buffers then, and
+    # whether the layer running is an MoE layer (1) or dense (0)
+    backward_points: tuple[tuple[int, int, int, int, int], ...]
     logits_forward: int
     logits_backward: int
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
@@ -169,6 +172,7 @@ def _model_states(
     fraction: float,
     num_buffers: int,
     accumulating: bool,
+    own_fraction: float,
 ) -> tuple[Any, ...]:
     """Persistent state of one stage's rank: StageTerms fields zero_dense .. transfer_buffers,
     then the host tuple. ``dp`` is the data-parallel group including context parallelism."""
@@ -213,7 +217,7 @@ def _model_states(
         unit = sp.max_unit_numel
         params = num_buffers * unit * bp
         grads_total = grads_start = grads_tail = unit * bw
-        layer_dense = layer_moe = 0  # each layer's land in the one unit counted
+        layer_dense = layer_moe = own_dense = own_moe = 0  # they land in the one unit counted
         transfer = 2 * unit * bw  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
@@ -251,12 +255,21 @@ def _model_states(
         transfer = 2 * (sp.max_unit_numel * bp) if (z >= 3 and dp > 1) else 0
         if accumulating:  # every gradient buffer is live from the first micro-batch on
             grads_start = grads_total
-            layer_dense = layer_moe = 0
+            layer_dense = layer_moe = own_dense = own_moe = 0
         else:
             grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1]) if sp.has_head else 0
             layer_dense = b.grads_bytes(sp.dense_layer_numel, bg, zd[1])
             layer_moe = b.grads_bytes(sp.moe_layer_numel, bg, zd[1]) + b.grads_bytes(
                 sp.moe_layer_expert_numel, bg, ze[1]
+            )
+            # a layer's backward makes its MLP's gradients before its peak is over
+            own_dense = int(own_fraction * b.grads_bytes(sp.dense_layer_mlp_numel, bg, zd[1]))
+            own_moe = int(
+                own_fraction
+                * (
+                    b.grads_bytes(sp.moe_layer_shared_numel, bg, zd[1])
+                    + b.grads_bytes(sp.moe_layer_expert_numel, bg, ze[1])
+                )
             )
         if sp.tied_embeddings:
             # the head's gradient of a tied table waits in autograd's input buffer for the
@@ -287,6 +300,8 @@ def _model_states(
         grads_start,
         layer_dense,
         layer_moe,
+        own_dense,
+        own_moe,
         grads_tail,
         master,
         opt,
@@ -360,14 +375,15 @@ def _backward_points(
     a_input: int,
     t_dense: int,
     t_moe: int,
-) -> tuple[tuple[int, int, int, int], ...]:
+) -> tuple[tuple[int, int, int, int, int], ...]:
     """Where one micro-batch's backward through the stage's layers can peak.
 
     At layer j's backward the gradients of the layers above j exist and j's own are being
     made; the micro-batch holds the saved tensors of the layers up to j (without recompute)
     or the checkpoints of the blocks below j's and the recomputed block up to j, plus j's own
     backward temporaries. Each point is (dense layers, MoE layers) with gradients, activation
-    bytes, dispatch bytes. Between two layers of one kind in one block the bytes change
+    bytes, dispatch bytes, and 1 if layer j is an MoE layer (its own gradients being made are
+    the caller's, by kind). Between two layers of one kind in one block the bytes change
     linearly, and so do they between consecutive blocks of the same shape, so the ends of
     such runs are the only candidates (a stage of one kind of layer has two to six).
     """
@@ -387,7 +403,7 @@ def _backward_points(
             for layers in sorted({1, min(size, n - b0)}):
                 above = n - b0 - layers
                 counts = (0, above) if is_moe else (above, 0)
-                uniform.append((*counts, checkpoints + layers * a + t, layers * d))
+                uniform.append((*counts, checkpoints + layers * a + t, layers * d, int(is_moe)))
         return tuple(uniform)
     # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
     blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
@@ -414,7 +430,7 @@ def _backward_points(
                 dense = dense_above[j + 1]
                 moe = n - j - 1 - dense
                 held = checkpoints + acts + (t_moe if is_moe else t_dense)
-                points.append((dense, moe, held, disp))
+                points.append((dense, moe, held, disp, int(is_moe)))
     return tuple(points)
 
 
@@ -482,6 +498,7 @@ def _stage_parts(
         fraction if offload == "optimizer" else 0.0,
         num_buffers if streaming else 0,
         grad_accum > 1,
+        coeffs.backward_mlp_grads,
     )
     hit = _STATES.get(key)
     if hit is None:
@@ -528,7 +545,7 @@ def _stage_terms(model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int) 
     (states,), (acts,) = _stage_parts(model, kn, coeffs, (stage,))
     in_flight = min(kn.pp - stage, kn.grad_accum)
     return StageTerms._make(
-        (acts[5], acts[6], in_flight, kn.checkpoint_every, *states[:15], *acts[:5], states[15])
+        (acts[5], acts[6], in_flight, kn.checkpoint_every, *states[:17], *acts[:5], states[17])
     )
 
 
@@ -547,6 +564,8 @@ def _phase_totals(
         grads_start,
         g_dense,
         g_moe,
+        own_dense,
+        own_moe,
         grads_tail,
         master,
         opt,
@@ -558,7 +577,9 @@ def _phase_totals(
     saved, disp, points, logits_f, logits_b, _, layer = acts
     base = params + master + ema + transfer
     live = m * (saved + disp)
-    through = _through_layers(points, grads_start, g_dense, g_moe, live - saved - disp)
+    through = _through_layers(
+        points, grads_start, (g_dense, g_moe), (own_dense, own_moe), live - saved - disp
+    )
     # the embedding's backward: every layer's activations are gone
     bwd = through if through > grads_tail else grads_tail
     if streaming:
@@ -594,17 +615,20 @@ def _phase_totals(
 
 
 def _through_layers(
-    points: tuple[tuple[int, int, int, int], ...],
+    points: tuple[tuple[int, int, int, int, int], ...],
     grads_start: int,
-    g_dense: int,
-    g_moe: int,
+    layer_grads: tuple[int, int],
+    own_grads: tuple[int, int],
     others: int,
 ) -> int:
-    """Gradients and transient bytes at the largest of the layers' backward points; ``others``
-    is what the other micro-batches in flight keep of their forwards (0 without layers)."""
+    """Gradients and transient bytes at the largest of the layers' backward points (a layer's
+    gradients and its own at its peak, dense then MoE); ``others`` is what the other
+    micro-batches in flight keep of their forwards (0 without layers)."""
     best = 0
-    for dense, moe, held, dispatch in points:
-        at = grads_start + dense * g_dense + moe * g_moe + others + held + dispatch
+    g_dense, g_moe = layer_grads
+    for dense, moe, held, dispatch, is_moe in points:
+        at = grads_start + dense * g_dense + moe * g_moe + own_grads[is_moe] + others + held
+        at += dispatch
         if at > best:
             best = at
     return best
@@ -651,6 +675,8 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         grads_start,
         g_dense,
         g_moe,
+        own_dense,
+        own_moe,
         grads_tail,
         master,
         opt,
@@ -675,10 +701,10 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
 
     def backward(o: int) -> tuple[int, ...]:
         best = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
-        for dense, moe, held, dispatch in points:
+        for dense, moe, held, dispatch, is_moe in points:
             row = (
                 params,
-                grads_start + dense * g_dense + moe * g_moe,
+                grads_start + dense * g_dense + moe * g_moe + (own_moe if is_moe else own_dense),
                 master,
                 o,
                 ema,
@@ -828,7 +854,11 @@ def layer_backward_bytes(
     t = _stage_terms(model, kn, coefficients or default_coefficients(kn.activation_profile), 0)
     others = (t.in_flight - 1) * (t.activations_saved + t.dispatch_saved)
     through = _through_layers(
-        t.backward_points, t.grads_start, t.layer_grads_dense, t.layer_grads_moe, others
+        t.backward_points,
+        t.grads_start,
+        (t.layer_grads_dense, t.layer_grads_moe),
+        (t.own_grads_dense, t.own_grads_moe),
+        others,
     )
     return t.params + t.master_params + t.ema + t.transfer_buffers + t.optimizer_states + through
 

@@ -71,9 +71,15 @@ def explain(
             _FOUNDATIONS,
         )
         rows["grads"] = (
-            "local_params / zero2_shards x bytes(grads); at backward start only "
-            "the head's unless gradients accumulate",
-            {**local, **zero, "precision": prec.grads},
+            "local_params / zero2_shards x bytes(grads); unless gradients accumulate, at "
+            "layer j's backward those of the head and the layers above j, plus "
+            "backward_mlp_grads x j's MLP (experts) gradients",
+            {
+                **local,
+                **zero,
+                "precision": prec.grads,
+                "backward_mlp_grads": coeffs.backward_mlp_grads,
+            },
             _FOUNDATIONS,
         )
         rows["transfer_buffers"] = (

@@ -31,6 +31,8 @@ class StageParams(NamedTuple):
     dense_layer_numel: int  # one dense layer of the stage (0 if none)
     moe_layer_numel: int  # one MoE layer's non-expert tensors (attention, router, shared)
     moe_layer_expert_numel: int  # one MoE layer's routed experts
+    dense_layer_mlp_numel: int  # one dense layer's MLP
+    moe_layer_shared_numel: int  # one MoE layer's shared experts
     head_unit_numel: int
     max_unit_numel: int
     largest_tensor_numel: int
@@ -92,15 +94,19 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
     order_is_expert: list[bool] = []
     unit_sizes = []
     layer_numel = [0, 0, 0]  # a dense layer; an MoE layer's dense part and its experts
+    mlp_numel = [0, 0]  # a dense layer's MLP; an MoE layer's shared experts
     for unit in chosen:
         unit_numel = 0
         unit_expert = 0
+        unit_mlp = 0
         for t in unit.tensors:
             rows, cols = _local(t, tp, ep)
             numel = rows * cols
             is_expert = t.kind == "expert"
             k = 1 if is_expert else 0
             unit_numel += numel
+            if t.kind in ("mlp", "shared_expert"):
+                unit_mlp += numel
             if is_expert:
                 expert += numel
                 unit_expert += numel
@@ -129,8 +135,10 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             head_unit = unit_numel
         elif unit.is_moe:
             layer_numel[1:] = [unit_numel - unit_expert, unit_expert]
+            mlp_numel[1] = unit_mlp
         else:
             layer_numel[0] = unit_numel
+            mlp_numel[0] = unit_mlp
     # A tied head streams the embedding matrix again: the largest unit is at least that big.
     if model.tied_embeddings and has_head:
         tied = _local(all_units[0].tensors[0], tp, ep)
@@ -150,6 +158,8 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         dense_layer_numel=layer_numel[0],
         moe_layer_numel=layer_numel[1],
         moe_layer_expert_numel=layer_numel[2],
+        dense_layer_mlp_numel=mlp_numel[0],
+        moe_layer_shared_numel=mlp_numel[1],
         head_unit_numel=head_unit,
         max_unit_numel=max(unit_sizes) if unit_sizes else 0,
         largest_tensor_numel=largest,

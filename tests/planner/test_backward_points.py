@@ -19,6 +19,7 @@ def _every_layer(
     sizes: tuple[int, int, int, int, int, int, int],
     g_dense: int,
     g_moe: int,
+    own: tuple[int, int],
 ) -> int:
     """The largest total over each layer's backward, walked layer by layer."""
     a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
@@ -32,6 +33,7 @@ def _every_layer(
         held += t_moe if flags[j] else t_dense
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
         grads = sum(g_moe if flags[i] else g_dense for i in range(j + 1, n))
+        grads += own[flags[j]]
         best = max(best, grads + held + disp)
     return best
 
@@ -46,6 +48,7 @@ def _every_layer(
     sizes=st.tuples(*[st.integers(0, 10**6)] * 7),
     g_dense=st.integers(0, 10**6),
     g_moe=st.integers(0, 10**6),
+    own=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
 )
 def test_the_kept_points_hold_the_largest_layer_backward(
     flags: tuple[bool, ...],
@@ -53,13 +56,14 @@ def test_the_kept_points_hold_the_largest_layer_backward(
     sizes: tuple[int, int, int, int, int, int, int],
     g_dense: int,
     g_moe: int,
+    own: tuple[int, int],
 ) -> None:
     a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
     points = estimate_module._backward_points(
         flags, k, a_dense, a_moe, dispatch, a_input, t_dense, t_moe
     )
-    kept = max(d * g_dense + m * g_moe + held + disp for d, m, held, disp in points)
-    assert kept == _every_layer(flags, k, sizes, g_dense, g_moe)
+    kept = estimate_module._through_layers(points, 0, (g_dense, g_moe), own, 0)
+    assert kept == _every_layer(flags, k, sizes, g_dense, g_moe, own)
 
 
 def test_a_uniform_stage_keeps_few_points() -> None:
@@ -83,8 +87,10 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
     row = planner.estimate(model, one_block, planner.gpu("H200-141GB"), coeffs).gpu
     backward = row.phases["backward"].buckets
     layers = model.num_layers * t.layer_grads_dense
-    # at the top of the block: the recomputed block and no layer's gradients yet
-    assert backward["grads"] == t.grads_start
+    # at the top of the block: the recomputed block, and of the layers' gradients only the top
+    # layer's own, being made
+    assert 0 < t.own_grads_dense < t.layer_grads_dense
+    assert backward["grads"] == t.grads_start + t.own_grads_dense
     assert backward["activations"] >= model.num_layers * t.acts.dense
     # the backward is the recomputed block, not the block plus every layer's gradients
     assert backward["grads"] + backward["activations"] < layers + model.num_layers * t.acts.dense
