@@ -6,13 +6,15 @@ them to ``calibration/data/<impl>-traces.json``.
   160 at sequences up to 128, and 512 to 2048 at sequences of 512 to 2048 (those also with full
   recompute, which leaves the head's saved tensors and the logits apart from the layers' terms,
   and with a checkpoint every two layers). Each record keeps the peak inside a decoder layer's
-  backward too, which the layers' backward terms are fitted to.
+  backward too, which the layers' backward terms are fitted to. Two shapes add Qwen3's per-head
+  query/key norms (a dense one fitted, an MoE one held out).
   Every third configuration is held out, and whole two-layer cuts of the GPU matrix's dense and
   MoE models.
-- ``hf``: transformers models (llama, qwen2, mixtral, qwen2_moe) built from configs with random
-  weights, traced under fake tensors at widths of 512 to 4096 and sequences of 256 to 2048.
-  Whole shapes are held out: one of each family, and two-layer cuts of Llama-3-8B,
-  Mixtral-8x7B and Qwen1.5-MoE-A2.7B at their full widths.
+- ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe) built from
+  configs with random weights, traced under fake tensors at widths of 512 to 4096 and sequences
+  of 256 to 2048. Whole shapes are held out: one of each family but qwen2 and qwen3, and
+  two-layer cuts of Llama-3-8B, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, Qwen3-8B and Qwen3-30B-A3B at
+  their full widths.
 
 bf16 working parameters throughout (the trainer's GPU precision), torch AdamW (fused, the
 spec's default). Fitting uses the records not held out; the tests check the others against
@@ -87,6 +89,8 @@ LARGE_SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] =
 ]
 LARGE_BATCHES = [(1, 2048), (2, 512), (4, 1024)]
 HELD_OUT_LARGE = 2  # the last two large shapes
+#: large shapes again with per-head query/key norms (qk_norm): (index, held out whole)
+QK_NORM_SHAPES = [(1, False), (3, True)]
 
 #: hf design: (family, hidden, heads, kv heads, ffn, vocab, layers, tied, moe, held out)
 HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | None, bool]] = [
@@ -134,10 +138,29 @@ HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | 
         {"num_experts": 20, "top_k": 4, "expert_ffn_size": 384, "shared": 1536},
         True,
     ),
+    ("qwen3", 1024, 16, 4, 3072, 24000, 2, False, None, False),
+    (
+        "qwen3_moe",
+        640,
+        10,
+        2,
+        1792,
+        14000,
+        2,
+        False,
+        {"num_experts": 16, "top_k": 4, "expert_ffn_size": 384},
+        False,
+    ),
 ]
 HF_BATCHES = [(1, 512), (2, 1024), (4, 256)]
 #: full-width published models cut to two layers, held out
-HF_PRESETS = [("llama-3-8b", 1, 1024), ("mixtral-8x7b", 1, 1024), ("qwen1.5-moe-a2.7b", 2, 512)]
+HF_PRESETS = [
+    ("llama-3-8b", 1, 1024),
+    ("mixtral-8x7b", 1, 1024),
+    ("qwen1.5-moe-a2.7b", 2, 512),
+    ("qwen3-8b", 2, 1024),
+    ("qwen3-30b-a3b", 1, 2048),
+]
 
 
 def _train(mb: int, seq: int, profile: str, recompute: Any = "none") -> planner.TrainSpec:
@@ -166,8 +189,16 @@ def _hf_spec(shape: tuple[Any, ...], index: int) -> planner.ModelSpec:
         "hidden_act": "silu",
         "tie_word_embeddings": tied,
     }
+    if family in ("qwen3", "qwen3_moe"):
+        config["head_dim"] = hidden // heads
     if family == "mixtral":
         config.update(num_local_experts=moe["num_experts"], num_experts_per_tok=moe["top_k"])
+    elif family == "qwen3_moe":
+        config.update(
+            num_experts=moe["num_experts"],
+            num_experts_per_tok=moe["top_k"],
+            moe_intermediate_size=moe["expert_ffn_size"],
+        )
     elif family == "qwen2_moe":
         config.update(
             num_experts=moe["num_experts"],
@@ -190,28 +221,14 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
             model = planner.load_model(name).model_copy(update={"num_layers": 2})
             out.append((model, _train(mb, seq, "hf"), True))
         return out
-    base = planner.load_model("tiny-dense").model_dump()
     out = []
     shapes = [(shape, BATCHES, False) for shape in SHAPES]
     shapes += [
         (shape, LARGE_BATCHES, i >= len(LARGE_SHAPES) - HELD_OUT_LARGE)
         for i, shape in enumerate(LARGE_SHAPES)
     ]
-    for i, ((hidden, heads, kv, ffn, vocab, layers, moe), batches, whole) in enumerate(shapes):
-        model = planner.ModelSpec.model_validate(
-            {
-                **base,
-                "name": f"trace-{i}",
-                "hidden_size": hidden,
-                "num_heads": heads,
-                "num_kv_heads": kv,
-                "ffn_hidden_size": ffn,
-                "vocab_size": vocab,
-                "num_layers": layers,
-                "moe": moe,
-                "source": "calibration design (calibration/collect.py)",
-            }
-        )
+    for i, (dims, batches, whole) in enumerate(shapes):
+        model = _runtime_spec(dims, f"trace-{i}")
         for mb, seq in batches:
             out.append((model, _train(mb, seq, "runtime"), whole or len(out) % 3 == 2))
         if batches is LARGE_BATCHES:
@@ -223,7 +240,33 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
             mb, seq = batches[2]
             every_2 = _train(mb, seq, "runtime", {"every_k": 2})
             out.append((model, every_2, whole or len(out) % 3 == 2))
+    for index, whole in QK_NORM_SHAPES:
+        model = _runtime_spec(LARGE_SHAPES[index], f"trace-qk-{index}", qk_norm=True)
+        for mb, seq in LARGE_BATCHES:
+            out.append((model, _train(mb, seq, "runtime"), whole or len(out) % 3 == 2))
     return out
+
+
+def _runtime_spec(
+    shape: tuple[int, int, int, int, int, int, dict[str, Any] | None], name: str, **extra: Any
+) -> planner.ModelSpec:
+    """The trainer's model family (tiny-dense's choices) at ``shape``."""
+    hidden, heads, kv, ffn, vocab, layers, moe = shape
+    return planner.ModelSpec.model_validate(
+        {
+            **planner.load_model("tiny-dense").model_dump(),
+            "name": name,
+            "hidden_size": hidden,
+            "num_heads": heads,
+            "num_kv_heads": kv,
+            "ffn_hidden_size": ffn,
+            "vocab_size": vocab,
+            "num_layers": layers,
+            "moe": moe,
+            "source": "calibration design (calibration/collect.py)",
+            **extra,
+        }
+    )
 
 
 def record(

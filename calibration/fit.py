@@ -35,6 +35,7 @@ FEATURES: dict[str, dict[str, float]] = {
     "norm": {"norm_scale": 1},
     "mlp_input": {"mlp_scale": 1},
     "attention": {"attention_scale": 1},
+    "qk_norm": {"qk_norm_tensors": 1},
     "ffn": {"mlp_scale": 1, "swiglu_saved_ffn_tensors": 1},  # minus mlp_input
     "moe": {"moe_scale": 1, "swiglu_saved_ffn_tensors": 1},
     "head": {"head_hidden_tensors": 1},
@@ -55,6 +56,7 @@ BACKWARD = (
 BACKWARD_MIN_HIDDEN = 512
 ZERO = {
     "attention_scale": 0.0,
+    "qk_norm_tensors": 0.0,
     "mlp_scale": 0.0,
     "norm_scale": 0.0,
     "moe_scale": 0.0,
@@ -173,6 +175,8 @@ def fit_coefficients(
         "head_hidden_tensors": c["head"],
         "logits_bytes_per_element": c["logits"],
     }
+    if any(row[names.index("qk_norm")] for row in rows):  # else the records say nothing of it
+        values["qk_norm_tensors"] = c["qk_norm"]
     values.update(_fit_backward(records, specs, profile, values))
     best: tuple[float, float] | None = None
     for eighths in range(0, 129):
@@ -236,6 +240,7 @@ def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients)
 #: the fitted fields a shipped set carries (the rest are the profile's defaults)
 FITTED = (
     "attention_scale",
+    "qk_norm_tensors",
     "mlp_scale",
     "norm_scale",
     "moe_scale",
@@ -249,7 +254,8 @@ DATA = Path(__file__).resolve().parent / "data"
 SHIPPED = Path(planner.__file__).resolve().parent / "data" / "coefficients.json"
 ABOUT = {
     "runtime": "Headroom's trainer",
-    "hf": "transformers models (llama, qwen2, mixtral, qwen2_moe; SDPA, grouped_mm experts)",
+    "hf": "transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe; SDPA, "
+    "grouped_mm experts)",
 }
 
 

@@ -2,10 +2,10 @@
 
 ``transformers`` is an optional extra (``pip install headroom[hf]``). A model is built from a
 ``config.json``-style dict with random weights (nothing is downloaded): either the dict a user
-gives, or the one :func:`config_for` writes for a ModelSpec (llama or qwen2 for dense models,
-mixtral or qwen2_moe for MoE models). Either way the planner estimates the spec
-``planner.hf.from_hf_config`` reads from that same dict, so prediction and trace describe one
-model.
+gives, or the one :func:`config_for` writes for a ModelSpec (llama, qwen2 or, with query/key
+norms, qwen3 for dense models; mixtral, qwen2_moe or qwen3_moe for MoE models). Either way the
+planner estimates the spec ``planner.hf.from_hf_config`` reads from that same dict, so
+prediction and trace describe one model.
 
 The model runs as a training script would: train mode, ``use_cache=False``, SDPA attention, the
 loss computed by the model from ``labels`` (transformers upcasts the logits to fp32 for it), and
@@ -23,7 +23,7 @@ from planner.errors import SpecError
 from planner.hf import from_hf_config
 
 #: the architectures a spec is mapped to
-ARCHITECTURES = ("llama", "qwen2", "mixtral", "qwen2_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 #: config keys every built model gets (a training run's settings, not the architecture's)
 TRAINING_KEYS: dict[str, Any] = {"use_cache": False, "attention_dropout": 0.0}
 
@@ -74,11 +74,26 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         "_name_or_path": spec.name,
     }
     moe = spec.moe
+    if spec.qk_norm and spec.qkv_bias:
+        raise _refuse("qkv_bias", "qwen3's attention_bias also biases o_proj (allowed: false)")
     if moe is None:
-        config["model_type"] = "qwen2" if spec.qkv_bias else "llama"
+        config["model_type"] = "qwen3" if spec.qk_norm else "qwen2" if spec.qkv_bias else "llama"
         return _checked(spec, config)
     if moe.router_bias:
         raise _refuse("moe.router_bias", "router biases are DeepSeek's")
+    if spec.qk_norm:
+        if moe.num_shared_experts:
+            raise _refuse("moe.num_shared_experts", "qwen3_moe has no shared experts (allowed: 0)")
+        config.update(
+            model_type="qwen3_moe",
+            num_experts=moe.num_experts,
+            num_experts_per_tok=moe.top_k,
+            moe_intermediate_size=moe.expert_ffn_size,
+            decoder_sparse_step=moe.layer_freq,
+            mlp_only_layers=list(moe.dense_layers),
+            norm_topk_prob=True,
+        )
+        return _checked(spec, config)
     if moe.num_shared_experts == 0:
         config.update(
             model_type="mixtral",

@@ -8,8 +8,10 @@ The terms generalise Korthikanti et al. 2022 to GQA, MLA, SwiGLU and MoE. For a 
     · MLP: input 2, GeLU input 8, GeLU output 8, dropout mask 1 · eager scores: softmax 2as²b,
     dropout mask as²b, dropout output 2as²b.
 
-Tensor parallelism splits the head- and FFN-width tensors; sequence parallelism also the
-hidden-width ones. Coefficients scale each group per activation profile.
+Per-head query/key norms (Qwen3's ``qk_norm``) save ``qk_norm_tensors`` tensors of
+``(heads + kv_heads)·head_dim`` per token (textbook: their input, once). Tensor parallelism
+splits the head- and FFN-width tensors; sequence parallelism also the hidden-width ones.
+Coefficients scale each group per activation profile.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def layer_activations(
     hidden_tokens = tokens * h // whole
 
     norms = 2 * hidden_tokens * e
+    qk_norms = 0  # each head's queries and keys normalised (Qwen3): what the norms save
+    if model.qk_norm:
+        qk_norms = tokens * (heads + model.kv_heads) * model.dim_per_head * e // tp
     mla = model.mla
     if mla is None:
         d, kv = model.dim_per_head, model.kv_heads
@@ -85,7 +90,7 @@ def layer_activations(
     dense_mlp = mlp_in + int(tokens * model.ffn_hidden_size * ffn_tensors) * e // tp
 
     attention = coeffs.attention_scale * (attn + scores)
-    common = coeffs.norm_scale * norms + attention
+    common = coeffs.norm_scale * norms + attention + coeffs.qk_norm_tensors * qk_norms
     dense = int(common + coeffs.mlp_scale * dense_mlp)
 
     back = coeffs.backward_ffn_tensors

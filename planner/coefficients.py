@@ -31,6 +31,12 @@ class Coefficients(BaseModel):
     mlp_scale: float = Field(default=1.0, ge=0, description="x dense-FFN saved tensors.")
     norm_scale: float = Field(default=1.0, ge=0, description="x norm inputs saved.")
     moe_scale: float = Field(default=1.0, ge=0, description="x expert intermediates saved.")
+    qk_norm_tensors: float = Field(
+        default=1.0,
+        ge=0,
+        description="Tensors per query/key element that per-head Q/K norms save (Qwen3), x "
+        "activation bytes; the textbook counts a norm's input once.",
+    )
     swiglu_saved_ffn_tensors: float = Field(
         default=3.0, ge=0, description="FFN-width tensors a SwiGLU MLP saves per token."
     )

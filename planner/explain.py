@@ -113,7 +113,7 @@ def explain(
     )
     rows["activations"] = (
         "in_flight x saved_per_micro_batch (+ one recomputed block in backward); per layer "
-        "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/SwiGLU/MoE",
+        "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/QK-norm/SwiGLU/MoE",
         {
             "in_flight_micro_batches": t.in_flight,
             "layers": sp.num_layers,

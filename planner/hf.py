@@ -1,7 +1,8 @@
 """Read Hugging Face ``config.json`` files offline into a ModelSpec.
 
-Recognised by ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v3 (and
-deepseek_v2, which shares the layout). Nothing is downloaded; only the JSON is read.
+Recognised by ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
+deepseek_v3 (and deepseek_v2, which shares the layout). Nothing is downloaded; only the JSON is
+read.
 """
 
 from __future__ import annotations
@@ -122,6 +123,28 @@ def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     return spec
 
 
+def _qwen3(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)
+    spec["qk_norm"] = True
+    spec["head_dim"] = _get(config, "head_dim", 128)  # Qwen3Config's default, whatever the width
+    return spec
+
+
+def _qwen3_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)  # Qwen3MoeConfig has no head_dim default: hidden / heads
+    spec["qk_norm"] = True
+    step = _int(config, "decoder_sparse_step", 1)
+    spec["moe"] = MoESpec(
+        num_experts=_get(config, "num_experts", required=True),
+        top_k=_get(config, "num_experts_per_tok", required=True),
+        expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
+        dense_first_layers=step - 1,
+        layer_freq=step,
+        dense_layers=_ints(config, "mlp_only_layers"),
+    )
+    return spec
+
+
 def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _common(config, name)
     spec["num_kv_heads"] = spec["num_heads"]
@@ -154,6 +177,8 @@ _READERS: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "mixtral": _mixtral,
     "qwen2": _qwen2,
     "qwen2_moe": _qwen2_moe,
+    "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
 }

@@ -128,6 +128,11 @@ class ModelSpec(_Frozen):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
     qkv_bias: bool = Field(default=False, description="Biases on Q, K, V projections (Qwen2).")
+    qk_norm: bool = Field(
+        default=False,
+        description="A norm over each head's queries and keys before RoPE, one head_dim weight "
+        "each for Q and K (Qwen3).",
+    )
     linear_bias: bool = Field(default=False, description="Biases on every linear (GPT-2 style).")
     dropout: bool = Field(default=False, description="Dropout layers saving masks (GPT style).")
     moe: MoESpec | None = None
@@ -154,6 +159,8 @@ class ModelSpec(_Frozen):
                 f"head_dim is required when hidden_size ({self.hidden_size}) is not a multiple "
                 f"of num_heads ({self.num_heads})"
             )
+        if self.qk_norm and self.mla is not None:
+            raise ValueError("qk_norm must be false with mla (MLA normalises its latents)")
         if self.moe is not None and self.moe.dense_first_layers > self.num_layers:
             raise ValueError(
                 f"moe.dense_first_layers must be between 0 and num_layers ({self.num_layers}), "

@@ -82,17 +82,20 @@ def _linear(
 def _attention(model: ModelSpec, prefix: str) -> list[Tensor]:
     h, heads = model.hidden_size, model.num_heads
     mla = model.mla
+    tensors: list[Tensor] = []
     if mla is None:
         d, kv = model.dim_per_head, model.kv_heads
         qkv_bias = model.qkv_bias
-        return [
+        tensors = [
             *_linear(f"{prefix}.q_proj", model, heads * d, h, "attention", bias=qkv_bias),
             *_linear(f"{prefix}.k_proj", model, kv * d, h, "attention", bias=qkv_bias),
             *_linear(f"{prefix}.v_proj", model, kv * d, h, "attention", bias=qkv_bias),
             *_linear(f"{prefix}.o_proj", model, h, heads * d, "attention"),
         ]
+        if model.qk_norm:
+            tensors += _norm(f"{prefix}.q_norm", model, d) + _norm(f"{prefix}.k_norm", model, d)
+        return tensors
     qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    tensors: list[Tensor] = []
     if mla.q_lora_rank is None:
         tensors += _linear(f"{prefix}.q_proj", model, heads * qk_head, h, "attention")
     else:

@@ -1,8 +1,9 @@
 """The built-in decoder family, built from the planner's ``ModelSpec``.
 
-RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention``, SwiGLU (or
-GeLU) MLPs, optional MoE layers (top-k softmax router, capacity factor, shared experts, shared
-expert gate, dense-first layers), tied embeddings. Parameter names and shapes follow the
+RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention`` (with
+Qwen3's per-head query/key norms when the spec has them), SwiGLU (or GeLU) MLPs, optional MoE
+layers (top-k softmax router, capacity factor, shared experts, shared expert gate, dense-first
+layers), tied embeddings. Parameter names and shapes follow the
 planner's inventory (``planner.params.units``), so the parameter count is the planner's and the
 optimizer-offload split by whole tensors in order is the one the planner predicts. Routed
 experts are stacked: one ``(E, out, in)`` tensor per projection, as the planner counts them.
@@ -60,11 +61,17 @@ class Attention(nn.Module):
         self.k_proj = _linear(h, self.kv_heads * d, qkv_bias)
         self.v_proj = _linear(h, self.kv_heads * d, qkv_bias)
         self.o_proj = _linear(self.heads * d, h, spec.linear_bias)
+        # Qwen3: each head's queries and keys normalised over head_dim, before RoPE
+        self.q_norm = Norm(d, spec.norm) if spec.qk_norm else None
+        self.k_norm = Norm(d, spec.norm) if spec.qk_norm else None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_heads != self.heads:

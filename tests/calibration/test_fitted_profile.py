@@ -42,6 +42,13 @@ def test_the_fit_predicts_held_out_traces_within_two_percent(
     errors = peak_errors(held_out, coeffs)
     assert max(abs(e) for e in errors) <= 0.02, errors
     assert max(abs(e) for e in peak_errors(fit, coeffs)) <= 0.02
+    # Qwen3's query/key norms, fitted on a dense shape, predict an MoE shape held out whole
+    qk = [r for r in held_out if r["model"]["qk_norm"] and r["model"]["moe"]]
+    assert qk and max(abs(e) for e in peak_errors(qk, coeffs)) <= 0.02
+    assert (
+        max(abs(e) for e in peak_errors(qk, coeffs.model_copy(update={"qk_norm_tensors": 1})))
+        > 0.02
+    )
     # the textbook profile is far off the trainer: the fit is what makes the difference
     textbook = planner.default_coefficients("textbook")
     assert max(abs(e) for e in peak_errors(held_out, textbook)) > 0.1

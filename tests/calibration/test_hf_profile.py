@@ -20,7 +20,7 @@ from calibration.trace import compare_trace, steady_forward_transient, trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
-FAMILIES = {"llama", "mixtral", "qwen2_moe"}
+FAMILIES = {"llama", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,16 @@ def _family(record: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama-3-8b", "mistral-7b", "qwen2-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+    "name",
+    [
+        "llama-3-8b",
+        "mistral-7b",
+        "qwen2-7b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-8b",
+        "qwen3-30b-a3b",
+    ],
 )
 def test_built_models_have_the_planners_parameter_count(name: str) -> None:
     spec = planner.load_model(name)
@@ -58,7 +67,7 @@ def test_held_out_configs_of_each_family_are_predicted_within_five_percent(
     assert max(abs(e) for e in errors) <= 0.05, errors
     # the full-width published models (two-layer cuts) are among them
     names = {r["model"]["name"] for r in held_out}
-    assert {"llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"} <= names
+    assert {"llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-8b", "qwen3-30b-a3b"} <= names
     # the fit is what makes the difference: the textbook set is several times further off
     textbook = planner.default_coefficients("textbook")
     assert max(abs(e) for e in peak_errors(held_out, textbook)) > 3 * max(abs(e) for e in errors)
@@ -113,6 +122,34 @@ def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -
     with pytest.raises(planner.SpecError) as info:
         hf.config_for(planner.load_model("llama-3-8b").model_copy(update={"num_mtp_layers": 1}))
     assert info.value.field == "model.num_mtp_layers"
+    # query/key norms are Qwen3's, whose MoE model has no shared experts
+    with pytest.raises(planner.SpecError) as info:
+        hf.config_for(planner.load_model("tiny-moe").model_copy(update={"qk_norm": True}))
+    assert info.value.field == "model.moe.num_shared_experts"
+
+
+@pytest.mark.parametrize(("model_type", "head_dim"), [("qwen3", 128), ("qwen3_moe", 64)])
+def test_qwen3_configs_without_head_dim_read_as_transformers_builds_them(
+    model_type: str, head_dim: int
+) -> None:
+    """Qwen3Config's head_dim is 128 whatever the width; Qwen3MoeConfig's is hidden / heads."""
+    config = {
+        "model_type": model_type,
+        "vocab_size": 1000,
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 1024,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 256,
+    }
+    spec = planner.load_model(config)
+    assert spec.qk_norm and spec.dim_per_head == head_dim
+    with torch.device("meta"):
+        net = hf.build(config)
+    assert sum(p.numel() for p in net.parameters()) == planner.count_params(spec).total
 
 
 def test_without_transformers_the_error_names_impl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,9 @@ TOTALS = {
     "qwen2-7b": 7_615_616_512,
     "qwen2-57b-a14b": 57_408_658_944,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
+    # the hub's safetensors metadata rounds these to 8.19B and 30.5B (3.3B active)
+    "qwen3-8b": 8_190_735_360,
+    "qwen3-30b-a3b": 30_532_122_624,
     "deepseek-v3": 671_026_419_200,
 }
 
@@ -30,6 +33,8 @@ SUPPORTED_MODEL_TYPES = (
     "mixtral",
     "qwen2",
     "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
 )
@@ -51,6 +56,17 @@ def test_dense_models_are_fully_active(name: str) -> None:
     counts = planner.count_params(planner.load_model(name))
     assert counts.per_token_active == counts.total
     assert counts.mtp_excluded == 0
+
+
+def test_qwen3_counts_its_query_and_key_norms() -> None:
+    """Each layer of Qwen3 adds two head_dim norm weights (q_norm, k_norm) to Qwen2's shape
+    without biases; the MoE model's routed experts are 8 of 128 per token."""
+    qwen3 = planner.load_model("qwen3-8b")
+    assert qwen3.qk_norm and not qwen3.qkv_bias
+    without = planner.count_params(qwen3.model_copy(update={"qk_norm": False})).total
+    assert TOTALS["qwen3-8b"] - without == qwen3.num_layers * 2 * qwen3.dim_per_head
+    moe = planner.count_params(planner.load_model("qwen3-30b-a3b"))
+    assert moe.per_token_active == 3_353_032_704
 
 
 def test_deepseek_v3_mtp_and_active() -> None:
@@ -130,3 +146,16 @@ def test_unsupported_model_type(model_type: str | None) -> None:
     for allowed in SUPPORTED_MODEL_TYPES:
         assert allowed in message
     assert info.value.field == "model_type"
+
+
+def test_query_and_key_norms_save_their_inputs() -> None:
+    """Textbook: each layer's per-head Q/K norms keep their inputs, (heads + kv) x head_dim
+    16-bit values per token, in every phase that holds the layers' activations."""
+    qwen3 = planner.load_model("qwen3-8b")
+    train = planner.TrainSpec(micro_batch_size=2, seq_len=1024)
+    hw = planner.gpu("H200-141GB")
+    with_norms = planner.estimate(qwen3, train, hw).gpu.phases["forward"].buckets
+    without = planner.estimate(qwen3.model_copy(update={"qk_norm": False}), train, hw)
+    per_layer = 2 * 1024 * (qwen3.num_heads + qwen3.kv_heads) * qwen3.dim_per_head * 2
+    extra = with_norms["activations"] - without.gpu.phases["forward"].buckets["activations"]
+    assert extra == qwen3.num_layers * per_layer

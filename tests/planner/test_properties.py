@@ -48,6 +48,7 @@ def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpe
         "norm": draw(st.sampled_from(["rmsnorm", "layernorm"])),
         "tied_embeddings": draw(st.booleans()),
         "qkv_bias": draw(st.booleans()),
+        "qk_norm": draw(st.booleans()),
         "linear_bias": draw(st.booleans()),
         "dropout": draw(st.booleans()),
     }
@@ -69,6 +70,7 @@ def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpe
         )
     if draw(st.integers(0, 4)) == 0:  # now and then, DeepSeek-style latent attention
         fields["num_kv_heads"] = None
+        fields["qk_norm"] = False
         fields["mla"] = planner.MLASpec(
             q_lora_rank=draw(st.none() | st.integers(1, 16).map(lambda k: 64 * k)),
             kv_lora_rank=draw(st.integers(1, 8)) * 64,

@@ -135,3 +135,43 @@ def test_streaming_without_prefetch_trains_the_same() -> None:
     train = planner.TrainSpec(**BASE, offload={"mode": "streaming", "checkpoint_every": 2})
     result = train_model(spec, train, RunConfig(steps=STEPS, prefetch=False))
     assert_parity(result, reference("tiny-dense", 1))
+
+
+def _qk_norm(name: str) -> planner.ModelSpec:
+    return planner.load_model(name).model_copy(update={"qk_norm": True})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        planner.load_model("tiny-dense"),
+        planner.load_model("tiny-moe"),
+        _qk_norm("tiny-dense"),
+        _qk_norm("tiny-moe"),
+    ],
+    ids=["dense", "moe", "dense-qk-norm", "moe-qk-norm"],
+)
+def test_parameters_are_the_planners_inventory(spec: planner.ModelSpec) -> None:
+    """Names, sizes and order: what the offload split and the streaming units rely on."""
+    from planner.params import units
+    from runtime.model import DecoderLM
+
+    with torch.device("meta"):
+        model = DecoderLM(spec)
+    got = [(name, p.numel()) for name, p in model.named_parameters()]
+    want = [(t.name, t.numel) for unit in units(spec) for t in unit.tensors]
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    "offload",
+    [{"mode": "optimizer", "fraction": 0.5}, {"mode": "streaming", "checkpoint_every": 2}],
+)
+def test_query_key_norms_train_like_the_reference(offload: dict[str, object]) -> None:
+    """Qwen3's per-head query/key norms: their weights learn, in every placement alike."""
+    spec = _qk_norm("tiny-dense")
+    ref = train_model(spec, planner.TrainSpec(**BASE), RunConfig(steps=STEPS, reference=True))
+    result = train_model(spec, planner.TrainSpec(**BASE, offload=offload), RunConfig(steps=STEPS))
+    assert_parity(result, ref)
+    q_norm = ref.state["layers.0.self_attn.q_norm.weight"]
+    assert not torch.equal(q_norm, torch.ones_like(q_norm))
