@@ -21,9 +21,10 @@ TOTALS = {
     "qwen2-7b": 7_615_616_512,
     "qwen2-57b-a14b": 57_408_658_944,
     "qwen1.5-moe-a2.7b": 14_315_784_192,
-    # the hub's safetensors metadata rounds these to 8.19B and 30.5B (3.3B active)
+    # the hub's safetensors metadata rounds these to 8.19B, 30.5B (3.3B active) and 235B (22B)
     "qwen3-8b": 8_190_735_360,
     "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,
     "deepseek-v3": 671_026_419_200,
 }
 
@@ -67,6 +68,9 @@ def test_qwen3_counts_its_query_and_key_norms() -> None:
     assert TOTALS["qwen3-8b"] - without == qwen3.num_layers * 2 * qwen3.dim_per_head
     moe = planner.count_params(planner.load_model("qwen3-30b-a3b"))
     assert moe.per_token_active == 3_353_032_704
+    assert planner.count_params(planner.load_model("qwen3-235b-a22b")).per_token_active == (
+        22_190_763_520
+    )
 
 
 def test_deepseek_v3_mtp_and_active() -> None:
