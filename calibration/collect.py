@@ -7,9 +7,11 @@ them to ``calibration/data/<impl>-traces.json``.
   recompute, which leaves the head's saved tensors and the logits apart from the layers' terms,
   and with a checkpoint every two layers). Each record keeps the peak inside a decoder layer's
   backward too, which the layers' backward terms are fitted to. Two shapes add Qwen3's per-head
-  query/key norms (a dense one fitted, an MoE one held out).
-  Every third configuration is held out, and whole two-layer cuts of the GPU matrix's dense and
-  MoE models.
+  query/key norms (a dense one fitted, an MoE one held out), two MoE layers like the published
+  ones (no shared experts; experts wider than the hidden size, or many narrower ones), and two
+  whose attention is twice the hidden size wide (Qwen3's head_dim).
+  Every third configuration is held out, whole two-layer cuts of the GPU matrix's dense and MoE
+  models, and two-layer cuts of Mixtral-8x7B and Qwen3-30B-A3B at full width and 8k-16k tokens.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe) built from
   configs with random weights, traced under fake tensors at widths of 512 to 4096 and sequences
   of 256 to 2048. Whole shapes are held out: one of each family but qwen2 and qwen3, and
@@ -91,6 +93,21 @@ LARGE_BATCHES = [(1, 2048), (2, 512), (4, 1024)]
 HELD_OUT_LARGE = 2  # the last two large shapes
 #: large shapes again with per-head query/key norms (qk_norm): (index, held out whole)
 QK_NORM_SHAPES = [(1, False), (3, True)]
+#: MoE layers without shared experts, as the published ones: experts wider than the hidden
+#: size (Mixtral's) and many narrower ones (Qwen3-MoE's), fitted
+MOE_SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] = [
+    (1024, 8, 2, 2816, 16000, 2, {"num_experts": 8, "top_k": 2, "expert_ffn_size": 3584}),
+    (1024, 16, 4, 2816, 16000, 2, {"num_experts": 64, "top_k": 8, "expert_ffn_size": 384}),
+]
+#: attention wider than the hidden size (heads x head_dim = 2 x hidden, as Qwen3's): a dense and
+#: an MoE shape, fitted, so the attention terms are told apart from the hidden-width ones
+WIDE_ATTENTION_SHAPES = [LARGE_SHAPES[1], MOE_SHAPES[1]]
+#: published MoE models at full width, cut to two layers, held out: (name, batch, seq, recompute)
+RUNTIME_PRESETS = [
+    ("mixtral-8x7b", 2, 4096, "none"),
+    ("qwen3-30b-a3b", 4, 4096, "none"),
+    ("qwen3-30b-a3b", 4, 4096, "full"),
+]
 
 #: hf design: (family, hidden, heads, kv heads, ffn, vocab, layers, tied, moe, held out)
 HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | None, bool]] = [
@@ -244,6 +261,17 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         model = _runtime_spec(LARGE_SHAPES[index], f"trace-qk-{index}", qk_norm=True)
         for mb, seq in LARGE_BATCHES:
             out.append((model, _train(mb, seq, "runtime"), whole or len(out) % 3 == 2))
+    for index, dims in enumerate(MOE_SHAPES):
+        model = _runtime_spec(dims, f"trace-moe-{index}")
+        for mb, seq in LARGE_BATCHES:
+            out.append((model, _train(mb, seq, "runtime"), len(out) % 3 == 2))
+    for index, dims in enumerate(WIDE_ATTENTION_SHAPES):
+        model = _runtime_spec(dims, f"trace-attn-{index}", head_dim=2 * dims[0] // dims[1])
+        for mb, seq in LARGE_BATCHES:
+            out.append((model, _train(mb, seq, "runtime"), len(out) % 3 == 2))
+    for name, mb, seq, recompute in RUNTIME_PRESETS:
+        model = planner.load_model(name).model_copy(update={"num_layers": 2})
+        out.append((model, _train(mb, seq, "runtime", recompute), True))
     return out
 
 

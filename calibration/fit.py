@@ -6,9 +6,11 @@ configuration is the estimate made with that coefficient at 1 and the others at 
 *feature*). Fitting solves, for non-negative coefficients, the least-squares problem on the
 relative error of the traced transient bytes at the end of step 2's forward (optimizer state
 exists then; nothing of backward is live yet). The layers' backward terms (the FFN- and
-hidden-width tensors a layer's backward holds beyond its saved ones, and a recomputed block's
-extra) are then fitted the same way to the largest total the trace saw inside a decoder layer's
-backward, with the forward terms fixed. The loss backward's bytes per logit are then
+hidden-width tensors a layer's backward holds beyond its saved ones, a recomputed block's
+extra, and the share of its MLP's gradients made by its peak) are then fitted to the largest
+total the trace saw inside a decoder layer's backward, with the forward terms fixed; that
+estimate is a largest of several points, so the fit is solved again around each solution (see
+``_fit_backward``). The loss backward's bytes per logit are then
 the value (in steps of 1/8) with the least squared relative error of the predicted peaks
 (peaks that do not depend on it leave the choice to those that do).
 
@@ -48,12 +50,15 @@ BACKWARD = (
     "backward_ffn_tensors",
     "backward_hidden_tensors",
     "recompute_hidden_tensors",
+    "backward_slot_tensors",
     "backward_mlp_grads",
 )
 #: the widths the backward terms are fitted at: in narrower layers every tensor's gradient
 #: (attention's and the norms', not only the MLP's that ``backward_mlp_grads`` counts) is as
 #: large as the token-sized tensors, and toy widths would steer the terms real widths use
 BACKWARD_MIN_HIDDEN = 512
+#: how many times the backward fit solves again around its last solution (at most)
+BACKWARD_REFINEMENTS = 8
 ZERO = {
     "attention_scale": 0.0,
     "qk_norm_tensors": 0.0,
@@ -212,24 +217,61 @@ def _fit_backward(
 ) -> dict[str, float]:
     """The layers' backward terms, fitted (non-negative least squares on relative errors) to
     the largest total each record's trace saw inside a decoder layer's backward, with the
-    forward terms already fitted: each term's feature is what it adds at 1."""
-    rows, fixed, targets = [], [], []
-    base = planner.Coefficients(profile=profile, **values)
-    unit = [base.model_copy(update={name: 1.0}) for name in BACKWARD]
-    for record, (model, train) in zip(records, specs, strict=True):
-        measured = record.get("layer_backward_peak_bytes")
-        if not measured or model.hidden_size < BACKWARD_MIN_HIDDEN:
-            continue
-        zero = layer_backward_bytes(model, train, base)
-        rows.append([layer_backward_bytes(model, train, c) - zero for c in unit])
-        fixed.append(zero)
-        targets.append(float(measured))
-    if not rows:
+    forward terms already fitted.
+
+    The estimate is the largest of several points (layers, and within a layer its MLP's
+    backward or the end of it), so it is linear in the terms only piecewise: the fit starts
+    from each term's effect at 1 with the others at 0, then solves again around each solution
+    with the points that solution makes the largest (their slopes), and keeps the best."""
+    chosen = [
+        (model, train, float(record["layer_backward_peak_bytes"]))
+        for record, (model, train) in zip(records, specs, strict=True)
+        if record.get("layer_backward_peak_bytes") and model.hidden_size >= BACKWARD_MIN_HIDDEN
+    ]
+    if not chosen:
         return {}
-    fitted = dict(zip(BACKWARD, _relative_nnls(rows, fixed, targets), strict=True))
-    # a fraction of the layer's own gradients: at most all of them
-    fitted["backward_mlp_grads"] = min(fitted["backward_mlp_grads"], 1.0)
-    return fitted
+    base = planner.Coefficients(profile=profile, **values)
+
+    def estimates(point: dict[str, float]) -> list[int]:
+        c = base.model_copy(update=point)
+        return [layer_backward_bytes(m, t, c) for m, t, _ in chosen]
+
+    def squares(point: dict[str, float]) -> float:
+        return sum(
+            ((e - y) / y) ** 2 for e, (_, _, y) in zip(estimates(point), chosen, strict=True)
+        )
+
+    def solve(around: dict[str, float], step: float) -> dict[str, float]:
+        """NNLS on the slopes at ``around`` (a step of ``step`` each, down at a bound)."""
+        at = estimates(around)
+        steps = {
+            name: -step if name == "backward_mlp_grads" and around[name] + step > 1 else step
+            for name in BACKWARD
+        }
+        moved = [estimates({**around, name: around[name] + steps[name]}) for name in BACKWARD]
+        rows = [
+            [(moved[j][i] - at[i]) / steps[name] for j, name in enumerate(BACKWARD)]
+            for i in range(len(chosen))
+        ]
+        fixed = [
+            at[i] - sum(r * around[n] for r, n in zip(rows[i], BACKWARD, strict=True))
+            for i in range(len(chosen))
+        ]
+        solution = _relative_nnls(rows, fixed, [y for _, _, y in chosen])
+        point = dict(zip(BACKWARD, solution, strict=True))
+        # a fraction of the layer's own gradients: at most all of them
+        point["backward_mlp_grads"] = min(point["backward_mlp_grads"], 1.0)
+        return point
+
+    point = solve({name: 0.0 for name in BACKWARD}, 1.0)
+    best = (squares(point), point)
+    for _ in range(BACKWARD_REFINEMENTS):
+        point = solve(point, 0.05)
+        error = squares(point)
+        if error >= best[0] - 1e-12:
+            break
+        best = (error, point)
+    return best[1]
 
 
 def peak_errors(records: Sequence[dict[str, Any]], coeffs: planner.Coefficients) -> list[float]:

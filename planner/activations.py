@@ -34,6 +34,10 @@ class LayerActivations(NamedTuple):
     layer_input: int  # the checkpoint a recomputed layer keeps
     backward_dense: int  # held by a dense layer's backward beyond its saved tensors
     backward_moe: int  # the same for an MoE layer (its larger MLP: routed or shared experts)
+    backward_ffn_dense: int  # the part of backward_dense held only during the MLP's backward
+    backward_ffn_moe: int  # the same for an MoE layer
+    mlp_dense: int  # what a dense layer's MLP saves (part of dense), freed by its backward
+    mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
 
 
 @identity_memo(4096, objects=2)
@@ -91,12 +95,13 @@ def layer_activations(
 
     attention = coeffs.attention_scale * (attn + scores)
     common = coeffs.norm_scale * norms + attention + coeffs.qk_norm_tensors * qk_norms
-    dense = int(common + coeffs.mlp_scale * dense_mlp)
+    mlp_dense = int(coeffs.mlp_scale * dense_mlp)
+    dense = int(common) + mlp_dense
 
     back = coeffs.backward_ffn_tensors
     ffn_tensor = tokens * model.ffn_hidden_size * e // tp  # bytes of one FFN-width tensor
     back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
-    moe_bytes = dispatch = back_moe = 0
+    moe_bytes = dispatch = back_moe = back_ffn_moe = mlp_moe = 0
     moe = model.moe
     if moe is not None:
         route_tokens = tokens // whole
@@ -108,17 +113,25 @@ def layer_activations(
         experts = int(local_experts * capacity * moe.expert_ffn_size * ffn_tensors) * e // tp
         shared_width = moe.num_shared_experts * tokens * moe.shared_ffn
         shared = int(shared_width * ffn_tensors) * e // tp
-        moe_bytes = int(common + coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
-        # the routed experts' slots: their intermediates, or the dispatched tokens if wider
-        slot_width = max(moe.expert_ffn_size // tp, h // whole)
-        routed_tensor = local_experts * capacity * slot_width * e
-        back_moe = int(back * max(routed_tensor, shared_width * e // tp) + back_hidden)
+        mlp_moe = int(coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
+        moe_bytes = int(common) + mlp_moe
+        # the routed experts' slots: FFN-width gradients of their intermediates, and
+        # hidden-width ones of the dispatched tokens and the experts' outputs
+        slots = local_experts * capacity
+        routed_tensor = slots * moe.expert_ffn_size * e // tp
+        back_ffn_moe = int(back * max(routed_tensor, shared_width * e // tp))
+        back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
+        back_moe = back_ffn_moe + int(back_hidden)
     return LayerActivations(
         dense=dense,
         moe=moe_bytes,
         scores=int(coeffs.attention_scale * scores),
         dispatch=dispatch,
         layer_input=hidden_tokens * e,
-        backward_dense=int(back * ffn_tensor + back_hidden),
+        backward_dense=int(back * ffn_tensor) + int(back_hidden),
         backward_moe=back_moe,
+        backward_ffn_dense=int(back * ffn_tensor),
+        backward_ffn_moe=back_ffn_moe,
+        mlp_dense=mlp_dense,
+        mlp_moe=mlp_moe,
     )

@@ -59,6 +59,12 @@ class Coefficients(BaseModel):
         description="Hidden-width tensors per token a recomputed block's backward holds beyond "
         "a plain layer's (the re-run block's output and the checkpoint's gradient).",
     )
+    backward_slot_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per routed slot an MoE layer's backward holds beyond "
+        "its saved ones (the gradients of the dispatched tokens and the experts' outputs).",
+    )
     backward_mlp_grads: float = Field(
         default=0.0,
         ge=0,

@@ -12,6 +12,7 @@ phase total, never the sum of the buckets' separate maxima.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -46,8 +47,10 @@ class StageTerms(NamedTuple):
     # gradient, or all when accumulating)
     layer_grads_dense: int  # one dense layer's gradients, made during backward (0: already live)
     layer_grads_moe: int  # one MoE layer's
-    own_grads_dense: int  # a dense layer's gradients at the peak of its own backward
+    own_grads_dense: int  # a dense layer's gradients at the peak of its MLP's backward
     own_grads_moe: int  # an MoE layer's
+    mlp_grads_dense: int  # all of a dense layer's MLP gradients (once its MLP's backward is done)
+    mlp_grads_moe: int  # all of an MoE layer's experts' gradients
     grads_tail: int  # at the embedding's backward: its gradient being made and accumulated
     master_params: int
     optimizer_states: int
@@ -60,6 +63,9 @@ class StageTerms(NamedTuple):
     # whose gradients exist, the micro-batch's activations and dispatch buffers then, and
     # whether the layer running is an MoE layer (1) or dense (0)
     backward_points: tuple[tuple[int, int, int, int, int], ...]
+    # what a dense and an MoE layer's backward holds beyond its saved tensors (throughout, only
+    # during its MLP's backward), and what its MLP's backward frees (its saved tensors)
+    layer_temporaries: tuple[tuple[int, int, int], tuple[int, int, int]]
     logits_forward: int
     logits_backward: int
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
@@ -217,7 +223,8 @@ def _model_states(
         unit = sp.max_unit_numel
         params = num_buffers * unit * bp
         grads_total = grads_start = grads_tail = unit * bw
-        layer_dense = layer_moe = own_dense = own_moe = 0  # they land in the one unit counted
+        # they land in the one unit counted
+        layer_dense = layer_moe = own_dense = own_moe = mlp_dense = mlp_moe = 0
         transfer = 2 * unit * bw  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
@@ -255,22 +262,21 @@ def _model_states(
         transfer = 2 * (sp.max_unit_numel * bp) if (z >= 3 and dp > 1) else 0
         if accumulating:  # every gradient buffer is live from the first micro-batch on
             grads_start = grads_total
-            layer_dense = layer_moe = own_dense = own_moe = 0
+            layer_dense = layer_moe = own_dense = own_moe = mlp_dense = mlp_moe = 0
         else:
             grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1]) if sp.has_head else 0
             layer_dense = b.grads_bytes(sp.dense_layer_numel, bg, zd[1])
             layer_moe = b.grads_bytes(sp.moe_layer_numel, bg, zd[1]) + b.grads_bytes(
                 sp.moe_layer_expert_numel, bg, ze[1]
             )
-            # a layer's backward makes its MLP's gradients before its peak is over
-            own_dense = int(own_fraction * b.grads_bytes(sp.dense_layer_mlp_numel, bg, zd[1]))
-            own_moe = int(
-                own_fraction
-                * (
-                    b.grads_bytes(sp.moe_layer_shared_numel, bg, zd[1])
-                    + b.grads_bytes(sp.moe_layer_expert_numel, bg, ze[1])
-                )
+            # a layer's backward makes its MLP's gradients first: a share of them exists at the
+            # peak of the MLP's backward, all of them once it is done
+            mlp_dense = b.grads_bytes(sp.dense_layer_mlp_numel, bg, zd[1])
+            mlp_moe = b.grads_bytes(sp.moe_layer_shared_numel, bg, zd[1]) + b.grads_bytes(
+                sp.moe_layer_expert_numel, bg, ze[1]
             )
+            own_dense = int(own_fraction * mlp_dense)
+            own_moe = int(own_fraction * mlp_moe)
         if sp.tied_embeddings:
             # the head's gradient of a tied table waits in autograd's input buffer for the
             # embedding's through every layer's backward (the tail below adds the two)
@@ -302,6 +308,8 @@ def _model_states(
         layer_moe,
         own_dense,
         own_moe,
+        mlp_dense,
+        mlp_moe,
         grads_tail,
         master,
         opt,
@@ -337,7 +345,9 @@ def _activation_terms(
         model, coeffs, micro_batch, seq_len, bp, eager, tp, cp, ep, sequence_parallel, cf, imbalance
     )
     n, n_moe = sp.num_layers, sp.num_moe_layers
-    a_dense, a_moe, a_scores, a_dispatch, a_input, t_dense, t_moe = acts
+    a_dense, a_moe, a_scores, a_dispatch, a_input, t_dense, t_moe, f_dense, f_moe, _, _ = acts
+    t_dense -= f_dense  # held throughout the layer's backward; f_*: during its MLP's only
+    t_moe -= f_moe
     if k is None:
         saved = (n - n_moe) * a_dense + n_moe * a_moe
         disp = n_moe * a_dispatch
@@ -353,7 +363,11 @@ def _activation_terms(
         rerun = int(coeffs.recompute_hidden_tensors * a_input)
         t_dense += rerun
         t_moe += rerun
-    points = _backward_points(sp.moe_flags, k, a_dense, a_moe, a_dispatch, a_input, t_dense, t_moe)
+    points = _backward_points(sp.moe_flags, k, a_dense, a_moe, a_dispatch, a_input)
+    temporaries = (
+        (t_dense, f_dense, acts.mlp_dense),
+        (t_moe, f_moe, acts.mlp_moe + a_dispatch),
+    )
     logits_f = logits_b = 0
     if sp.has_head:
         tokens = micro_batch * -(-seq_len // cp)
@@ -363,7 +377,7 @@ def _activation_terms(
         if coeffs.head_hidden_tensors:
             whole = tp if sequence_parallel else 1
             saved += int(coeffs.head_hidden_tensors * tokens * model.hidden_size * bp) // whole
-    return (saved, disp, points, logits_f, logits_b, sp, acts)
+    return (saved, disp, points, temporaries, logits_f, logits_b, sp, acts)
 
 
 def _backward_points(
@@ -373,37 +387,54 @@ def _backward_points(
     a_moe: int,
     a_dispatch: int,
     a_input: int,
-    t_dense: int,
-    t_moe: int,
 ) -> tuple[tuple[int, int, int, int, int], ...]:
     """Where one micro-batch's backward through the stage's layers can peak.
 
     At layer j's backward the gradients of the layers above j exist and j's own are being
     made; the micro-batch holds the saved tensors of the layers up to j (without recompute)
-    or the checkpoints of the blocks below j's and the recomputed block up to j, plus j's own
-    backward temporaries. Each point is (dense layers, MoE layers) with gradients, activation
-    bytes, dispatch bytes, and 1 if layer j is an MoE layer (its own gradients being made are
-    the caller's, by kind). Between two layers of one kind in one block the bytes change
-    linearly, and so do they between consecutive blocks of the same shape, so the ends of
-    such runs are the only candidates (a stage of one kind of layer has two to six).
+    or the checkpoints of the blocks below j's and the recomputed block up to j (j's own
+    backward temporaries and gradients being made are the caller's, by kind). Each point is
+    (dense layers, MoE layers) with gradients, activation bytes, dispatch bytes, and 1 if layer
+    j is an MoE layer; which layers they are depends on the layout only (``_point_layout``).
     """
+    return tuple(
+        (
+            dense,
+            moe,
+            ckpt * a_input + held_dense * a_dense + held_moe * a_moe,
+            held_moe * a_dispatch,
+            is_moe,
+        )
+        for dense, moe, ckpt, held_dense, held_moe, is_moe in _point_layout(flags, k)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _point_layout(
+    flags: tuple[bool, ...], k: int | None
+) -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """The layers ``_backward_points`` evaluates, as counts: (dense layers, MoE layers) with
+    gradients, checkpoints held, (dense, MoE) layers of the recomputed or saved block up to it,
+    and 1 if the layer is an MoE layer. Between two layers of one kind in one block the bytes
+    change linearly, and so do they between consecutive blocks of the same shape, so the ends of
+    such runs are the only candidates (a stage of one kind of layer has two to six)."""
     n = len(flags)
     if not n:
         return ()
     size = n if k is None else k
     if all(flags) or not any(flags):  # one kind: the bottom, last full and partial top blocks
-        is_moe = flags[0]
-        a, t = (a_moe, t_moe) if is_moe else (a_dense, t_dense)
-        d = a_dispatch if is_moe else 0
+        is_moe = int(flags[0])
         size = min(size, n)
         full = n // size
         uniform = []
         for b0 in sorted({0, (full - 1) * size, full * size} - {n}):
-            checkpoints = 0 if k is None else (b0 // size) * a_input
+            checkpoints = 0 if k is None else b0 // size
             for layers in sorted({1, min(size, n - b0)}):
                 above = n - b0 - layers
-                counts = (0, above) if is_moe else (above, 0)
-                uniform.append((*counts, checkpoints + layers * a + t, layers * d, int(is_moe)))
+                if is_moe:
+                    uniform.append((0, above, checkpoints, 0, layers, 1))
+                else:
+                    uniform.append((above, 0, checkpoints, layers, 0, 0))
         return tuple(uniform)
     # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
     blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
@@ -418,19 +449,17 @@ def _backward_points(
     points = []
     for i in chosen:
         b0, shape = blocks[i]
-        checkpoints = 0 if k is None else (b0 // size) * a_input
-        acts = disp = 0
+        checkpoints = 0 if k is None else b0 // size
+        held = [0, 0]
         for offset, is_moe in enumerate(shape):
             j = b0 + offset
-            acts += a_moe if is_moe else a_dense
-            disp += a_dispatch if is_moe else 0
+            held[is_moe] += 1
             last = offset == len(shape) - 1 or shape[offset + 1] != is_moe
             first = offset == 0 or shape[offset - 1] != is_moe
             if first or last:
                 dense = dense_above[j + 1]
                 moe = n - j - 1 - dense
-                held = checkpoints + acts + (t_moe if is_moe else t_dense)
-                points.append((dense, moe, held, disp, int(is_moe)))
+                points.append((dense, moe, checkpoints, held[0], held[1], int(is_moe)))
     return tuple(points)
 
 
@@ -545,7 +574,7 @@ def _stage_terms(model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int) 
     (states,), (acts,) = _stage_parts(model, kn, coeffs, (stage,))
     in_flight = min(kn.pp - stage, kn.grad_accum)
     return StageTerms._make(
-        (acts[5], acts[6], in_flight, kn.checkpoint_every, *states[:17], *acts[:5], states[17])
+        (acts[6], acts[7], in_flight, kn.checkpoint_every, *states[:-1], *acts[:6], states[-1])
     )
 
 
@@ -566,6 +595,8 @@ def _phase_totals(
         g_moe,
         own_dense,
         own_moe,
+        mlp_dense,
+        mlp_moe,
         grads_tail,
         master,
         opt,
@@ -574,11 +605,16 @@ def _phase_totals(
         transfer,
         _,
     ) = states
-    saved, disp, points, logits_f, logits_b, _, layer = acts
+    saved, disp, points, temporaries, logits_f, logits_b, _, layer = acts
     base = params + master + ema + transfer
     live = m * (saved + disp)
     through = _through_layers(
-        points, grads_start, (g_dense, g_moe), (own_dense, own_moe), live - saved - disp
+        points,
+        grads_start,
+        (g_dense, g_moe),
+        ((own_dense, mlp_dense), (own_moe, mlp_moe)),
+        temporaries,
+        live - saved - disp,
     )
     # the embedding's backward: every layer's activations are gone
     bwd = through if through > grads_tail else grads_tail
@@ -614,20 +650,38 @@ def _phase_totals(
     )
 
 
+def _layer_extra(own: tuple[int, int], temporaries: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(own gradients, other bytes, total) a layer's backward holds at its peak beyond its
+    saved tensors: during its MLP's backward (the MLP's temporaries and the share of its
+    gradients made by then), or once that is done (all of the MLP's gradients, its saved
+    tensors freed), whichever is larger."""
+    (share, whole), (throughout, mlp, freed) = own, temporaries
+    if mlp + share >= whole - freed:
+        return share, throughout + mlp, throughout + mlp + share
+    return whole, throughout - freed, throughout - freed + whole
+
+
 def _through_layers(
     points: tuple[tuple[int, int, int, int, int], ...],
     grads_start: int,
     layer_grads: tuple[int, int],
-    own_grads: tuple[int, int],
+    own_grads: tuple[tuple[int, int], tuple[int, int]],
+    temporaries: tuple[tuple[int, int, int], tuple[int, int, int]],
     others: int,
 ) -> int:
-    """Gradients and transient bytes at the largest of the layers' backward points (a layer's
-    gradients and its own at its peak, dense then MoE); ``others`` is what the other
+    """Gradients and transient bytes at the largest of the layers' backward points. Per kind
+    (dense, MoE): a layer's gradients, its own at the MLP's peak and in all (``own_grads``),
+    and its backward's temporaries (``temporaries``: held throughout, during the MLP's
+    backward, and the MLP's saved tensors its backward frees). ``others`` is what the other
     micro-batches in flight keep of their forwards (0 without layers)."""
     best = 0
     g_dense, g_moe = layer_grads
+    extra = (
+        _layer_extra(own_grads[0], temporaries[0])[2],
+        _layer_extra(own_grads[1], temporaries[1])[2],
+    )
     for dense, moe, held, dispatch, is_moe in points:
-        at = grads_start + dense * g_dense + moe * g_moe + own_grads[is_moe] + others + held
+        at = grads_start + dense * g_dense + moe * g_moe + extra[is_moe] + others + held
         at += dispatch
         if at > best:
             best = at
@@ -677,6 +731,8 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         g_moe,
         own_dense,
         own_moe,
+        mlp_dense,
+        mlp_moe,
         grads_tail,
         master,
         opt,
@@ -686,6 +742,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
         saved,
         disp,
         points,
+        temporaries,
         logits_f,
         logits_b,
         _,
@@ -699,16 +756,22 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     head_input = t[1].layer_input if streaming and logits_f else 0
     fwd_transfer = transfer if accumulating or not streaming else 0
 
+    extra = (
+        _layer_extra((own_dense, mlp_dense), temporaries[0]),
+        _layer_extra((own_moe, mlp_moe), temporaries[1]),
+    )
+
     def backward(o: int) -> tuple[int, ...]:
         best = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
         for dense, moe, held, dispatch, is_moe in points:
+            own, temporary, _ = extra[is_moe]
             row = (
                 params,
-                grads_start + dense * g_dense + moe * g_moe + (own_moe if is_moe else own_dense),
+                grads_start + dense * g_dense + moe * g_moe + own,
                 master,
                 o,
                 ema,
-                acts_all - saved + held,
+                acts_all - saved + held + temporary,
                 0,
                 disp_all - disp + dispatch,
                 transfer,
@@ -857,7 +920,8 @@ def layer_backward_bytes(
         t.backward_points,
         t.grads_start,
         (t.layer_grads_dense, t.layer_grads_moe),
-        (t.own_grads_dense, t.own_grads_moe),
+        ((t.own_grads_dense, t.mlp_grads_dense), (t.own_grads_moe, t.mlp_grads_moe)),
+        t.layer_temporaries,
         others,
     )
     return t.params + t.master_params + t.ema + t.transfer_buffers + t.optimizer_states + through

@@ -162,7 +162,9 @@ class StackedExperts(nn.Module):
 
         def project(name: str, t: Tensor) -> Tensor:
             proj = self._stacked(name)
-            y = torch.bmm(t, proj.weight.transpose(1, 2))
+            # (W x^T)^T, not x W^T: the weight's gradient then comes out in the weight's own
+            # layout, where a transposed one would be copied into .grad (two at once)
+            y = torch.bmm(proj.weight, t.transpose(1, 2)).transpose(1, 2)
             return y if proj.bias is None else y + proj.bias[:, None, :]
 
         return self._mlp(project, x)
@@ -209,7 +211,11 @@ class MoE(nn.Module):
         slot_token, slot_weight = self.dispatch(chosen, weights)
         gathered = tokens.index_select(0, slot_token).view(self.num_experts, -1, shape[-1])
         y = self.experts.all_experts(gathered) * slot_weight.view(self.num_experts, -1, 1)
-        out = torch.zeros_like(tokens).index_add(0, slot_token, y.view(-1, shape[-1]))
+        # index_put keeps only the slots' token ids for backward (index_add also keeps its
+        # source, one more (E x C, hidden) tensor per MoE layer)
+        out = torch.zeros_like(tokens).index_put(
+            (slot_token,), y.reshape(-1, shape[-1]), accumulate=True
+        )
         if self.shared_experts is not None:
             shared = self.shared_experts.expert(0, tokens)
             for i in range(1, self.shared_experts.count):

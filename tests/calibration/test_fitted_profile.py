@@ -38,6 +38,8 @@ def test_the_fit_predicts_held_out_traces_within_two_percent(
     fit = [r for r in records if not r["held_out"]]
     held_out = [r for r in records if r["held_out"]]
     assert len(held_out) >= 8 and any(r["model"]["moe"] for r in held_out)
+    # among them, published MoE models at full width (two layers, 8k-16k tokens)
+    assert {"mixtral-8x7b", "qwen3-30b-a3b"} <= {r["model"]["name"] for r in held_out}
     coeffs = fit_coefficients(fit)
     errors = peak_errors(held_out, coeffs)
     assert max(abs(e) for e in errors) <= 0.02, errors
@@ -81,9 +83,9 @@ def _layer_backward_errors(
 
 @pytest.mark.parametrize("profile", ["runtime", "hf"])
 def test_held_out_layer_backward_peaks_are_predicted_within_five_percent(profile: str) -> None:
-    """Inside a layer's backward: the saved tensors, the backward's temporaries and the share
-    of the layer's own MLP (expert) gradients already made. Without that share the full-width
-    Mixtral layer is 9.9 % low."""
+    """Inside a layer's backward: the saved tensors, the backward's temporaries and the
+    layer's own MLP (expert) gradients made by then (a share inside the MLP's backward, all as
+    it ends). Among the held-out records: full-width Mixtral-8x7B and Qwen3-30B-A3B layers."""
     data = load_traces(profile)
     assert data is not None
     coeffs = fit_coefficients(fitting_records(data), profile)
@@ -91,11 +93,8 @@ def test_held_out_layer_backward_peaks_are_predicted_within_five_percent(profile
     errors = _layer_backward_errors(held_out, coeffs)
     assert len(errors) >= 8 and max(abs(e) for e in errors.values()) <= 0.05, errors
     assert 0 < coeffs.backward_mlp_grads <= 1
-    if profile == "hf":
-        without = _layer_backward_errors(
-            held_out, coeffs.model_copy(update={"backward_mlp_grads": 0})
-        )
-        assert min(without.values()) < -0.05, without
+    names = {r["model"]["name"] for r in held_out}
+    assert {"mixtral-8x7b", "qwen3-30b-a3b"} <= names
 
 
 def test_the_shipped_runtime_coefficients_are_the_fit_of_the_committed_records(

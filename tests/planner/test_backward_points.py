@@ -13,29 +13,41 @@ import planner
 estimate_module = importlib.import_module("planner.estimate")
 
 
+Kind = tuple[int, int]  # (dense, MoE)
+Triple = tuple[int, int, int]
+
+
 def _every_layer(
     flags: tuple[bool, ...],
     k: int | None,
-    sizes: tuple[int, int, int, int, int, int, int],
-    g_dense: int,
-    g_moe: int,
-    own: tuple[int, int],
+    sizes: tuple[int, int, int, int],
+    grads: Kind,
+    own: tuple[Kind, Kind],
+    temporaries: tuple[Triple, Triple],
 ) -> int:
-    """The largest total over each layer's backward, walked layer by layer."""
-    a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
+    """The largest total over each layer's backward, walked layer by layer; at layer j's, the
+    larger of its MLP's backward (its temporaries and a share of its own gradients) and the end
+    of it (all of its MLP's gradients, its saved tensors freed)."""
+    a_dense, a_moe, dispatch, a_input = sizes
     n = len(flags)
     size = n if k is None else k
     best = 0
     for j in range(n):
+        kind = int(flags[j])
         b0 = j // size * size
         held = (b0 // size) * a_input if k is not None else 0
         held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
-        held += t_moe if flags[j] else t_dense
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
-        grads = sum(g_moe if flags[i] else g_dense for i in range(j + 1, n))
-        grads += own[flags[j]]
-        best = max(best, grads + held + disp)
+        above = sum(grads[int(flags[i])] for i in range(j + 1, n))
+        (share, whole), (throughout, mlp, freed) = own[kind], temporaries[kind]
+        in_mlp = above + held + disp + throughout + mlp + share
+        after_mlp = above + held + disp + throughout + whole - freed
+        best = max(best, in_mlp, after_mlp)
     return best
+
+
+_SIZE = st.integers(0, 10**6)
+_KIND = st.tuples(_SIZE, _SIZE)
 
 
 @settings(max_examples=300, deadline=None)
@@ -45,33 +57,30 @@ def _every_layer(
         lambda d: (False,) * d[0] + (True,) * d[1]
     ),
     k=st.none() | st.integers(1, 30),
-    sizes=st.tuples(*[st.integers(0, 10**6)] * 7),
-    g_dense=st.integers(0, 10**6),
-    g_moe=st.integers(0, 10**6),
-    own=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
+    sizes=st.tuples(_SIZE, _SIZE, _SIZE, _SIZE),
+    grads=_KIND,
+    own=st.tuples(_KIND, _KIND),
+    temporaries=st.tuples(*[st.tuples(_SIZE, _SIZE, _SIZE)] * 2),
 )
 def test_the_kept_points_hold_the_largest_layer_backward(
     flags: tuple[bool, ...],
     k: int | None,
-    sizes: tuple[int, int, int, int, int, int, int],
-    g_dense: int,
-    g_moe: int,
-    own: tuple[int, int],
+    sizes: tuple[int, int, int, int],
+    grads: Kind,
+    own: tuple[Kind, Kind],
+    temporaries: tuple[Triple, Triple],
 ) -> None:
-    a_dense, a_moe, dispatch, a_input, t_dense, t_moe, _ = sizes
-    points = estimate_module._backward_points(
-        flags, k, a_dense, a_moe, dispatch, a_input, t_dense, t_moe
-    )
-    kept = estimate_module._through_layers(points, 0, (g_dense, g_moe), own, 0)
-    assert kept == _every_layer(flags, k, sizes, g_dense, g_moe, own)
+    points = estimate_module._backward_points(flags, k, *sizes)
+    kept = estimate_module._through_layers(points, 0, grads, own, temporaries, 0)
+    assert kept == _every_layer(flags, k, sizes, grads, own, temporaries)
 
 
 def test_a_uniform_stage_keeps_few_points() -> None:
     """Eighty identical layers checkpointed one by one: the first and last blocks only."""
     flags = (False,) * 80
-    assert len(estimate_module._backward_points(flags, 1, 9, 0, 0, 1, 2, 0)) == 2
-    assert len(estimate_module._backward_points(flags, 3, 9, 0, 0, 1, 2, 0)) <= 6
-    assert len(estimate_module._backward_points(flags, None, 9, 0, 0, 1, 2, 0)) == 2
+    assert len(estimate_module._backward_points(flags, 1, 9, 0, 0, 1)) == 2
+    assert len(estimate_module._backward_points(flags, 3, 9, 0, 0, 1)) <= 6
+    assert len(estimate_module._backward_points(flags, None, 9, 0, 0, 1)) == 2
 
 
 def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
@@ -88,11 +97,14 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
     backward = row.phases["backward"].buckets
     layers = model.num_layers * t.layer_grads_dense
     # at the top of the block: the recomputed block, and of the layers' gradients only the top
-    # layer's own, being made
-    assert 0 < t.own_grads_dense < t.layer_grads_dense
-    assert backward["grads"] == t.grads_start + t.own_grads_dense
+    # layer's own MLP's, being made
+    own, temporary, _ = estimate_module._layer_extra(
+        (t.own_grads_dense, t.mlp_grads_dense), t.layer_temporaries[0]
+    )
+    assert 0 < own <= t.mlp_grads_dense < t.layer_grads_dense
+    assert backward["grads"] == t.grads_start + own
     assert backward["activations"] >= model.num_layers * t.acts.dense
     # the backward is the recomputed block, not the block plus every layer's gradients
     assert backward["grads"] + backward["activations"] < layers + model.num_layers * t.acts.dense
     top = max(t.backward_points, key=lambda p: p[2])
-    assert top[:2] == (0, 0) and backward["activations"] == top[2]
+    assert top[:2] == (0, 0) and backward["activations"] == top[2] + temporary

@@ -104,3 +104,43 @@ def test_the_moe_model_runs_under_fake_tensors() -> None:
         logits.sum().backward()
         assert logits.shape == (2, 16, spec.vocab_size)
         assert all(p.grad is not None for p in model.parameters())
+
+
+def test_routed_experts_keep_two_slot_tensors_and_make_gradients_in_place() -> None:
+    """The routed experts save the gathered inputs and their outputs (the planner's dispatch
+    buffers) and their FFN-width intermediates, and nothing else slot-sized (index_add would
+    also keep its source). Their stacked weights' gradients come out in the weights' layout,
+    so the backward never holds a second copy of one (a transposed product would be copied
+    into ``.grad``)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    layer = _moe(1.25, num_experts=8, top_k=2, num_shared_experts=0, expert_ffn_size=96)
+    hidden = layer.gate.weight.shape[1]
+    x = torch.randn(1, 64, hidden, requires_grad=True)
+    slots = layer.num_experts * math.ceil(1.25 * 64 * 2 / 8)
+    sizes: dict[int, torch.Size] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        sizes[t.untyped_storage().data_ptr()] = t.shape
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    assert out.shape == x.shape  # (alive: its saved tensors' storages are not reused)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    kept = [s.numel() for k, s in sizes.items() if k not in params]
+    # gathered inputs and expert outputs; gate, SiLU and up outputs and their product
+    assert kept.count(slots * hidden) == 2, kept
+    assert kept.count(slots * 96) == 4, kept
+
+    # few tokens and wide experts: the weights' gradients dwarf every token-sized temporary
+    layer = _moe(1.25, num_experts=8, top_k=2, num_shared_experts=0, expert_ffn_size=512)
+    tracker = MemTracker()
+    tracker.track_external(layer)
+    with tracker:
+        layer(torch.randn(1, 4, hidden, requires_grad=True)).pow(2).sum().backward()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    weights = sum(p.numel() for p in layer.parameters()) * 4
+    largest = max(p.numel() for p in layer.experts.parameters()) * 4
+    # at the peak: the weights, their gradients and token-sized tensors, no second gradient
+    assert peak["Total"] < 2 * weights + largest // 2
