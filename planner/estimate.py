@@ -612,8 +612,7 @@ def _phase_totals(
         points,
         grads_start,
         (g_dense, g_moe),
-        ((own_dense, mlp_dense), (own_moe, mlp_moe)),
-        temporaries,
+        _layer_totals(((own_dense, mlp_dense), (own_moe, mlp_moe)), temporaries),
         live - saved - disp,
     )
     # the embedding's backward: every layer's activations are gone
@@ -661,25 +660,34 @@ def _layer_extra(own: tuple[int, int], temporaries: tuple[int, int, int]) -> tup
     return whole, throughout - freed, throughout - freed + whole
 
 
+def _layer_totals(
+    own_grads: tuple[tuple[int, int], tuple[int, int]],
+    temporaries: tuple[tuple[int, int, int], tuple[int, int, int]],
+) -> tuple[int, int]:
+    """``_layer_extra``'s totals of a dense and an MoE layer (the estimate's hot path)."""
+    ((share_d, whole_d), (share_m, whole_m)), ((t_d, mlp_d, freed_d), (t_m, mlp_m, freed_m)) = (
+        own_grads,
+        temporaries,
+    )
+    inside, after = mlp_d + share_d, whole_d - freed_d
+    dense = t_d + (inside if inside >= after else after)
+    inside, after = mlp_m + share_m, whole_m - freed_m
+    return dense, t_m + (inside if inside >= after else after)
+
+
 def _through_layers(
     points: tuple[tuple[int, int, int, int, int], ...],
     grads_start: int,
     layer_grads: tuple[int, int],
-    own_grads: tuple[tuple[int, int], tuple[int, int]],
-    temporaries: tuple[tuple[int, int, int], tuple[int, int, int]],
+    extra: tuple[int, int],
     others: int,
 ) -> int:
-    """Gradients and transient bytes at the largest of the layers' backward points. Per kind
-    (dense, MoE): a layer's gradients, its own at the MLP's peak and in all (``own_grads``),
-    and its backward's temporaries (``temporaries``: held throughout, during the MLP's
-    backward, and the MLP's saved tensors its backward frees). ``others`` is what the other
+    """Gradients and transient bytes at the largest of the layers' backward points: per kind
+    (dense, MoE), a layer's gradients (``layer_grads``) and what its backward holds beyond its
+    saved tensors at its peak (``extra``, from ``_layer_totals``). ``others`` is what the other
     micro-batches in flight keep of their forwards (0 without layers)."""
     best = 0
     g_dense, g_moe = layer_grads
-    extra = (
-        _layer_extra(own_grads[0], temporaries[0])[2],
-        _layer_extra(own_grads[1], temporaries[1])[2],
-    )
     for dense, moe, held, dispatch, is_moe in points:
         at = grads_start + dense * g_dense + moe * g_moe + extra[is_moe] + others + held
         at += dispatch
@@ -916,12 +924,12 @@ def layer_backward_bytes(
     kn = knobs(train)
     t = _stage_terms(model, kn, coefficients or default_coefficients(kn.activation_profile), 0)
     others = (t.in_flight - 1) * (t.activations_saved + t.dispatch_saved)
+    own = ((t.own_grads_dense, t.mlp_grads_dense), (t.own_grads_moe, t.mlp_grads_moe))
     through = _through_layers(
         t.backward_points,
         t.grads_start,
         (t.layer_grads_dense, t.layer_grads_moe),
-        ((t.own_grads_dense, t.mlp_grads_dense), (t.own_grads_moe, t.mlp_grads_moe)),
-        t.layer_temporaries,
+        _layer_totals(own, t.layer_temporaries),
         others,
     )
     return t.params + t.master_params + t.ema + t.transfer_buffers + t.optimizer_states + through

@@ -71,7 +71,11 @@ def test_the_kept_points_hold_the_largest_layer_backward(
     temporaries: tuple[Triple, Triple],
 ) -> None:
     points = estimate_module._backward_points(flags, k, *sizes)
-    kept = estimate_module._through_layers(points, 0, grads, own, temporaries, 0)
+    extra = estimate_module._layer_totals(own, temporaries)
+    assert extra == tuple(
+        estimate_module._layer_extra(o, t)[2] for o, t in zip(own, temporaries, strict=True)
+    )
+    kept = estimate_module._through_layers(points, 0, grads, extra, 0)
     assert kept == _every_layer(flags, k, sizes, grads, own, temporaries)
 
 
