@@ -74,10 +74,15 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         "_name_or_path": spec.name,
     }
     moe = spec.moe
-    if spec.qk_norm and spec.qkv_bias:
-        raise _refuse("qkv_bias", "qwen3's attention_bias also biases o_proj (allowed: false)")
+    # llama's and qwen3's attention_bias: Q, K, V and the output projection; qwen2's: Q, K, V
+    qwen2 = spec.qkv_bias and not spec.attention_out_bias and not spec.mlp_bias
     if moe is None:
-        config["model_type"] = "qwen3" if spec.qk_norm else "qwen2" if spec.qkv_bias else "llama"
+        if spec.qk_norm:
+            config.update(model_type="qwen3", attention_bias=spec.qkv_bias)
+        elif qwen2:
+            config["model_type"] = "qwen2"
+        else:
+            config.update(model_type="llama", attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
         return _checked(spec, config)
     if moe.router_bias:
         raise _refuse("moe.router_bias", "router biases are DeepSeek's")
@@ -86,6 +91,7 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
             raise _refuse("moe.num_shared_experts", "qwen3_moe has no shared experts (allowed: 0)")
         config.update(
             model_type="qwen3_moe",
+            attention_bias=spec.qkv_bias,
             num_experts=moe.num_experts,
             num_experts_per_tok=moe.top_k,
             moe_intermediate_size=moe.expert_ffn_size,
@@ -104,6 +110,7 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         return _checked(spec, config)
     config.update(
         model_type="qwen2_moe",
+        qkv_bias=spec.qkv_bias,
         num_experts=moe.num_experts,
         num_experts_per_tok=moe.top_k,
         moe_intermediate_size=moe.expert_ffn_size,
@@ -126,6 +133,14 @@ def _checked(spec: planner.ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
     got = from_hf_config(config).model_dump(exclude=set(_NOT_SHAPE))
     if want.get("head_dim") is None:
         got["head_dim"] = None  # the default width, written out
+    w_moe, g_moe = want["moe"], got["moe"]
+    if (
+        w_moe
+        and g_moe
+        and w_moe["shared_expert_ffn_size"] is None
+        and g_moe["shared_expert_ffn_size"] == w_moe["expert_ffn_size"]
+    ):
+        g_moe["shared_expert_ffn_size"] = None  # the default width, written out
     for key, value in want.items():
         if key == "moe" and value is not None and got["moe"] is not None:
             for sub, v in value.items():

@@ -81,12 +81,24 @@ def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
         "ffn_kind": _ffn_kind(config),
         "norm": "rmsnorm",
         "tied_embeddings": bool(_get(config, "tie_word_embeddings", False)),
-        "qkv_bias": bool(_get(config, "attention_bias", False)),
     }
 
 
+def _attention_bias(spec: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Llama's and Qwen3's ``attention_bias``: biases on Q, K, V and the output projection."""
+    bias = bool(_get(config, "attention_bias", False))
+    spec.update(qkv_bias=bias, attention_out_bias=bias)
+    return spec
+
+
 def _llama(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    return _common(config, name)
+    spec = _attention_bias(_common(config, name), config)
+    spec["mlp_bias"] = bool(_get(config, "mlp_bias", False))
+    return spec
+
+
+def _mistral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    return _common(config, name)  # no biases, whatever the config says
 
 
 def _mixtral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -106,7 +118,8 @@ def _qwen2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    spec = _qwen2(config, name)
+    spec = _common(config, name)
+    spec["qkv_bias"] = bool(_get(config, "qkv_bias", True))  # Qwen2MoeConfig's, default on
     step = _int(config, "decoder_sparse_step", 1)
     shared = _int(config, "shared_expert_intermediate_size", 0)
     spec["moe"] = MoESpec(
@@ -124,14 +137,15 @@ def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _qwen3(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    spec = _common(config, name)
+    spec = _attention_bias(_common(config, name), config)
     spec["qk_norm"] = True
     spec["head_dim"] = _get(config, "head_dim", 128)  # Qwen3Config's default, whatever the width
     return spec
 
 
 def _qwen3_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    spec = _common(config, name)  # Qwen3MoeConfig has no head_dim default: hidden / heads
+    # Qwen3MoeConfig has no head_dim default: hidden / heads
+    spec = _attention_bias(_common(config, name), config)
     spec["qk_norm"] = True
     step = _int(config, "decoder_sparse_step", 1)
     spec["moe"] = MoESpec(
@@ -173,7 +187,7 @@ def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 _READERS: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "llama": _llama,
-    "mistral": _llama,
+    "mistral": _mistral,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
     "qwen2_moe": _qwen2_moe,

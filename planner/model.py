@@ -128,6 +128,12 @@ class ModelSpec(_Frozen):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
     qkv_bias: bool = Field(default=False, description="Biases on Q, K, V projections (Qwen2).")
+    attention_out_bias: bool = Field(
+        default=False,
+        description="A bias on the attention output projection (Llama's and Qwen3's "
+        "attention_bias, which also biases Q, K and V).",
+    )
+    mlp_bias: bool = Field(default=False, description="Biases on the dense MLP (Llama's mlp_bias).")
     qk_norm: bool = Field(
         default=False,
         description="A norm over each head's queries and keys before RoPE, one head_dim weight "

@@ -90,7 +90,9 @@ def _attention(model: ModelSpec, prefix: str) -> list[Tensor]:
             *_linear(f"{prefix}.q_proj", model, heads * d, h, "attention", bias=qkv_bias),
             *_linear(f"{prefix}.k_proj", model, kv * d, h, "attention", bias=qkv_bias),
             *_linear(f"{prefix}.v_proj", model, kv * d, h, "attention", bias=qkv_bias),
-            *_linear(f"{prefix}.o_proj", model, h, heads * d, "attention"),
+            *_linear(
+                f"{prefix}.o_proj", model, h, heads * d, "attention", bias=model.attention_out_bias
+            ),
         ]
         if model.qk_norm:
             tensors += _norm(f"{prefix}.q_norm", model, d) + _norm(f"{prefix}.k_norm", model, d)
@@ -114,15 +116,16 @@ def _attention(model: ModelSpec, prefix: str) -> list[Tensor]:
 
 def _ffn(model: ModelSpec, prefix: str, ffn: int, kind: str, count: int = 1) -> list[Tensor]:
     h = model.hidden_size
+    bias = model.mlp_bias and kind == "mlp"  # Llama's mlp_bias: the dense MLP, not experts
     if model.ffn_kind == "swiglu":
         return [
-            *_linear(f"{prefix}.gate_proj", model, ffn, h, kind, count=count),
-            *_linear(f"{prefix}.up_proj", model, ffn, h, kind, count=count),
-            *_linear(f"{prefix}.down_proj", model, h, ffn, kind, count=count),
+            *_linear(f"{prefix}.gate_proj", model, ffn, h, kind, bias=bias, count=count),
+            *_linear(f"{prefix}.up_proj", model, ffn, h, kind, bias=bias, count=count),
+            *_linear(f"{prefix}.down_proj", model, h, ffn, kind, bias=bias, count=count),
         ]
     return [
-        *_linear(f"{prefix}.fc1", model, ffn, h, kind, count=count),
-        *_linear(f"{prefix}.fc2", model, h, ffn, kind, count=count),
+        *_linear(f"{prefix}.fc1", model, ffn, h, kind, bias=bias, count=count),
+        *_linear(f"{prefix}.fc2", model, h, ffn, kind, bias=bias, count=count),
     ]
 
 

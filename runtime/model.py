@@ -60,7 +60,7 @@ class Attention(nn.Module):
         self.q_proj = _linear(h, self.heads * d, qkv_bias)
         self.k_proj = _linear(h, self.kv_heads * d, qkv_bias)
         self.v_proj = _linear(h, self.kv_heads * d, qkv_bias)
-        self.o_proj = _linear(self.heads * d, h, spec.linear_bias)
+        self.o_proj = _linear(self.heads * d, h, spec.linear_bias or spec.attention_out_bias)
         # Qwen3: each head's queries and keys normalised over head_dim, before RoPE
         self.q_norm = Norm(d, spec.norm) if spec.qk_norm else None
         self.k_norm = Norm(d, spec.norm) if spec.qk_norm else None
@@ -85,7 +85,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, ffn: int) -> None:
         super().__init__()
-        h, bias = spec.hidden_size, spec.linear_bias
+        h, bias = spec.hidden_size, spec.linear_bias or spec.mlp_bias
         self.swiglu = spec.ffn_kind == "swiglu"
         if self.swiglu:
             self.gate_proj = _linear(h, ffn, bias)

@@ -111,8 +111,13 @@ def test_params_and_optimizer_state_trace_to_the_byte() -> None:
 
 def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -> None:
     with pytest.raises(planner.SpecError) as info:
-        hf.config_for(planner.load_model("tiny-moe"))  # shared expert, no Q/K/V biases
-    assert info.value.field == "model.qkv_bias"
+        hf.config_for(planner.load_model("tiny-moe"))  # a shared expert without qwen2_moe's gate
+    assert info.value.field == "model.moe.shared_expert_gate"
+    with pytest.raises(planner.SpecError) as info:  # no architecture biases o_proj alone
+        hf.config_for(
+            planner.load_model("llama-3-8b").model_copy(update={"attention_out_bias": True})
+        )
+    assert info.value.field == "model.attention_out_bias"
     with pytest.raises(planner.SpecError) as info:
         hf.config_for(planner.load_model("deepseek-v3"))
     assert info.value.field == "model.mla"
@@ -126,6 +131,52 @@ def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -
     with pytest.raises(planner.SpecError) as info:
         hf.config_for(planner.load_model("tiny-moe").model_copy(update={"qk_norm": True}))
     assert info.value.field == "model.moe.num_shared_experts"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "biases"),
+    [
+        ("llama", {"attention_bias": True, "mlp_bias": True}),  # Q, K, V, O and the MLP
+        ("llama", {"attention_bias": True}),
+        ("mistral", {"attention_bias": True}),  # no biases, whatever the config says
+        ("mixtral", {"attention_bias": True}),
+        ("qwen2", {"attention_bias": False}),  # Q, K, V always
+        ("qwen2_moe", {"qkv_bias": False}),
+        ("qwen3", {"attention_bias": True}),  # Q, K, V, O
+        ("qwen3_moe", {"attention_bias": True}),
+    ],
+)
+def test_bias_flags_are_read_as_each_architecture_builds_them(
+    model_type: str, biases: dict[str, bool]
+) -> None:
+    config = {
+        "model_type": model_type,
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 512,
+        "num_local_experts": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 256,
+        **biases,
+    }
+    spec = planner.load_model(config)
+    transformers = hf.require_transformers()
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(model_type, **fields)
+        )
+    assert sum(p.numel() for p in net.parameters()) == planner.count_params(spec).total
+    # and a spec maps back onto an architecture that builds it
+    with torch.device("meta"):
+        again = hf.build(hf.config_for(spec))
+    assert sum(p.numel() for p in again.parameters()) == planner.count_params(spec).total
 
 
 @pytest.mark.parametrize(("model_type", "head_dim"), [("qwen3", 128), ("qwen3_moe", 64)])
@@ -208,7 +259,7 @@ def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:
         timeout=120,
         env=env,
     )
-    assert bad.returncode == 2 and "model.qkv_bias" in bad.stderr
+    assert bad.returncode == 2 and "model.moe.shared_expert_gate" in bad.stderr
     # a value only transformers judges (RoPE scaling) is refused, not a traceback
     path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "nonsense"}}))
     refused = subprocess.run(

@@ -49,6 +49,8 @@ def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpe
         "tied_embeddings": draw(st.booleans()),
         "qkv_bias": draw(st.booleans()),
         "qk_norm": draw(st.booleans()),
+        "attention_out_bias": draw(st.booleans()),
+        "mlp_bias": draw(st.booleans()),
         "linear_bias": draw(st.booleans()),
         "dropout": draw(st.booleans()),
     }

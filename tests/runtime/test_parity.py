@@ -148,8 +148,11 @@ def _qk_norm(name: str) -> planner.ModelSpec:
         planner.load_model("tiny-moe"),
         _qk_norm("tiny-dense"),
         _qk_norm("tiny-moe"),
+        planner.load_model("tiny-moe").model_copy(
+            update={"qkv_bias": True, "attention_out_bias": True, "mlp_bias": True}
+        ),
     ],
-    ids=["dense", "moe", "dense-qk-norm", "moe-qk-norm"],
+    ids=["dense", "moe", "dense-qk-norm", "moe-qk-norm", "llama-biases"],
 )
 def test_parameters_are_the_planners_inventory(spec: planner.ModelSpec) -> None:
     """Names, sizes and order: what the offload split and the streaming units rely on."""
