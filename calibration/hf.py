@@ -86,18 +86,18 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         return _checked(spec, config)
     if moe.router_bias:
         raise _refuse("moe.router_bias", "router biases are DeepSeek's")
+    qwen_moe = {  # qwen2_moe's and qwen3_moe's
+        "num_experts": moe.num_experts,
+        "num_experts_per_tok": moe.top_k,
+        "moe_intermediate_size": moe.expert_ffn_size,
+        "decoder_sparse_step": moe.layer_freq,
+        "mlp_only_layers": list(moe.dense_layers),
+    }
     if spec.qk_norm:
         if moe.num_shared_experts:
             raise _refuse("moe.num_shared_experts", "qwen3_moe has no shared experts (allowed: 0)")
         config.update(
-            model_type="qwen3_moe",
-            attention_bias=spec.qkv_bias,
-            num_experts=moe.num_experts,
-            num_experts_per_tok=moe.top_k,
-            moe_intermediate_size=moe.expert_ffn_size,
-            decoder_sparse_step=moe.layer_freq,
-            mlp_only_layers=list(moe.dense_layers),
-            norm_topk_prob=True,
+            qwen_moe, model_type="qwen3_moe", attention_bias=spec.qkv_bias, norm_topk_prob=True
         )
         return _checked(spec, config)
     if moe.num_shared_experts == 0:
@@ -109,14 +109,10 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         )
         return _checked(spec, config)
     config.update(
+        qwen_moe,
         model_type="qwen2_moe",
         qkv_bias=spec.qkv_bias,
-        num_experts=moe.num_experts,
-        num_experts_per_tok=moe.top_k,
-        moe_intermediate_size=moe.expert_ffn_size,
         shared_expert_intermediate_size=moe.shared_expert_ffn_size or moe.expert_ffn_size,
-        decoder_sparse_step=moe.layer_freq,
-        mlp_only_layers=list(moe.dense_layers),
         norm_topk_prob=False,
     )
     return _checked(spec, config)
