@@ -664,15 +664,11 @@ def _layer_totals(
     own_grads: tuple[tuple[int, int], tuple[int, int]],
     temporaries: tuple[tuple[int, int, int], tuple[int, int, int]],
 ) -> tuple[int, int]:
-    """``_layer_extra``'s totals of a dense and an MoE layer (the estimate's hot path)."""
-    ((share_d, whole_d), (share_m, whole_m)), ((t_d, mlp_d, freed_d), (t_m, mlp_m, freed_m)) = (
-        own_grads,
-        temporaries,
+    """``_layer_extra``'s totals of a dense and an MoE layer."""
+    return (
+        _layer_extra(own_grads[0], temporaries[0])[2],
+        _layer_extra(own_grads[1], temporaries[1])[2],
     )
-    inside, after = mlp_d + share_d, whole_d - freed_d
-    dense = t_d + (inside if inside >= after else after)
-    inside, after = mlp_m + share_m, whole_m - freed_m
-    return dense, t_m + (inside if inside >= after else after)
 
 
 def _through_layers(
@@ -761,7 +757,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     accumulating = kn.grad_accum > 1
     g_fwd = grads_total if accumulating and not streaming else 0
     # streaming: the head's input, held for its gradient (_phase_totals says why)
-    head_input = t[1].layer_input if streaming and logits_f else 0
+    head_input = t.acts.layer_input if streaming and logits_f else 0
     fwd_transfer = transfer if accumulating or not streaming else 0
 
     extra = (
