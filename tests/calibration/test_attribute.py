@@ -4,11 +4,11 @@ CUDA fields' arithmetic."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from headroom_process import run_headroom
 
 import planner
 from calibration.attribute import attribute
@@ -19,25 +19,17 @@ def test_a_probed_run_attributes_resident_and_optimizer_state_to_the_byte(
     tmp_path: Path,
 ) -> None:
     report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "headroom",
-            "train",
-            "tiny-dense",
-            "--steps",
-            "2",
-            "--set",
-            "seq_len=64",
-            "--memory-cap",
-            "1GiB",
-            "--report",
-            str(report),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = run_headroom(
+        "train",
+        "tiny-dense",
+        "--steps",
+        "2",
+        "--set",
+        "seq_len=64",
+        "--memory-cap",
+        "1GiB",
+        "--report",
+        str(report),
     )
     assert proc.returncode == 0, proc.stderr
     phases = json.loads(report.read_text())["memory"]["simulated"]["phases"]

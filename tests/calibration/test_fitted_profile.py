@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from headroom_process import run_headroom
 
 import planner
 from calibration.fit import (
@@ -121,12 +121,7 @@ def test_committed_records_are_what_tracing_gives_today(
 
 def test_estimate_calibrated() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "headroom", "estimate", "tiny-dense", "--calibrated", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_headroom("estimate", "tiny-dense", "--calibrated", *args, timeout=120)
 
     refused = run()
     assert refused.returncode == 3

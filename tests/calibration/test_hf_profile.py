@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from headroom_process import run_headroom
 
 import planner
 from calibration import hf
@@ -230,45 +230,19 @@ def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:
     args = [str(path), "--impl", "hf", "--set", "seq_len=64", "--set", "activation_profile=hf"]
     for key in ("master=none", "grads=bf16", "optimizer_states=bf16"):
         args += ["--set", f"precision.{key}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "headroom", "calibrate", "trace", *args, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    proc = run_headroom("calibrate", "trace", *args, "--format", "json", env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["impl"] == "hf" and out["trace"]["mode"] == "fake"
     assert out["error"]["params"] == pytest.approx(0, abs=1e-3)
     assert abs(out["error"]["total"]) <= 0.05
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "headroom",
-            "calibrate",
-            "trace",
-            "tiny-moe",
-            "--impl",
-            "hf",
-            *args[3:],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+    bad = run_headroom(
+        "calibrate", "trace", "tiny-moe", "--impl", "hf", *args[3:], timeout=120, env=env
     )
     assert bad.returncode == 2 and "model.moe.shared_expert_gate" in bad.stderr
     # a value only transformers judges (RoPE scaling) is refused, not a traceback
     path.write_text(json.dumps({**config, "rope_scaling": {"rope_type": "nonsense"}}))
-    refused = subprocess.run(
-        [sys.executable, "-m", "headroom", "calibrate", "trace", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    refused = run_headroom("calibrate", "trace", *args, timeout=120, env=env)
     assert refused.returncode == 2, refused.stderr
     assert "config.json: transformers cannot build it" in refused.stderr
     assert "Traceback" not in refused.stderr

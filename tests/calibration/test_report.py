@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from headroom_process import run_headroom
 
 import planner
 from api.schemas import Measured
@@ -47,13 +46,7 @@ def test_report_counts_false_fits_and_draws(
         )
     png = tmp_path / "report.png"
     args = ["calibrate", "report", "--png", str(png), "--format", "json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "headroom", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ),
-    )
+    proc = run_headroom(*args, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     from calibration.report import COMMITTED

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from headroom_process import run_headroom
 
 import planner
 from calibration.trace import (
@@ -100,13 +99,7 @@ def test_calibrate_trace_json_contract_and_record(tmp_path: Path) -> None:
     args = ["tiny-dense", "--set", "seq_len=32", "--set", "precision.master=none"]
     args += ["--set", "precision.grads=bf16", "--set", "precision.optimizer_states=bf16"]
     args += ["--record", "--format", "json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "headroom", "calibrate", "trace", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    proc = run_headroom("calibrate", "trace", *args, env=env)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     for key in ("predicted", "measured", "error", "predicted_peak_bytes", "measured_peak_bytes"):
@@ -119,13 +112,7 @@ def test_calibrate_trace_json_contract_and_record(tmp_path: Path) -> None:
     with engine.connect() as c:
         row = c.execute(text("select source, measured_peak_bytes from calibrations")).one()
     assert row == ("trace", out["measured_peak_bytes"])
-    refused = subprocess.run(
-        [sys.executable, "-m", "headroom", "calibrate", "trace", "tiny-dense"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    refused = run_headroom("calibrate", "trace", "tiny-dense", timeout=120, env=env)
     assert refused.returncode == 2 and refused.stderr.startswith("error: precision:")
 
 

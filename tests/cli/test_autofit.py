@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from headroom_process import run_headroom
 from sqlalchemy import select
 
 import planner
@@ -109,21 +108,13 @@ def test_fit_probe_json_contract(tmp_path: Path, store_url: str) -> None:
     train = tmp_path / "train.json"
     train.write_text(json.dumps(TRAIN))
     args = ["tiny-dense", "--train", str(train), "--gpu", str(gpu), "--probe"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "headroom",
-            "fit",
-            *args,
-            "--probe-device",
-            "cpu",
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = run_headroom(
+        "fit",
+        *args,
+        "--probe-device",
+        "cpu",
+        "--format",
+        "json",
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode in (0, 1), proc.stderr
@@ -141,11 +132,6 @@ def test_fit_probe_json_contract(tmp_path: Path, store_url: str) -> None:
 
 
 def test_fit_probe_refuses_a_model_the_runtime_cannot_build(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "headroom", "fit", "deepseek-v3", "--probe", "--no-record"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_headroom("fit", "deepseek-v3", "--probe", "--no-record", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
+from headroom_process import run_headroom
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "docs" / "examples" / "github-actions-gate.yml"
@@ -23,13 +23,7 @@ def headroom_steps() -> list[list[str]]:
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     assert argv[0] == "headroom"
-    return subprocess.run(
-        [sys.executable, "-m", "headroom", *argv[1:]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_headroom(*argv[1:], timeout=120, cwd=cwd)
 
 
 def test_the_example_workflow_gates_its_spec(tmp_path: Path) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from headroom_process import run_headroom
 
 import planner
 
@@ -15,9 +15,7 @@ HF = Path(planner.__file__).parent / "data" / "hf"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headroom", *args], capture_output=True, text=True, timeout=120
-    )
+    return run_headroom(*args, timeout=120)
 
 
 def test_estimate_json_contract(tmp_path: Path) -> None:

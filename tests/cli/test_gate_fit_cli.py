@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
+
+from headroom_process import run_headroom
 
 import planner
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headroom", *args], capture_output=True, text=True, timeout=120
-    )
+    return run_headroom(*args, timeout=120)
 
 
 def test_gate_fits_exits_0_with_the_verdict() -> None:

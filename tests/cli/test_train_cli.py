@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from headroom_process import run_headroom
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headroom", "train", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
+    return run_headroom("train", *args, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
 
 
 def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:

@@ -5,11 +5,10 @@ refuses, naming the field, what it does not keep."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
+from headroom_process import run_headroom
 
 import planner
 from runtime.adam import AdamWConfig, adamw_step
@@ -173,21 +172,14 @@ def test_what_the_trainer_does_not_keep_is_refused(
         runtime_precision(train, "bf16")
     assert err.value.field == "precision.master"
     sets = [f"precision.{k}={v}" for k, v in precision.items()] + [f"offload.mode={offload}"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "headroom",
-            "train",
-            "tiny-dense",
-            "--steps",
-            "1",
-            "--dtype",
-            "bfloat16",
-            *(a for kv in sets for a in ("--set", kv)),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_headroom(
+        "train",
+        "tiny-dense",
+        "--steps",
+        "1",
+        "--dtype",
+        "bfloat16",
+        *(a for kv in sets for a in ("--set", kv)),
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
