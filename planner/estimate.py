@@ -719,38 +719,10 @@ def _peak(
 
 def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     """Allocated bytes per GPU bucket (first nine, DESIGN order) in each phase (PHASES order)."""
-    (
-        _,
-        _,
-        m,
-        _,
-        _,
-        _,
-        _,
-        _,
-        params,
-        grads_total,
-        grads_start,
-        g_dense,
-        g_moe,
-        own_dense,
-        own_moe,
-        mlp_dense,
-        mlp_moe,
-        grads_tail,
-        master,
-        opt,
-        opt_temp,
-        ema,
-        transfer,
-        saved,
-        disp,
-        points,
-        temporaries,
-        logits_f,
-        logits_b,
-        _,
-    ) = t
+    params, grads_total, master, ema = t.params, t.grads_total, t.master_params, t.ema
+    opt, transfer = t.optimizer_states, t.transfer_buffers
+    m, saved, disp = t.in_flight, t.activations_saved, t.dispatch_saved
+    logits_f, logits_b = t.logits_forward, t.logits_backward
     acts_all = m * saved
     disp_all = m * disp
     streaming = kn.offload == "streaming"
@@ -761,17 +733,17 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     fwd_transfer = transfer if accumulating or not streaming else 0
 
     extra = (
-        _layer_extra((own_dense, mlp_dense), temporaries[0]),
-        _layer_extra((own_moe, mlp_moe), temporaries[1]),
+        _layer_extra((t.own_grads_dense, t.mlp_grads_dense), t.layer_temporaries[0]),
+        _layer_extra((t.own_grads_moe, t.mlp_grads_moe), t.layer_temporaries[1]),
     )
 
     def backward(o: int) -> tuple[int, ...]:
-        best = (params, grads_tail, master, o, ema, 0, 0, 0, transfer)
-        for dense, moe, held, dispatch, is_moe in points:
+        best = (params, t.grads_tail, master, o, ema, 0, 0, 0, transfer)
+        for dense, moe, held, dispatch, is_moe in t.backward_points:
             own, temporary, _ = extra[is_moe]
             row = (
                 params,
-                grads_start + dense * g_dense + moe * g_moe + own,
+                t.grads_start + dense * t.layer_grads_dense + moe * t.layer_grads_moe + own,
                 master,
                 o,
                 ema,
@@ -801,7 +773,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     if streaming:  # the CPU updates each layer as its gradients land
         optimizer = (params, 0, master, 0, ema, 0, 0, 0, transfer)
     else:  # ZeRO-3's gathered units are released once backward is done
-        optimizer = (params, grads_total, master, opt + opt_temp, ema, 0, 0, 0, 0)
+        optimizer = (params, grads_total, master, opt + t.optimizer_temporaries, ema, 0, 0, 0, 0)
     return (
         (
             params,
