@@ -4,6 +4,7 @@ layer's backward, for any mix of dense and MoE layers, block size and byte sizes
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,17 +18,20 @@ Kind = tuple[int, int]  # (dense, MoE)
 Triple = tuple[int, int, int]
 
 
-def _every_layer(
-    flags: tuple[bool, ...],
-    k: int | None,
-    sizes: tuple[int, int, int, int],
-    grads: Kind,
-    own: tuple[Kind, Kind],
-    temporaries: tuple[Triple, Triple],
-) -> int:
+class Case(NamedTuple):
+    flags: tuple[bool, ...]  # the stage's layers, MoE or dense
+    k: int | None  # layers per recomputed block
+    sizes: tuple[int, int, int, int]  # a dense, an MoE layer's saved; dispatch; checkpoint
+    grads: Kind  # a layer's gradients
+    own: tuple[Kind, Kind]  # its MLP's at the MLP's peak and in all, per kind
+    temporaries: tuple[Triple, Triple]  # held throughout, during the MLP's, freed, per kind
+
+
+def _every_layer(case: Case) -> int:
     """The largest total over each layer's backward, walked layer by layer; at layer j's, the
     larger of its MLP's backward (its temporaries and a share of its own gradients) and the end
     of it (all of its MLP's gradients, its saved tensors freed)."""
+    flags, k, sizes, grads, own, temporaries = case
     a_dense, a_moe, dispatch, a_input = sizes
     n = len(flags)
     size = n if k is None else k
@@ -48,10 +52,8 @@ def _every_layer(
 
 _SIZE = st.integers(0, 10**6)
 _KIND = st.tuples(_SIZE, _SIZE)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
+_CASES = st.builds(
+    Case,
     flags=st.lists(st.booleans(), min_size=1, max_size=24).map(tuple)
     | st.tuples(st.integers(0, 4), st.integers(1, 30)).map(
         lambda d: (False,) * d[0] + (True,) * d[1]
@@ -62,21 +64,19 @@ _KIND = st.tuples(_SIZE, _SIZE)
     own=st.tuples(_KIND, _KIND),
     temporaries=st.tuples(*[st.tuples(_SIZE, _SIZE, _SIZE)] * 2),
 )
-def test_the_kept_points_hold_the_largest_layer_backward(
-    flags: tuple[bool, ...],
-    k: int | None,
-    sizes: tuple[int, int, int, int],
-    grads: Kind,
-    own: tuple[Kind, Kind],
-    temporaries: tuple[Triple, Triple],
-) -> None:
-    points = estimate_module._backward_points(flags, k, *sizes)
-    extra = estimate_module._layer_totals(own, temporaries)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_CASES)
+def test_the_kept_points_hold_the_largest_layer_backward(case: Case) -> None:
+    points = estimate_module._backward_points(case.flags, case.k, *case.sizes)
+    extra = estimate_module._layer_totals(case.own, case.temporaries)
     assert extra == tuple(
-        estimate_module._layer_extra(o, t)[2] for o, t in zip(own, temporaries, strict=True)
+        estimate_module._layer_extra(o, t)[2]
+        for o, t in zip(case.own, case.temporaries, strict=True)
     )
-    kept = estimate_module._through_layers(points, 0, grads, extra, 0)
-    assert kept == _every_layer(flags, k, sizes, grads, own, temporaries)
+    kept = estimate_module._through_layers(points, 0, case.grads, extra, 0)
+    assert kept == _every_layer(case)
 
 
 def test_a_uniform_stage_keeps_few_points() -> None:
