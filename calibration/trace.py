@@ -38,9 +38,9 @@ import planner
 from planner.errors import SpecError
 from runtime.adam import torch_adamw
 from runtime.model import DecoderLM, loss_fn
-from runtime.support import check_supported
+from runtime.support import TORCH_DTYPE, check_supported
+from runtime.trainer import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: tracker category → planner bucket ("transient" is compared with TRANSIENT_BUCKETS)
 CATEGORY_BUCKET = {
     "Parameter": "params",
@@ -58,7 +58,8 @@ TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
 def check_traceable(train: planner.TrainSpec) -> torch.dtype:
     """The working dtype of a spec the trace can run (see the module docstring)."""
     p = train.precision
-    if p.master != "none" or not (p.params == p.grads == p.optimizer_states in DTYPES):
+    # the trainer's working precisions (``headroom train --dtype``)
+    if p.master != "none" or not (p.params == p.grads == p.optimizer_states in TORCH_DTYPE):
         raise SpecError(
             "precision: a trace runs torch AdamW on the working parameters; set params, grads "
             "and optimizer_states to one of fp32, bf16 and master to none "
