@@ -140,13 +140,10 @@ def _moe_ffn(model: ModelSpec, prefix: str) -> list[Tensor]:
         )
     tensors += _ffn(model, f"{prefix}.experts", moe.expert_ffn_size, "expert", moe.num_experts)
     if moe.num_shared_experts:
-        tensors += _ffn(
-            model,
-            f"{prefix}.shared_experts",
-            moe.shared_ffn,
-            "shared_expert",
-            moe.num_shared_experts,
-        )
+        # the shared experts are one MLP of their summed width, as DeepSeek builds and stores
+        # them (n_shared_experts x moe_intermediate_size): the same sum, one matmul per projection
+        width = moe.num_shared_experts * moe.shared_ffn
+        tensors += _ffn(model, f"{prefix}.shared_experts", width, "shared_expert")
     if moe.shared_expert_gate:
         tensors.append(Tensor(f"{prefix}.shared_expert_gate.weight", 1, h, 1, "router"))
     return tensors

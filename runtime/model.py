@@ -83,9 +83,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, ffn: int) -> None:
+    def __init__(self, spec: ModelSpec, ffn: int, *, bias: bool | None = None) -> None:
         super().__init__()
-        h, bias = spec.hidden_size, spec.linear_bias or spec.mlp_bias
+        h = spec.hidden_size
+        # Llama's mlp_bias biases the dense MLP; shared experts take only linear_bias
+        bias = spec.linear_bias or spec.mlp_bias if bias is None else bias
         self.swiglu = spec.ffn_kind == "swiglu"
         if self.swiglu:
             self.gate_proj = _linear(h, ffn, bias)
@@ -191,8 +193,12 @@ class MoE(nn.Module):
         self.capacity_factor = capacity_factor
         self.gate = Router(moe.num_experts, h, moe.router_bias)
         self.experts = StackedExperts(spec, moe.expert_ffn_size, moe.num_experts)
+        # the shared experts are one MLP of their summed width (as DeepSeek builds them): the
+        # same sum as separate experts, without a per-expert select whose backward would
+        # allocate a gradient of every expert's shape
+        self.shared_count = moe.num_shared_experts
         self.shared_experts = (
-            StackedExperts(spec, moe.shared_ffn, moe.num_shared_experts)
+            MLP(spec, moe.num_shared_experts * moe.shared_ffn, bias=spec.linear_bias)
             if moe.num_shared_experts
             else None
         )
@@ -217,9 +223,7 @@ class MoE(nn.Module):
             (slot_token,), y.reshape(-1, shape[-1]), accumulate=True
         )
         if self.shared_experts is not None:
-            shared = self.shared_experts.expert(0, tokens)
-            for i in range(1, self.shared_experts.count):
-                shared = shared + self.shared_experts.expert(i, tokens)
+            shared = self.shared_experts(tokens)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
             out = out + shared

@@ -31,9 +31,16 @@ def _loop_forward(moe: MoE, x: torch.Tensor) -> torch.Tensor:
         token_idx, slot = token_idx[:capacity], slot[:capacity]
         y = moe.experts.expert(e, tokens[token_idx]) * weights[token_idx, slot, None]
         out = out.index_add(0, token_idx, y)
-    if moe.shared_experts is not None:
-        for i in range(moe.shared_experts.count):
-            out = out + moe.shared_experts.expert(i, tokens)
+    shared = moe.shared_experts
+    if shared is not None:
+        # each shared expert on its own: its rows of gate/up and its columns of down
+        width = shared.down_proj.in_features // moe.shared_count
+        for i in range(moe.shared_count):
+            rows = slice(i * width, (i + 1) * width)
+            hidden = F.silu(tokens @ shared.gate_proj.weight[rows].T) * (
+                tokens @ shared.up_proj.weight[rows].T
+            )
+            out = out + hidden @ shared.down_proj.weight[:, rows].T
     return out.reshape(x.shape)
 
 
@@ -144,3 +151,29 @@ def test_routed_experts_keep_two_slot_tensors_and_make_gradients_in_place() -> N
     largest = max(p.numel() for p in layer.experts.parameters()) * 4
     # at the peak: the weights, their gradients and token-sized tensors, no second gradient
     assert peak["Total"] < 2 * weights + largest // 2
+
+
+def test_shared_experts_make_their_gradients_in_place() -> None:
+    """Two shared experts run as one MLP of their summed width: their gradients come out in
+    the weights' own tensors. Selecting each expert from a stacked weight would make each
+    select's backward allocate a gradient of the whole stack."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    layer = _moe(1.25, num_experts=2, top_k=1, num_shared_experts=2, expert_ffn_size=8)
+    shared = layer.shared_experts
+    assert shared is not None
+    hidden = layer.gate.weight.shape[1]
+    wide = planner.ModelSpec.model_validate(
+        {**planner.load_model("tiny-moe").model_dump(), "hidden_size": hidden}
+    )
+    layer.shared_experts = shared = type(shared)(wide, 2 * 1024, bias=False)
+    tracker = MemTracker()
+    tracker.track_external(layer)
+    with tracker:
+        layer(torch.randn(1, 4, hidden, requires_grad=True)).pow(2).sum().backward()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    weights = sum(p.numel() for p in layer.parameters()) * 4
+    largest = max(p.numel() for p in shared.parameters()) * 4
+    assert all(p.grad is not None for p in shared.parameters())
+    # the weights, their gradients and token-sized tensors: no gradient of a whole stack
+    assert peak["Total"] < 2 * weights + largest // 2, (peak["Total"], weights, largest)
