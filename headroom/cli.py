@@ -580,6 +580,7 @@ def train(
     import torch
 
     from runtime.cap import DeviceCap
+    from runtime.model import kv_layout
     from runtime.probe import MemoryProbe
     from runtime.trainer import RunConfig, train_model
 
@@ -620,6 +621,7 @@ def train(
             steps=result.steps,
             tokens_per_second=result.tokens_per_second,
             placement=result.placement,
+            attention_kv=kv_layout(spec, torch.device(device.value), cfg.dtype),
         )
     except torch.OutOfMemoryError as exc:
         code = EXIT_OOM

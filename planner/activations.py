@@ -8,7 +8,9 @@ The terms generalise Korthikanti et al. 2022 to GQA, MLA, SwiGLU and MoE. For a 
     · MLP: input 2, GeLU input 8, GeLU output 8, dropout mask 1 · eager scores: softmax 2as²b,
     dropout mask as²b, dropout output 2as²b.
 
-Per-head query/key norms (Qwen3's ``qk_norm``) save ``qk_norm_tensors`` tensors of
+Grouped keys and values (GQA) are saved at ``kv_heads`` width with 16-bit activations, and
+repeated per query head with fp32 ones, which no fused GPU kernel takes grouped. Per-head
+query/key norms (Qwen3's ``qk_norm``) save ``qk_norm_tensors`` tensors of
 ``(heads + kv_heads)·head_dim`` per token (textbook: their input, once). Tensor parallelism
 splits the head- and FFN-width tensors; sequence parallelism also the hidden-width ones.
 Coefficients scale each group per activation profile.
@@ -71,9 +73,12 @@ def layer_activations(
     mla = model.mla
     if mla is None:
         d, kv = model.dim_per_head, model.kv_heads
+        # fp32 attention repeats grouped keys and values per query head: on a GPU nothing
+        # fused takes them grouped at 4 bytes (flash needs 16 bits; memory-efficient has no GQA)
+        kv_saved = heads if e >= 4 else kv
         attn = (
             hidden_tokens * e
-            + tokens * (2 * heads * d + 2 * kv * d) * e // tp
+            + tokens * (2 * heads * d + 2 * kv_saved * d) * e // tp
             + hidden_tokens * mask
         )
     else:

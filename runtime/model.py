@@ -1,8 +1,9 @@
 """The built-in decoder family, built from the planner's ``ModelSpec``.
 
-RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention`` (with
-Qwen3's per-head query/key norms when the spec has them), SwiGLU (or GeLU) MLPs, optional MoE
-layers (top-k softmax router, capacity factor, shared experts, shared expert gate, dense-first
+RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention`` (grouped
+keys and values taken as they are in 16 bits, repeated per query head in fp32), Qwen3's
+per-head query/key norms when the spec has them, SwiGLU (or GeLU) MLPs, optional MoE layers
+(top-k softmax router, capacity factor, shared experts, shared expert gate, dense-first
 layers), tied embeddings. Parameter names and shapes follow the
 planner's inventory (``planner.params.units``), so the parameter count is the planner's and the
 optimizer-offload split by whole tensors in order is the one the planner predicts. Routed
@@ -14,12 +15,15 @@ run any layer's weights through one template with ``torch.func.functional_call``
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from planner.model import ModelSpec
@@ -51,6 +55,49 @@ def _linear(inp: int, out: int, bias: bool) -> nn.Linear:
     return nn.Linear(inp, out, bias=bias)
 
 
+def _flash_only(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """On a GPU, grouped attention must run the flash kernel: SDPA would otherwise fall back,
+    silently, to its math kernel, which materialises every score."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+@functools.cache
+def grouped_attention(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether attention takes the grouped keys and values as they are (``enable_gqa``), saving
+    them at ``kv_heads`` width instead of repeated per query head.
+
+    Only 16-bit attention does, on every device alike, so that the trainer's memory on a CPU
+    trace is its memory on a GPU: there the flash kernel takes grouped keys and values in 16
+    bits, and nothing fused does in fp32 (the memory-efficient kernel has no GQA). On a GPU the
+    flash kernel is tried once per (device, dtype, head_dim) with a tiny forward and backward.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if device.type == "cpu":  # the CPU flash kernel takes grouped keys and values
+        return True
+    if device.type != "cuda":
+        return False
+    try:
+        with torch.enable_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            q = torch.zeros(1, 2, 8, head_dim, dtype=dtype, device=device, requires_grad=True)
+            kv = torch.zeros(1, 1, 8, head_dim, dtype=dtype, device=device, requires_grad=True)
+            out = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+            out.sum().backward()
+    except RuntimeError:
+        return False
+    return True
+
+
+def kv_layout(spec: ModelSpec, device: torch.device, dtype: torch.dtype) -> str:
+    """How attention keeps its keys and values: ``multi-head`` (as many as query heads),
+    ``grouped`` (GQA, at kv width) or ``repeated`` (GQA, repeated per query head)."""
+    if spec.kv_heads == spec.num_heads:
+        return "multi-head"
+    return "grouped" if grouped_attention(device, dtype, spec.dim_per_head) else "repeated"
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -74,11 +121,16 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_heads != self.heads:
+        if self.kv_heads == self.heads:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif grouped_attention(q.device, q.dtype, self.head_dim):
+            with _flash_only(q.device):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
             repeat = self.heads // self.kv_heads
             k = k.repeat_interleave(repeat, dim=1)
             v = v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 

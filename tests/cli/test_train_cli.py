@@ -23,6 +23,7 @@ def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
     assert len(report["losses"]) == report["steps"] == 3
     assert report["tokens_per_second"] > 0
     assert report["placement"]["mode"] == "none"
+    assert report["attention_kv"] == "repeated"  # tiny-moe is GQA; fp32 repeats
     assert report["memory"]["available"] is False and "CUDA" in report["memory"]["reason"]
 
     streamed = run(
@@ -32,6 +33,10 @@ def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
     s = json.loads(streamed.stdout)
     assert s["placement"]["mode"] == "streaming" and s["placement"]["checkpoint_every"] == 2
     assert s["losses"] == pytest.approx(report["losses"], rel=1e-5)
+
+    half = run(*common, "--dtype", "bfloat16")
+    assert half.returncode == 0, half.stderr
+    assert json.loads(half.stdout)["attention_kv"] == "grouped"
 
 
 def test_models_the_trainer_cannot_build_are_refused_with_one_line() -> None:
