@@ -17,6 +17,9 @@ from torch import Tensor
 
 from planner.buckets import STATE_CHUNK  # 16-bit moments: elements per fp32 scratch
 
+#: torch's fused AdamW kernel (CPU and CUDA), used when every state is fp32
+FUSED_ADAMW = hasattr(torch, "_fused_adamw_")
+
 CHUNK = 1 << 20  # elements per pass on the host: a few MiB of fp32, cache-friendly
 DEVICE_CHUNK = 1 << 24  # on the device: fewer, larger launches (chunking allocates nothing)
 
@@ -57,13 +60,14 @@ def adamw_step(
     scratch afterwards. ``ema`` becomes ``d·ema + (1-d)·master``; ``working`` (any dtype)
     receives the updated master.
 
-    All fp32 (the usual case): nothing is allocated; the gradient is scaled in place and the
-    denominator is written over it once the moments have it, so the update holds what the
-    planner's fused kernels hold. Otherwise (16-bit moments, a 16-bit gradient, or no master
-    and 16-bit weights) the arithmetic is the same in fp32, as a fused kernel does it in
-    registers: each moment is computed in fp32, stored rounded once, and the update uses the
-    unrounded values. That takes an fp32 scratch of at most ``STATE_CHUNK`` elements per 16-bit
-    first moment or gradient.
+    All fp32 (the usual case): nothing is allocated; the gradient is scaled in place, as
+    ``clip_grad_norm_`` does, and ``torch.optim.AdamW(fused=True)``'s kernel updates the chunk in
+    one pass (without it, the same arithmetic op by op, the denominator written over the spent
+    gradient), so the update holds what the planner's fused kernels hold. Otherwise (16-bit
+    moments, a 16-bit gradient, or no master and 16-bit weights) the arithmetic is the same in
+    fp32, as a fused kernel does it in registers: each moment is computed in fp32, stored
+    rounded once, and the update uses the unrounded values. That takes an fp32 scratch of at
+    most ``STATE_CHUNK`` elements per 16-bit first moment or gradient.
     """
     bias1 = 1 - cfg.beta1**step
     bias2_sqrt = math.sqrt(1 - cfg.beta2**step)
@@ -80,6 +84,11 @@ def adamw_step(
         return
     mom = None if exp_avg.dtype == fp32 else torch.empty(size, dtype=fp32, device=master.device)
     sq = grad if grad.dtype == fp32 else torch.empty(size, dtype=fp32, device=master.device)
+    fused = mom is None and sq is grad and master.dtype == exp_avg_sq.dtype == fp32 and FUSED_ADAMW
+    if fused:
+        # torch.optim.AdamW(fused=True)'s kernel, one pass per chunk: it reads the step count
+        # from a tensor on the state's device (a fill, no host round trip)
+        steps = [torch.full((), float(step), dtype=fp32, device=master.device)]
     with torch.no_grad():
         for start in range(0, n, size):
             end = min(n, start + size)
@@ -87,6 +96,14 @@ def adamw_step(
             g = sq[start:end] if sq is grad else sq[: end - start].copy_(grad[start:end])
             if grad_scale != 1.0:
                 g.mul_(grad_scale)  # as clip_grad_norm_ scales: in place, the gradient is spent
+            if fused:
+                torch._fused_adamw_(
+                    [p], [g], [m], [v], [], steps,
+                    lr=cfg.lr, beta1=cfg.beta1, beta2=cfg.beta2, weight_decay=cfg.weight_decay,
+                    eps=cfg.eps, amsgrad=False, maximize=False,
+                )  # fmt: skip
+                _ema_and_working(cfg, p, start, end, ema, working)
+                continue
             p.mul_(1 - cfg.lr * cfg.weight_decay)
             if mom is None:
                 m_new = m.lerp_(g, 1 - cfg.beta1)
@@ -102,10 +119,17 @@ def adamw_step(
                 denom = g.sqrt_()
             denom.div_(bias2_sqrt).add_(cfg.eps)
             p.addcdiv_(m_new, denom, value=-step_size)
-            if ema is not None:
-                ema[start:end].lerp_(p if p.dtype == ema.dtype else p.float(), 1 - cfg.ema_decay)
-            if working is not None:
-                working[start:end].copy_(p)
+            _ema_and_working(cfg, p, start, end, ema, working)
+
+
+def _ema_and_working(
+    cfg: AdamWConfig, p: Tensor, start: int, end: int, ema: Tensor | None, working: Tensor | None
+) -> None:
+    """Fold the updated chunk ``p`` into the EMA and the working copy while it is in cache."""
+    if ema is not None:
+        ema[start:end].lerp_(p if p.dtype == ema.dtype else p.float(), 1 - cfg.ema_decay)
+    if working is not None:
+        working[start:end].copy_(p)
 
 
 def grad_norm_sq(grads: list[Tensor]) -> float:

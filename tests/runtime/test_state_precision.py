@@ -184,3 +184,36 @@ def test_what_the_trainer_does_not_keep_is_refused(
     )
     assert proc.returncode == 2, proc.stderr
     assert "precision.master" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fp32_adamw_is_torchs_to_the_bit(monkeypatch: pytest.MonkeyPatch, fused: bool) -> None:
+    """All-fp32 state runs ``torch.optim.AdamW(fused=True)``'s kernel chunk by chunk (or, where
+    torch has none, the single-tensor path's ops): the chunks, the clipping scale folded into the
+    gradient and the EMA and working copy written alongside change no bit of the update."""
+    import runtime.adam
+
+    monkeypatch.setattr(runtime.adam, "FUSED_ADAMW", fused)
+    monkeypatch.setattr(runtime.adam, "CHUNK", 1000)  # several chunks and a ragged last one
+    torch.manual_seed(0)
+    n, scale = 4321, 0.37
+    p0, grads = torch.randn(n), [torch.randn(n) for _ in range(4)]
+    p, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+    ema, working = p0.clone(), torch.empty(n, dtype=torch.bfloat16)
+    for t, g in enumerate(grads, 1):
+        adamw_step(CFG, t, p, g.clone(), m, v, grad_scale=scale, ema=ema, working=working)
+    ref = torch.nn.Parameter(p0.clone())
+    opt = torch.optim.AdamW(
+        [ref], lr=CFG.lr, betas=(CFG.beta1, CFG.beta2), eps=CFG.eps,
+        weight_decay=CFG.weight_decay, fused=fused, foreach=False if not fused else None,
+    )  # fmt: skip
+    ref_ema = p0.clone()
+    for g in grads:
+        ref.grad = g * scale
+        opt.step()
+        ref_ema.lerp_(ref.detach(), 1 - CFG.ema_decay)
+    assert torch.equal(p, ref.detach())
+    assert torch.equal(m, opt.state[ref]["exp_avg"])
+    assert torch.equal(v, opt.state[ref]["exp_avg_sq"])
+    assert torch.equal(ema, ref_ema)
+    assert torch.equal(working, p.to(torch.bfloat16))
