@@ -51,6 +51,7 @@ BACKWARD = (
     "backward_hidden_tensors",
     "recompute_hidden_tensors",
     "backward_slot_tensors",
+    "backward_output_slot_tensors",
     "backward_mlp_grads",
 )
 #: the widths the backward terms are fitted at: in narrower layers every tensor's gradient

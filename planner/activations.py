@@ -126,6 +126,9 @@ def layer_activations(
         routed_tensor = slots * moe.expert_ffn_size * e // tp
         back_ffn_moe = int(back * max(routed_tensor, shared_width * e // tp))
         back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
+        # as the backward starts on the experts' outputs: hidden-width tensors only
+        output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
+        back_ffn_moe = max(back_ffn_moe, output_side)
         back_moe = back_ffn_moe + int(back_hidden)
     return LayerActivations(
         dense=dense,

@@ -65,6 +65,14 @@ class Coefficients(BaseModel):
         description="Hidden-width tensors per routed slot an MoE layer's backward holds beyond "
         "its saved ones (the gradients of the dispatched tokens and the experts' outputs).",
     )
+    backward_output_slot_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per routed slot an MoE layer's backward holds as it "
+        "starts on the experts' outputs (their gradient, the routing weights' product), with "
+        "none of its FFN-width temporaries yet: the layer's temporaries are the larger of this "
+        "and the FFN-side ones.",
+    )
     backward_mlp_grads: float = Field(
         default=0.0,
         ge=0,

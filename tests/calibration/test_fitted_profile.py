@@ -92,6 +92,9 @@ def test_held_out_layer_backward_peaks_are_predicted_within_five_percent(profile
     held_out = [r for r in data["records"] if r["held_out"]]
     errors = _layer_backward_errors(held_out, coeffs)
     assert len(errors) >= 8 and max(abs(e) for e in errors.values()) <= 0.05, errors
+    # under-predictions (a false fit where a layer's backward is the peak) stay small: many
+    # narrow experts peak on their outputs' side, before any FFN-width gradient exists
+    assert min(errors.values()) >= -0.025, errors
     assert 0 < coeffs.backward_mlp_grads <= 1
     names = {r["model"]["name"] for r in held_out}
     assert {"mixtral-8x7b", "qwen3-30b-a3b"} <= names
