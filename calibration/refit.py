@@ -7,8 +7,10 @@ records of that profile (``headroom calibrate trace --record``). They give a gen
 (device None): a trace measures allocated bytes, which do not depend on the GPU.
 
 GPU records that carry reserved bytes (runtime runs and probes) add, per GPU, the allocator's
-overhead: the median of (reserved - allocated) / allocated over that GPU's records. A GPU with
-such records gets its own set: the generic activation terms with its fitted overhead.
+overhead: the median of (reserved - allocated) / allocated over that GPU's records; those that
+carry a ``cuda_context`` bucket (what the device used beyond the allocator's reservation) add
+its context: the largest measured, since every run pays it whole. A GPU with such records gets
+its own set: the generic activation terms with its fitted overhead and context.
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ def allocator_overheads(rows: list[Any]) -> dict[str, tuple[float, int]]:
     return {gpu: (statistics.median(r), len(r)) for gpu, r in sorted(ratios.items())}
 
 
+def contexts(rows: list[Any]) -> dict[str, tuple[int, int]]:
+    """GPU name → (largest measured ``cuda_context`` bytes, records) over GPU records."""
+    sizes: dict[str, list[int]] = {}
+    for row in rows:
+        context = ((row.measured or {}).get("buckets") or {}).get("cuda_context")
+        if row.source == "trace" or not context:
+            continue
+        sizes.setdefault(row.gpu_name, []).append(int(context))
+    return {gpu: (max(c), len(c)) for gpu, c in sorted(sizes.items())}
+
+
 def _errors(records: list[dict[str, Any]], coeffs: planner.Coefficients) -> dict[str, float]:
     errors = [abs(e) for e in peak_errors(records, coeffs)]
     return {"max": max(errors), "median": statistics.median(errors)}
@@ -91,16 +104,22 @@ def refit(
         "calibrations": [r["uid"] for r in stored],
     }
     sets = [(generic, fitted_from)]
-    overheads = allocator_overheads(rows)
-    for gpu, (fraction, n) in overheads.items():
-        device_set = generic.model_copy(
-            update={
-                "device": gpu,
-                "allocator_overhead_fraction": min(fraction, 0.99),
-                "source": f"{source}; allocator overhead from {n} {gpu} record(s)",
-            }
-        )
-        sets.append((device_set, {**fitted_from, "allocator_records": n}))
+    overheads, context = allocator_overheads(rows), contexts(rows)
+    for gpu in sorted(overheads.keys() | context.keys()):
+        update: dict[str, Any] = {"device": gpu}
+        notes, counts = [], {}
+        if gpu in overheads:
+            fraction, n = overheads[gpu]
+            update["allocator_overhead_fraction"] = min(fraction, 0.99)
+            notes.append(f"allocator overhead from {n} {gpu} record(s)")
+            counts["allocator_records"] = n
+        if gpu in context:
+            size, n = context[gpu]
+            update["cuda_context_bytes"] = size
+            notes.append(f"CUDA context from {n} {gpu} record(s)")
+            counts["context_records"] = n
+        update["source"] = "; ".join([source, *notes])
+        sets.append((generic.model_copy(update=update), {**fitted_from, **counts}))
     previous = planner.default_coefficients(profile)
     summary = {
         "profile": profile,
@@ -111,5 +130,6 @@ def refit(
         "allocator_overhead": {
             gpu: {"fraction": f, "records": n} for gpu, (f, n) in overheads.items()
         },
+        "cuda_context": {gpu: {"bytes": b, "records": n} for gpu, (b, n) in context.items()},
     }
     return sets, summary

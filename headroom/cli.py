@@ -931,6 +931,17 @@ def calibrate_fit(
             console.print(
                 "  " + ", ".join(f"{k}={v:.4g}" for k, v in r["values"].items()), highlight=False
             )
+            for gpu in sorted(r["allocator_overhead"].keys() | r["cuda_context"].keys()):
+                parts = []
+                if gpu in r["allocator_overhead"]:
+                    a = r["allocator_overhead"][gpu]
+                    parts.append(f"allocator overhead {a['fraction']:.2%} ({a['records']} runs)")
+                if gpu in r["cuda_context"]:
+                    c = r["cuda_context"][gpu]
+                    parts.append(
+                        f"CUDA context {planner.format_bytes(c['bytes'])} ({c['records']} runs)"
+                    )
+                console.print(f"  {gpu}: " + ", ".join(parts), highlight=False)
         for s in skipped:
             console.print(f"[yellow]{s['profile']}[/]: skipped: {s['reason']}")
     if not results:

@@ -56,6 +56,7 @@ def probe_recorder(
         uid = f"{source}-{uuid.uuid4().hex}"
         reserved = outcome.reserved_peak_bytes
         transient = outcome.attribution.get("forward_transient_bytes")
+        context = outcome.attribution.get("context_bytes")
         measured = Measured(
             allocated_bytes=outcome.measured_peak_bytes,
             reserved_bytes=reserved
@@ -63,6 +64,9 @@ def probe_recorder(
             else None,
             phase=outcome.peak_phase,
             forward_transient_bytes=transient if transient is not None and transient >= 0 else None,
+            # what the device used beyond the allocator's reservation: CUDA context, cuBLAS
+            # and NCCL workspaces outside the allocator
+            buckets={"cuda_context": context} if context else None,
         )
         note = (
             "out of memory: the measured bytes are a lower bound"

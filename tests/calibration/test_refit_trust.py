@@ -128,8 +128,9 @@ def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
     from api.store import add_calibration
     from headroom.records import open_store
 
+    before = cli("estimate", "tiny-dense", "--gpu", "H200-141GB", *RUNTIME_BF16, "--format", "json")
     with open_store()() as session:
-        for allocated, reserved in [(100, 110), (200, 230), (400, 420)]:
+        for allocated, reserved, context in [(100, 110, 500), (200, 230, 530), (400, 420, None)]:
             body = CalibrationIn.model_validate(
                 {
                     "model": "tiny-dense",
@@ -139,6 +140,7 @@ def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
                     "measured": {
                         "allocated_bytes": allocated * 2**20,
                         "reserved_bytes": reserved * 2**20,
+                        "buckets": None if context is None else {"cuda_context": context * 2**20},
                     },
                 }
             )
@@ -148,6 +150,10 @@ def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
     (fitted,) = json.loads(result.stdout)["fitted"]
     assert [s["device"] for s in fitted["stored"]] == [None, "H200-141GB"]
     assert fitted["allocator_overhead"]["H200-141GB"] == {"fraction": 0.1, "records": 3}
+    # the largest context measured: every run pays it whole
+    assert fitted["cuda_context"]["H200-141GB"] == {"bytes": 530 * 2**20, "records": 2}
+    text = cli("calibrate", "fit", "--profile", "runtime")
+    assert "H200-141GB: allocator overhead 10.00% (3 runs), CUDA context 530" in text.stdout
     result = cli(
         "estimate",
         "tiny-dense",
@@ -160,6 +166,9 @@ def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
     )
     used = json.loads(result.stdout)["coefficients"]
     assert used["device"] == "H200-141GB" and used["recent_records"] == 3
+    # the fitted context replaces the GPU preset's (1 GiB) in the estimate
+    assert json.loads(result.stdout)["gpu"]["buckets"]["cuda_context"] == 530 * 2**20
+    assert json.loads(before.stdout)["gpu"]["buckets"]["cuda_context"] == 2**30
 
 
 def test_calibrate_fit_refuses_what_it_cannot_fit(cli: Any) -> None:

@@ -135,3 +135,34 @@ def test_fit_probe_refuses_a_model_the_runtime_cannot_build(tmp_path: Path) -> N
     proc = run_headroom("fit", "deepseek-v3", "--probe", "--no-record", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")
+
+
+def test_a_cuda_probe_records_its_context_for_calibrate_fit(store_url: str) -> None:
+    """A GPU run's attribution (reserved bytes, what the device used beyond them) becomes the
+    record's reserved bytes and ``cuda_context`` bucket, which ``calibrate fit`` reads."""
+    from calibration.refit import allocator_overheads, contexts
+    from headroom.autofit import ProbeOutcome
+
+    hw = planner.load_hardware("H200-141GB")
+    spec = planner.load_model("tiny-dense")
+    train = planner.load_train(TRAIN)
+    outcome = ProbeOutcome(
+        exit_code=0,
+        ok=True,
+        oom=False,
+        seconds=1.0,
+        measured_peak_bytes=400 << 20,
+        peak_phase="backward",
+        reserved_peak_bytes=440 << 20,
+        attribution={"forward_transient_bytes": 100 << 20, "context_bytes": 610 << 20},
+    )
+    sessions = open_store()
+    uid = probe_recorder(sessions, spec, hw, "runtime")(
+        train, planner.estimate(spec, train, hw), outcome
+    )
+    with sessions() as session:
+        rows = list(session.scalars(select(Calibration)))
+    assert [r.uid for r in rows] == [uid]
+    assert rows[0].measured["buckets"] == {"cuda_context": 610 << 20}
+    assert contexts(rows) == {hw.name: (610 << 20, 1)}
+    assert allocator_overheads(rows) == {hw.name: (0.1, 1)}
