@@ -169,6 +169,41 @@ HF_SHAPES: list[tuple[str, int, int, int, int, int, int, bool, dict[str, Any] | 
         False,
     ),
 ]
+#: hf design, DeepSeek-V3's multi-head latent attention (config.json keys; one routing group):
+#: (config, held out). Its values are narrower than its queries and keys, which a GPU runs in
+#: the memory-efficient kernel (the trace does the same, calibration.trace)
+_MLA = {"model_type": "deepseek_v3", "hidden_act": "silu", "qk_nope_head_dim": 64}
+HF_MLA_SHAPES: list[tuple[dict[str, Any], bool]] = [
+    (
+        {
+            **_MLA, "hidden_size": 1024, "num_attention_heads": 8, "q_lora_rank": 384,
+            "kv_lora_rank": 256, "qk_rope_head_dim": 32, "v_head_dim": 64,
+            "intermediate_size": 2816, "vocab_size": 16000, "num_hidden_layers": 3,
+            "first_k_dense_replace": 1, "n_routed_experts": 16, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 512, "n_shared_experts": 1, "topk_method": "noaux_tc",
+        },
+        False,
+    ),
+    (  # no query compression (DeepSeek-V2-Lite's), dense
+        {
+            **_MLA, "hidden_size": 768, "num_attention_heads": 12, "q_lora_rank": None,
+            "kv_lora_rank": 256, "qk_rope_head_dim": 32, "v_head_dim": 64,
+            "intermediate_size": 2048, "vocab_size": 11000, "num_hidden_layers": 2,
+            "first_k_dense_replace": 2, "n_routed_experts": 0,
+        },
+        False,
+    ),
+    (
+        {
+            **_MLA, "hidden_size": 896, "num_attention_heads": 14, "q_lora_rank": 448,
+            "kv_lora_rank": 192, "qk_rope_head_dim": 32, "v_head_dim": 64,
+            "intermediate_size": 2432, "vocab_size": 18000, "num_hidden_layers": 3,
+            "first_k_dense_replace": 1, "n_routed_experts": 32, "num_experts_per_tok": 6,
+            "moe_intermediate_size": 256, "n_shared_experts": 2, "topk_method": "noaux_tc",
+        },
+        True,
+    ),
+]  # fmt: skip
 HF_BATCHES = [(1, 512), (2, 1024), (4, 256)]
 #: full-width published models cut to two layers, held out
 HF_PRESETS = [
@@ -178,6 +213,8 @@ HF_PRESETS = [
     ("qwen3-8b", 2, 1024),
     ("qwen3-30b-a3b", 1, 2048),
 ]
+#: DeepSeek-V3 at full width, cut to its three dense layers and one MoE layer, held out
+HF_DEEPSEEK = ("deepseek-v3", 4, [(1, 1024, "none"), (1, 2048, "full")])
 
 
 def _train(mb: int, seq: int, profile: str, recompute: Any = "none") -> planner.TrainSpec:
@@ -234,9 +271,22 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         for i, shape in enumerate(HF_SHAPES):
             model = _hf_spec(shape, i)
             out += [(model, _train(mb, seq, "hf"), shape[-1]) for mb, seq in HF_BATCHES]
+        for i, (config, held_out) in enumerate(HF_MLA_SHAPES):
+            name = f"hf-trace-mla-{i}"
+            model = from_hf_config({**config, "_name_or_path": name}).model_copy(
+                update={"source": "calibration design (calibration/collect.py)"}
+            )
+            out += [(model, _train(mb, seq, "hf"), held_out) for mb, seq in HF_BATCHES]
+            # full recompute: transformers keeps each layer's input only
+            out.append((model, _train(2, 1024, "hf", "full"), held_out))
         for name, mb, seq in HF_PRESETS:
             model = planner.load_model(name).model_copy(update={"num_layers": 2})
             out.append((model, _train(mb, seq, "hf"), True))
+        name, layers, runs = HF_DEEPSEEK
+        model = planner.load_model(name).model_copy(
+            update={"num_layers": layers, "num_mtp_layers": 0}
+        )
+        out += [(model, _train(mb, seq, "hf", recompute), True) for mb, seq, recompute in runs]
         return out
     out = []
     shapes = [(shape, BATCHES, False) for shape in SHAPES]

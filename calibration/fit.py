@@ -297,8 +297,8 @@ DATA = Path(__file__).resolve().parent / "data"
 SHIPPED = Path(planner.__file__).resolve().parent / "data" / "coefficients.json"
 ABOUT = {
     "runtime": "Headroom's trainer",
-    "hf": "transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe; SDPA, "
-    "grouped_mm experts)",
+    "hf": "transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, "
+    "deepseek_v3; SDPA as on a GPU, grouped_mm experts)",
 }
 
 

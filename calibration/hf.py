@@ -3,7 +3,8 @@
 ``transformers`` is an optional extra (``pip install headroom[hf]``). A model is built from a
 ``config.json``-style dict with random weights (nothing is downloaded): either the dict a user
 gives, or the one :func:`config_for` writes for a ModelSpec (llama, qwen2 or, with query/key
-norms, qwen3 for dense models; mixtral, qwen2_moe or qwen3_moe for MoE models). Either way the
+norms, qwen3 for dense models; mixtral, qwen2_moe or qwen3_moe for MoE models; deepseek_v3 for
+multi-head latent attention). Either way the
 planner estimates the spec ``planner.hf.from_hf_config`` reads from that same dict, so
 prediction and trace describe one model.
 
@@ -15,7 +16,8 @@ the routing, so MoE models trace under fake tensors too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import planner
@@ -23,9 +25,36 @@ from planner.errors import SpecError
 from planner.hf import from_hf_config
 
 #: the architectures a spec is mapped to
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 #: config keys every built model gets (a training run's settings, not the architecture's)
 TRAINING_KEYS: dict[str, Any] = {"use_cache": False, "attention_dropout": 0.0}
+
+
+@contextlib.contextmanager
+def causal_masks_as_in_a_real_run() -> Iterator[None]:
+    """transformers' causal masks under fake tensors as on real ones.
+
+    With real tensors, one sequence per row and no padding, transformers passes SDPA no mask
+    and ``is_causal=True`` (so SDPA takes grouped keys and values and runs a fused kernel): it
+    reads the position ids, finds no packed sequences and skips the mask. Under fake tensors it
+    cannot read them, assumes packing, keeps an explicit causal mask and repeats grouped keys
+    and values per query head: memory a real run does not hold. A trace's position ids are
+    ``0 .. seq_len - 1`` in every row (it passes none), so for its duration the packed-sequence
+    detection answers what it answers on real tensors: none."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover - no transformers, nothing to adjust
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:  # a transformers without packed-sequence detection
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
 
 
 def require_transformers() -> Any:
@@ -50,8 +79,6 @@ def _refuse(field: str, why: str) -> SpecError:
 
 def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
     """A ``config.json`` dict of the transformers architecture that has ``spec``'s shape."""
-    if spec.mla is not None:
-        raise _refuse("mla", "multi-head latent attention is not one of them")
     if spec.ffn_kind != "swiglu":
         raise _refuse("ffn_kind", "their MLPs are SwiGLU (allowed: swiglu)")
     if spec.norm != "rmsnorm":
@@ -74,6 +101,8 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         "_name_or_path": spec.name,
     }
     moe = spec.moe
+    if spec.mla is not None:
+        return _deepseek_v3(spec, config)
     # llama's and qwen3's attention_bias: Q, K, V and the output projection; qwen2's: Q, K, V
     qwen2 = spec.qkv_bias and not spec.attention_out_bias and not spec.mlp_bias
     if moe is None:
@@ -118,6 +147,42 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
     return _checked(spec, config)
 
 
+def _deepseek_v3(spec: planner.ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's ``config.json`` for a spec with multi-head latent attention: routing over
+    one group (the planner does not model group-limited routing; it changes no shape), and
+    every layer dense when the spec has no MoE."""
+    mla, moe = spec.mla, spec.moe
+    assert mla is not None
+    config.update(
+        model_type="deepseek_v3",
+        q_lora_rank=mla.q_lora_rank,
+        kv_lora_rank=mla.kv_lora_rank,
+        qk_nope_head_dim=mla.qk_nope_head_dim,
+        qk_rope_head_dim=mla.qk_rope_head_dim,
+        v_head_dim=mla.v_head_dim,
+        attention_bias=False,
+        num_nextn_predict_layers=0,
+    )
+    del config["head_dim"]
+    if moe is None:
+        config.update(first_k_dense_replace=spec.num_layers, n_routed_experts=0)
+        return _checked(spec, config)
+    config.update(
+        n_routed_experts=moe.num_experts,
+        num_experts_per_tok=moe.top_k,
+        moe_intermediate_size=moe.expert_ffn_size,
+        n_shared_experts=moe.num_shared_experts,
+        first_k_dense_replace=moe.dense_first_layers,
+        moe_layer_freq=moe.layer_freq,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        # the planner reads a router bias from noaux_tc; transformers keeps one either way
+        topk_method="noaux_tc" if moe.router_bias else "greedy",
+    )
+    return _checked(spec, config)
+
+
 #: fields that describe a spec, not its shape
 _NOT_SHAPE = ("name", "source")
 
@@ -129,6 +194,8 @@ def _checked(spec: planner.ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
     got = from_hf_config(config).model_dump(exclude=set(_NOT_SHAPE))
     if want.get("head_dim") is None:
         got["head_dim"] = None  # the default width, written out
+    if want.get("num_kv_heads") is None and got["num_kv_heads"] == want["num_heads"]:
+        got["num_kv_heads"] = None  # as many as the query heads, written out
     w_moe, g_moe = want["moe"], got["moe"]
     if (
         w_moe

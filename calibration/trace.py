@@ -26,11 +26,13 @@ master copy. Other specs are refused, naming ``precision``.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
@@ -96,6 +98,44 @@ def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
 IMPLS = ("runtime", "hf")
 
 
+@contextlib.contextmanager
+def gpu_attention_kernels() -> Iterator[None]:
+    """Scaled-dot-product attention with a GPU's kernel choice where a CPU's differs.
+
+    A GPU runs attention whose values are narrower than its queries and keys (DeepSeek's
+    multi-head latent attention: 192 against 128) in the memory-efficient kernel, which keeps
+    the output and its log-sum-exp; the CPU has no such kernel and falls back to the math
+    one, which keeps every score. Under fake tensors the memory-efficient kernel's own
+    operator runs on CPU tensors (its shapes are all the trace needs), so for those calls the
+    trace holds what the GPU would: everything else goes to SDPA unchanged."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        if query.shape[-1] != value.shape[-1] and attn_mask is None and key.shape == query.shape:
+            out: tuple[torch.Tensor, ...] = torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, None, True, dropout_p, is_causal, scale=scale
+            )
+            return out[0]
+        return original(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 def _build(
     impl: str, model: planner.ModelSpec, train: planner.TrainSpec, config: dict[str, Any] | None
 ) -> tuple[Any, Callable[[Any, torch.Tensor], torch.Tensor]]:
@@ -144,7 +184,13 @@ def trace(
     start = time.perf_counter()
     phases: list[dict[str, Any]] = []
     previous = torch.get_default_dtype()
-    with FakeTensorMode():  # both implementations' shapes are independent of the values
+    masks: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if impl == "hf":
+        from calibration.hf import causal_masks_as_in_a_real_run
+
+        masks = causal_masks_as_in_a_real_run()
+    # both implementations' shapes are independent of the values
+    with FakeTensorMode(), gpu_attention_kernels(), masks:
         torch.set_default_dtype(dtype)
         try:
             net, batch_loss = _build(impl, model, train, config)

@@ -126,8 +126,11 @@ def layer_activations(
         routed_tensor = slots * moe.expert_ffn_size * e // tp
         back_ffn_moe = int(back * max(routed_tensor, shared_width * e // tp))
         back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
-        # as the backward starts on the experts' outputs: hidden-width tensors only
+        # as the backward starts on the experts' outputs: hidden-width tensors only, and
+        # with fp32 routing weights the gradients of the fp32 products, two fp32 tensors
         output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
+        if moe.routing_weights_fp32:
+            output_side += 2 * slots * h * 4 // whole
         back_ffn_moe = max(back_ffn_moe, output_side)
         back_moe = back_ffn_moe + int(back_hidden)
     return LayerActivations(

@@ -180,6 +180,8 @@ def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
             dense_first_layers=_int(config, "first_k_dense_replace", 0),
             layer_freq=_int(config, "moe_layer_freq", 1),
             router_bias=_get(config, "topk_method") == "noaux_tc",
+            # the gate's scores are fp32 and scale the experts' outputs as they are
+            routing_weights_fp32=True,
         )
     spec["num_mtp_layers"] = _int(config, "num_nextn_predict_layers", 0)
     return spec

@@ -66,6 +66,11 @@ class MoESpec(_Frozen):
     router_bias: bool = Field(
         default=False, description="A per-expert routing bias (DeepSeek-V3 aux-loss-free)."
     )
+    routing_weights_fp32: bool = Field(
+        default=False,
+        description="The experts' outputs are scaled by fp32 routing weights before they are "
+        "cast back (DeepSeek-V2/V3): the products and their gradients are fp32, slot-wide.",
+    )
     capacity_factor: float | None = Field(
         default=None,
         gt=0,

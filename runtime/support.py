@@ -23,6 +23,12 @@ def check_supported(spec: ModelSpec) -> None:
         )
     if spec.dropout:
         raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
+    if spec.moe is not None and spec.moe.routing_weights_fp32:
+        raise SpecError(
+            "model.moe.routing_weights_fp32: the bundled trainer scales the experts' outputs "
+            "by routing weights in the working precision (allowed: false)",
+            field="model.moe.routing_weights_fp32",
+        )
 
 
 def working_precision(train: TrainSpec) -> Working:

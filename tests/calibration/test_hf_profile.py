@@ -20,7 +20,7 @@ from calibration.trace import compare_trace, steady_forward_transient, trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
-FAMILIES = {"llama", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
+FAMILIES = {"llama", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3"}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,100 @@ def test_built_models_have_the_planners_parameter_count(name: str) -> None:
     assert sum(p.numel() for p in net.parameters()) == planner.count_params(spec).total
 
 
+def test_deepseek_v3_is_built_with_the_planners_tensors() -> None:
+    """Its three dense layers and one MoE layer, without the MTP module transformers does not
+    build. The aux-loss-free routing bias, which a rule updates, is a buffer there; the planner
+    counts it with the parameters (its gradient and moments: 256 elements per MoE layer)."""
+    spec = planner.load_model("deepseek-v3").model_copy(
+        update={"num_layers": 4, "num_mtp_layers": 0}
+    )
+    with torch.device("meta"):
+        net = hf.build(hf.config_for(spec))
+    biases = {k: b.numel() for k, b in net.named_buffers() if "e_score_correction_bias" in k}
+    assert biases == {"model.layers.3.mlp.gate.e_score_correction_bias": 256}
+    params = sum(p.numel() for p in net.parameters())
+    assert params + 256 == planner.count_params(spec).total == 15_111_101_696
+    # read back from the config it is built from: the same spec
+    assert hf.spec_of(hf.config_for(spec)).model_dump(exclude={"name", "source"}) == (
+        spec.model_dump(exclude={"name", "source"})
+    )
+
+
+def _sdpa_calls(impl: str, model: planner.ModelSpec, train: planner.TrainSpec) -> list[tuple]:
+    """(mask, is_causal, grouped, value narrower than query) of every call transformers made to
+    SDPA in a trace (the GPU kernel choice, ``gpu_attention_kernels``, left out)."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    import calibration.trace
+
+    calls: list[tuple] = []
+    original = F.scaled_dot_product_attention
+    kernels = calibration.trace.gpu_attention_kernels
+    calibration.trace.gpu_attention_kernels = contextlib.nullcontext  # type: ignore[assignment]
+
+    def spy(q: Any, k: Any, v: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
+        is_causal = kwargs.get("is_causal", args[1] if len(args) > 1 else False)
+        calls.append(
+            (attn_mask is not None, is_causal, k.shape[1] < q.shape[1], v.shape[-1] < q.shape[-1])
+        )
+        return original(q, k, v, attn_mask, *args, **kwargs)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        trace(model, train, impl=impl, steps=1)
+    finally:
+        F.scaled_dot_product_attention = original
+        calibration.trace.gpu_attention_kernels = kernels
+    return calls
+
+
+def test_traces_attend_as_a_real_run_does() -> None:
+    """No padding, one sequence per row: transformers passes SDPA no mask, ``is_causal`` and
+    grouped keys and values, as on real tensors (under fake tensors it would otherwise keep a
+    causal mask and repeat the keys and values)."""
+    train = planner.load_train({"precision": PURE_BF16, "seq_len": 64, "activation_profile": "hf"})
+    gqa = planner.load_model("llama-3-8b").model_copy(
+        update={"num_layers": 1, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2}
+    )
+    assert _sdpa_calls("hf", gqa, train) == [(False, True, True, False)]
+    mla = planner.load_model("deepseek-v3").model_copy(
+        update={
+            "num_layers": 1,
+            "hidden_size": 256,
+            "num_heads": 4,
+            "num_kv_heads": 4,
+            "num_mtp_layers": 0,
+            "moe": None,
+        }
+    )
+    assert _sdpa_calls("hf", mla, train) == [(False, True, False, True)]
+
+
+def test_narrow_values_trace_the_gpus_memory_efficient_kernel() -> None:
+    """Multi-head latent attention's values are narrower than its queries: a GPU runs the
+    memory-efficient kernel (no score is kept), the CPU the math one (every score is). The
+    trace keeps what the GPU does: its activations do not grow with the sequence squared."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calibration.trace import gpu_attention_kernels
+
+    def saved_bytes(seq: int) -> int:
+        sizes: list[int] = []
+        with FakeTensorMode(), gpu_attention_kernels():
+            q, k = (torch.empty(1, 4, seq, 96, requires_grad=True) for _ in range(2))
+            v = torch.empty(1, 4, seq, 64, requires_grad=True)
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: sizes.append(t.numel() * t.element_size()) or t, lambda t: t
+            ):
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return sum(sizes)
+
+    # q, k, v, the output and the log-sum-exp: linear in the sequence
+    assert saved_bytes(2048) <= 2.05 * saved_bytes(1024)
+
+
 def test_held_out_configs_of_each_family_are_predicted_within_five_percent(
     records: list[dict[str, Any]],
 ) -> None:
@@ -67,7 +161,14 @@ def test_held_out_configs_of_each_family_are_predicted_within_five_percent(
     assert max(abs(e) for e in errors) <= 0.05, errors
     # the full-width published models (two-layer cuts) are among them
     names = {r["model"]["name"] for r in held_out}
-    assert {"llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "qwen3-8b", "qwen3-30b-a3b"} <= names
+    assert {
+        "llama-3-8b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-8b",
+        "qwen3-30b-a3b",
+        "deepseek-v3",
+    } <= names
     # the fit is what makes the difference: the textbook set is several times further off
     textbook = planner.default_coefficients("textbook")
     assert max(abs(e) for e in peak_errors(held_out, textbook)) > 3 * max(abs(e) for e in errors)
@@ -118,9 +219,15 @@ def test_specs_no_transformers_architecture_has_are_refused_naming_the_field() -
             planner.load_model("llama-3-8b").model_copy(update={"attention_out_bias": True})
         )
     assert info.value.field == "model.attention_out_bias"
-    with pytest.raises(planner.SpecError) as info:
+    with pytest.raises(planner.SpecError) as info:  # transformers builds no MTP module
         hf.config_for(planner.load_model("deepseek-v3"))
-    assert info.value.field == "model.mla"
+    assert info.value.field == "model.num_mtp_layers"
+    with pytest.raises(planner.SpecError) as info:  # DeepSeek scales by fp32 routing weights
+        deepseek = planner.load_model("deepseek-v3")
+        assert deepseek.moe is not None and deepseek.moe.routing_weights_fp32
+        moe = deepseek.moe.model_copy(update={"routing_weights_fp32": False})
+        hf.config_for(deepseek.model_copy(update={"num_mtp_layers": 0, "moe": moe}))
+    assert info.value.field == "model.moe.routing_weights_fp32"
     with pytest.raises(planner.SpecError) as info:
         hf.config_for(planner.load_model("gpt3-175b"))
     assert info.value.field == "model.ffn_kind"
