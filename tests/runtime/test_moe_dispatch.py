@@ -119,7 +119,6 @@ def test_routed_experts_keep_two_slot_tensors_and_make_gradients_in_place() -> N
     also keep its source). Their stacked weights' gradients come out in the weights' layout,
     so the backward never holds a second copy of one (a transposed product would be copied
     into ``.grad``)."""
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     layer = _moe(1.25, num_experts=8, top_k=2, num_shared_experts=0, expert_ffn_size=96)
     hidden = layer.gate.weight.shape[1]
@@ -142,23 +141,16 @@ def test_routed_experts_keep_two_slot_tensors_and_make_gradients_in_place() -> N
 
     # few tokens and wide experts: the weights' gradients dwarf every token-sized temporary
     layer = _moe(1.25, num_experts=8, top_k=2, num_shared_experts=0, expert_ffn_size=512)
-    tracker = MemTracker()
-    tracker.track_external(layer)
-    with tracker:
-        layer(torch.randn(1, 4, hidden, requires_grad=True)).pow(2).sum().backward()
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    weights = sum(p.numel() for p in layer.parameters()) * 4
+    peak, weights = _backward_peak(layer)
     largest = max(p.numel() for p in layer.experts.parameters()) * 4
     # at the peak: the weights, their gradients and token-sized tensors, no second gradient
-    assert peak["Total"] < 2 * weights + largest // 2
+    assert peak < 2 * weights + largest // 2
 
 
 def test_shared_experts_make_their_gradients_in_place() -> None:
     """Two shared experts run as one MLP of their summed width: their gradients come out in
     the weights' own tensors. Selecting each expert from a stacked weight would make each
     select's backward allocate a gradient of the whole stack."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     layer = _moe(1.25, num_experts=2, top_k=1, num_shared_experts=2, expert_ffn_size=8)
     shared = layer.shared_experts
     assert shared is not None
@@ -167,13 +159,21 @@ def test_shared_experts_make_their_gradients_in_place() -> None:
         {**planner.load_model("tiny-moe").model_dump(), "hidden_size": hidden}
     )
     layer.shared_experts = shared = type(shared)(wide, 2 * 1024, bias=False)
-    tracker = MemTracker()
-    tracker.track_external(layer)
-    with tracker:
-        layer(torch.randn(1, 4, hidden, requires_grad=True)).pow(2).sum().backward()
-    (peak,) = tracker.get_tracker_snapshot("peak").values()
-    weights = sum(p.numel() for p in layer.parameters()) * 4
+    peak, weights = _backward_peak(layer)
     largest = max(p.numel() for p in shared.parameters()) * 4
     assert all(p.grad is not None for p in shared.parameters())
     # the weights, their gradients and token-sized tensors: no gradient of a whole stack
-    assert peak["Total"] < 2 * weights + largest // 2, (peak["Total"], weights, largest)
+    assert peak < 2 * weights + largest // 2, (peak, weights, largest)
+
+
+def _backward_peak(layer: MoE) -> tuple[int, int]:
+    """(peak bytes of a forward and backward of four tokens, the layer's weight bytes)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(layer)
+    with tracker:
+        x = torch.randn(1, 4, layer.gate.weight.shape[1], requires_grad=True)
+        layer(x).pow(2).sum().backward()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return peak["Total"], sum(p.numel() for p in layer.parameters()) * 4
