@@ -322,6 +322,11 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
     for name, mb, seq, recompute in RUNTIME_PRESETS:
         model = planner.load_model(name).model_copy(update={"num_layers": 2})
         out.append((model, _train(mb, seq, "runtime", recompute), True))
+    # DeepSeek-V3's three dense layers and first MoE layer at full width: multi-head latent
+    # attention and fp32 routing weights, held out (no MLA shape is fitted)
+    name, layers, _ = HF_DEEPSEEK
+    model = planner.load_model(name).model_copy(update={"num_layers": layers, "num_mtp_layers": 0})
+    out.append((model, _train(1, 2048, "runtime"), True))
     return out
 
 

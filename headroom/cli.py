@@ -587,6 +587,17 @@ def train(
     if device is Device.cuda and not torch.cuda.is_available():
         raise _fail("--device: cuda is not available on this machine; allowed here: cpu")
     torch_device = torch.device(device.value)
+    from runtime.support import check_memory_holds
+
+    try:
+        check_memory_holds(
+            spec,
+            torch.cuda.get_device_properties(torch_device).total_memory
+            if device is Device.cuda
+            else 0,
+        )
+    except planner.HeadroomError as exc:
+        raise _fail(str(exc)) from None
     cap: DeviceCap | None = None
     if cap_bytes is not None and device is Device.cuda:
         total = torch.cuda.get_device_properties(torch_device).total_memory

@@ -84,9 +84,11 @@ def layer_activations(
     else:
         qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         q_lora = mla.q_lora_rank or 0
+        # the latents' norms are norms: their inputs count with the hidden ones (norm_scale)
+        norms += tokens * (q_lora + mla.kv_lora_rank) * e
         attn = (
             hidden_tokens * e
-            + tokens * (2 * q_lora + 2 * mla.kv_lora_rank + mla.qk_rope_head_dim) * e
+            + tokens * (q_lora + mla.kv_lora_rank + mla.qk_rope_head_dim) * e
             + tokens * heads * (2 * qk + 2 * mla.v_head_dim) * e // tp
             + hidden_tokens * mask
         )

@@ -1,13 +1,15 @@
 """The built-in decoder family, built from the planner's ``ModelSpec``.
 
 RMSNorm (or LayerNorm), RoPE, GQA attention through ``scaled_dot_product_attention`` (grouped
-keys and values taken as they are in 16 bits, repeated per query head in fp32), Qwen3's
+keys and values taken as they are in 16 bits, repeated per query head in fp32) or DeepSeek's
+multi-head latent attention (values narrower than queries and keys), Qwen3's
 per-head query/key norms when the spec has them, SwiGLU (or GeLU) MLPs, optional MoE layers
 (top-k softmax router, capacity factor, shared experts, shared expert gate, dense-first
-layers), tied embeddings. Parameter names and shapes follow the
-planner's inventory (``planner.params.units``), so the parameter count is the planner's and the
-optimizer-offload split by whole tensors in order is the one the planner predicts. Routed
-experts are stacked: one ``(E, out, in)`` tensor per projection, as the planner counts them.
+layers, DeepSeek's routing bias and fp32 routing weights), tied embeddings. Parameter names
+and shapes follow the planner's inventory (``planner.params.units``), so the parameter count is
+the planner's and the optimizer-offload split by whole tensors in order is the one the planner
+predicts. Routed experts are stacked: one ``(E, out, in)`` tensor per projection, as the planner
+counts them.
 
 Each layer is a self-contained module ``layer(h, cos, sin) -> h`` so the streaming trainer can
 run any layer's weights through one template with ``torch.func.functional_call``.
@@ -134,6 +136,62 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
+class LatentAttention(nn.Module):
+    """DeepSeek's multi-head latent attention: queries through an optional low-rank
+    projection, keys and values from one compressed latent, RoPE on a separate slice of the
+    queries and on one key shared by every head; values narrower than queries and keys."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        mla = spec.mla
+        assert mla is not None
+        h, heads, bias = spec.hidden_size, spec.num_heads, spec.linear_bias
+        self.heads, self.kv_rank = heads, mla.kv_lora_rank
+        self.nope, self.rope_dim, self.v_dim = (
+            mla.qk_nope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.v_head_dim,
+        )
+        qk = self.nope + self.rope_dim
+        if mla.q_lora_rank is None:
+            self.q_proj = _linear(h, heads * qk, bias)
+        else:
+            self.q_a_proj = _linear(h, mla.q_lora_rank, bias)
+            self.q_a_layernorm = Norm(mla.q_lora_rank, spec.norm)
+            self.q_b_proj = _linear(mla.q_lora_rank, heads * qk, bias)
+        self.kv_a_proj_with_mqa = _linear(h, self.kv_rank + self.rope_dim, bias)
+        self.kv_a_layernorm = Norm(self.kv_rank, spec.norm)
+        self.kv_b_proj = _linear(self.kv_rank, heads * (self.nope + self.v_dim), bias)
+        self.o_proj = _linear(heads * self.v_dim, h, bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        heads = self.heads
+        if hasattr(self, "q_proj"):
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, s, heads, self.nope + self.rope_dim).transpose(1, 2)
+        compressed, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_dim], -1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(compressed))
+        k_nope, value = kv.view(b, s, heads, -1).transpose(1, 2).split([self.nope, self.v_dim], -1)
+        if self.rope_dim:
+            q_nope, q_rope = q.split([self.nope, self.rope_dim], -1)
+            k_rope = apply_rope(k_rope.view(b, 1, s, self.rope_dim), cos, sin)
+            q = torch.cat([q_nope, apply_rope(q_rope, cos, sin)], -1)
+            key = torch.cat([k_nope, k_rope.expand(b, heads, s, self.rope_dim)], -1)
+        else:
+            key = k_nope
+        # values narrower than queries: a GPU runs the memory-efficient kernel here
+        out = F.scaled_dot_product_attention(q, key, value, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, heads * self.v_dim))
+
+
+def rope_dim(spec: ModelSpec) -> int:
+    """The width RoPE rotates: each head's (MLA: the queries' and keys' RoPE slice)."""
+    return spec.mla.qk_rope_head_dim if spec.mla is not None else spec.dim_per_head
+
+
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, ffn: int, *, bias: bool | None = None) -> None:
         super().__init__()
@@ -242,6 +300,7 @@ class MoE(nn.Module):
         assert moe is not None
         h = spec.hidden_size
         self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.routing_weights_fp32 = moe.routing_weights_fp32
         self.capacity_factor = capacity_factor
         self.gate = Router(moe.num_experts, h, moe.router_bias)
         self.experts = StackedExperts(spec, moe.expert_ffn_size, moe.num_experts)
@@ -265,14 +324,17 @@ class MoE(nn.Module):
         scores = probs if bias is None else probs + bias.float()
         _, chosen = scores.topk(self.top_k, dim=-1)
         weights = probs.gather(-1, chosen)
-        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        weights = weights / weights.sum(-1, keepdim=True)
+        if not self.routing_weights_fp32:
+            weights = weights.to(x.dtype)
         slot_token, slot_weight = self.dispatch(chosen, weights)
         gathered = tokens.index_select(0, slot_token).view(self.num_experts, -1, shape[-1])
+        # fp32 weights (DeepSeek's) make fp32 products, cast back before they are combined
         y = self.experts.all_experts(gathered) * slot_weight.view(self.num_experts, -1, 1)
         # index_put keeps only the slots' token ids for backward (index_add also keeps its
         # source, one more (E x C, hidden) tensor per MoE layer)
         out = torch.zeros_like(tokens).index_put(
-            (slot_token,), y.reshape(-1, shape[-1]), accumulate=True
+            (slot_token,), y.reshape(-1, shape[-1]).to(tokens.dtype), accumulate=True
         )
         if self.shared_experts is not None:
             shared = self.shared_experts(tokens)
@@ -308,7 +370,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, is_moe: bool, capacity_factor: float) -> None:
         super().__init__()
         self.input_layernorm = Norm(spec.hidden_size, spec.norm)
-        self.self_attn = Attention(spec)
+        self.self_attn: nn.Module = (
+            LatentAttention(spec) if spec.mla is not None else Attention(spec)
+        )
         self.post_attention_layernorm = Norm(spec.hidden_size, spec.norm)
         self.mlp: nn.Module = (
             MoE(spec, capacity_factor) if is_moe else MLP(spec, spec.ffn_hidden_size)
@@ -357,7 +421,7 @@ class DecoderLM(nn.Module):
     def rope(
         self, seq_len: int, dtype: torch.dtype, device: torch.device | str
     ) -> tuple[Tensor, Tensor]:
-        return rope_tables(seq_len, self.spec.dim_per_head, dtype, device)
+        return rope_tables(seq_len, rope_dim(self.spec), dtype, device)
 
     def head(self, h: Tensor) -> Tensor:
         h = self.norm(h)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from planner.errors import SpecError
@@ -14,20 +15,32 @@ WORKING: dict[str, Working] = {name: w for w, name in TORCH_DTYPE.items()}  # --
 
 
 def check_supported(spec: ModelSpec) -> None:
-    """The runtime trains the decoder family; MLA and dropout models are estimate-only."""
-    if spec.mla is not None:
-        raise SpecError(
-            "model.mla: the bundled trainer has no multi-head latent attention; "
-            "estimate such models with the planner",
-            field="model.mla",
-        )
+    """The runtime trains the decoder family (GQA or multi-head latent attention, dense or
+    MoE); dropout models are estimate-only."""
     if spec.dropout:
         raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
-    if spec.moe is not None and spec.moe.routing_weights_fp32:
+
+
+#: the fewest bytes per parameter any AdamW run keeps: 16-bit weights and gradients, fp32 moments
+LEAST_STATE_BYTES = 12
+
+
+def check_memory_holds(spec: ModelSpec, device_bytes: int = 0) -> None:
+    """Refuse, naming ``model``, a model whose states cannot fit this machine's RAM and
+    ``device_bytes`` of device memory together, whatever the placement: building it would
+    only end in the kernel's out-of-memory kill."""
+    from planner import count_params, format_bytes
+
+    n = count_params(spec).total
+    need = n * LEAST_STATE_BYTES
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > ram + device_bytes:
+        where = "memory" if not device_bytes else "memory and device memory"
         raise SpecError(
-            "model.moe.routing_weights_fp32: the bundled trainer scales the experts' outputs "
-            "by routing weights in the working precision (allowed: false)",
-            field="model.moe.routing_weights_fp32",
+            f"model: {spec.name} has {n:,} parameters; training them keeps at least "
+            f"{format_bytes(need)} (16-bit weights and gradients, fp32 AdamW moments), more "
+            f"than this machine's {format_bytes(ram + device_bytes)} of {where}",
+            field="model",
         )
 
 

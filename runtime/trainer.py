@@ -51,6 +51,7 @@ from runtime.model import (
     DecoderLM,
     build_model,
     loss_fn,
+    rope_dim,
     rope_tables,
     synthetic_batch,
 )
@@ -335,7 +336,8 @@ def _train_optimizer_offload(
             ]
             for name, p in named[cut:]:
                 d, g = dev[name], grads[name]
-                assert g is not None
+                if g is None:  # no gradient (DeepSeek's routing bias): skipped, as torch's is
+                    continue
                 if d["master"].dtype == torch.float32:
                     g = g.float()  # a 16-bit gradient's fp32 copy, one tensor at a time
                 adamw_step(
@@ -355,6 +357,8 @@ def _train_optimizer_offload(
             uploads = []
             for name, p in named[:cut]:
                 h = offloaded[name]
+                if grads[name] is None:
+                    continue
                 with host():
                     adamw_step(
                         o,
@@ -691,7 +695,7 @@ def _train_streaming(
                 spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
             )
             ids, labels = ids.to(device), labels.to(device)
-            cos, sin = rope_tables(train.seq_len, spec.dim_per_head, dtype, device)
+            cos, sin = rope_tables(train.seq_len, rope_dim(spec), dtype, device)
             # forward: embedding, layers without autograd, checkpoints every k layers
             # compute is issued before the next prefetch: that one may wait for the CPU
             # optimizer to finish the next unit, and the device should be busy meanwhile

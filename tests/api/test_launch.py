@@ -131,8 +131,8 @@ def test_nothing_predicted_to_oom_is_queued(client: TestClient) -> None:
     )
     assert refused.status_code == 422
     assert "predicted out of memory" in str(refused.json()["detail"])
-    mla = client.post("/api/v1/runs", json={"model": "deepseek-v3"}, headers=AUTH)
-    assert mla.status_code == 422 and "mla" in str(mla.json()["detail"])
+    dropout = client.post("/api/v1/runs", json={"model": "gpt3-175b"}, headers=AUTH)
+    assert dropout.status_code == 422 and "dropout" in str(dropout.json()["detail"])
     assert client.get("/api/v1/runs").json()["total"] == 0
 
 

@@ -187,5 +187,5 @@ def test_calibrate_run_refuses_without_a_gpu_naming_the_flag(cli: Any) -> None:
     assert missing.exit_code == 2 and "--gpu-probe" in missing.output
     no_gpu = cli("calibrate", "run", "tiny-dense", "--gpu-probe")
     assert no_gpu.exit_code == 2 and "no CUDA device" in no_gpu.output
-    bad = cli("calibrate", "run", "deepseek-v3", "--gpu-probe")
-    assert bad.exit_code == 2 and "model.mla" in bad.output
+    bad = cli("calibrate", "run", "gpt3-175b", "--gpu-probe")
+    assert bad.exit_code == 2 and "model.dropout" in bad.output

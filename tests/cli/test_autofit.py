@@ -132,7 +132,7 @@ def test_fit_probe_json_contract(tmp_path: Path, store_url: str) -> None:
 
 
 def test_fit_probe_refuses_a_model_the_runtime_cannot_build(tmp_path: Path) -> None:
-    proc = run_headroom("fit", "deepseek-v3", "--probe", "--no-record", timeout=120)
+    proc = run_headroom("fit", "gpt3-175b", "--probe", "--no-record", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")
 

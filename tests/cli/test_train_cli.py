@@ -40,9 +40,13 @@ def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_models_the_trainer_cannot_build_are_refused_with_one_line() -> None:
-    proc = run("deepseek-v3", "--steps", "1")
+    proc = run("gpt3-175b", "--steps", "1")
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "model.mla" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "model.dropout" in proc.stderr
+    # one it can build but this machine cannot hold: refused before anything is allocated
+    proc = run("deepseek-v3", "--steps", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "model: deepseek-v3 has" in proc.stderr
 
 
 def test_cuda_runs_with_the_memory_probe_or_is_refused_without_cuda() -> None:

@@ -1,6 +1,7 @@
 """CPU parity in fp32: every placement trains exactly like plain PyTorch AdamW.
 
-Tiny dense and MoE models (tied embeddings, GQA, a shared expert, a dense first layer), five
+Tiny dense, MoE and MLA models (tied embeddings, GQA or DeepSeek's multi-head latent attention, a
+shared expert, a dense first layer, fp32 routing weights), five
 steps, EMA on: losses, final fp32 master weights and the EMA agree with the reference within
 1e-5 relative, for optimizer offload (f = 0, 0.5, 1) and streaming (checkpoint every 1, 2 and
 all layers; 2 and 3 device buffers; gradient accumulation 1 and 3).
@@ -60,7 +61,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe", "tiny-mla"])
 @pytest.mark.parametrize(("offload", "grad_accum"), CASES)
 def test_placement_matches_reference(
     model: str, offload: dict[str, object], grad_accum: int
@@ -151,8 +152,14 @@ def _qk_norm(name: str) -> planner.ModelSpec:
         planner.load_model("tiny-moe").model_copy(
             update={"qkv_bias": True, "attention_out_bias": True, "mlp_bias": True}
         ),
+        planner.load_model("tiny-mla"),
+        planner.load_model("tiny-mla").model_copy(
+            update={
+                "mla": planner.load_model("tiny-mla").mla.model_copy(update={"q_lora_rank": None})
+            }  # type: ignore[union-attr]
+        ),
     ],
-    ids=["dense", "moe", "dense-qk-norm", "moe-qk-norm", "llama-biases"],
+    ids=["dense", "moe", "dense-qk-norm", "moe-qk-norm", "llama-biases", "mla", "mla-no-q-lora"],
 )
 def test_parameters_are_the_planners_inventory(spec: planner.ModelSpec) -> None:
     """Names, sizes and order: what the offload split and the streaming units rely on."""
