@@ -117,21 +117,30 @@ def _qwen2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     return spec
 
 
-def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    spec = _common(config, name)
-    spec["qkv_bias"] = bool(_get(config, "qkv_bias", True))  # Qwen2MoeConfig's, default on
+def _qwen_moe(config: Mapping[str, Any], **shared: Any) -> MoESpec:
+    """The routed experts and the MoE layers' placement of Qwen2-MoE and Qwen3-MoE configs
+    (every ``decoder_sparse_step``-th layer, ``mlp_only_layers`` forced dense)."""
     step = _int(config, "decoder_sparse_step", 1)
-    shared = _int(config, "shared_expert_intermediate_size", 0)
-    spec["moe"] = MoESpec(
+    return MoESpec(
         num_experts=_get(config, "num_experts", required=True),
         top_k=_get(config, "num_experts_per_tok", required=True),
         expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
-        num_shared_experts=1 if shared else 0,
-        shared_expert_ffn_size=shared or None,
-        shared_expert_gate=bool(shared),
         dense_first_layers=step - 1,
         layer_freq=step,
         dense_layers=_ints(config, "mlp_only_layers"),
+        **shared,
+    )
+
+
+def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    spec = _common(config, name)
+    spec["qkv_bias"] = bool(_get(config, "qkv_bias", True))  # Qwen2MoeConfig's, default on
+    shared = _int(config, "shared_expert_intermediate_size", 0)
+    spec["moe"] = _qwen_moe(
+        config,
+        num_shared_experts=1 if shared else 0,
+        shared_expert_ffn_size=shared or None,
+        shared_expert_gate=bool(shared),
     )
     return spec
 
@@ -147,15 +156,7 @@ def _qwen3_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     # Qwen3MoeConfig has no head_dim default: hidden / heads
     spec = _attention_bias(_common(config, name), config)
     spec["qk_norm"] = True
-    step = _int(config, "decoder_sparse_step", 1)
-    spec["moe"] = MoESpec(
-        num_experts=_get(config, "num_experts", required=True),
-        top_k=_get(config, "num_experts_per_tok", required=True),
-        expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
-        dense_first_layers=step - 1,
-        layer_freq=step,
-        dense_layers=_ints(config, "mlp_only_layers"),
-    )
+    spec["moe"] = _qwen_moe(config)
     return spec
 
 
