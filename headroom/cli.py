@@ -569,7 +569,12 @@ def train(
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
-        from runtime.support import WORKING, check_supported, runtime_precision
+        from runtime.support import (
+            WORKING,
+            check_memory_holds,
+            check_supported,
+            runtime_precision,
+        )
 
         check_supported(spec)
         runtime_precision(train_spec, WORKING[dtype.value])
@@ -587,20 +592,15 @@ def train(
     if device is Device.cuda and not torch.cuda.is_available():
         raise _fail("--device: cuda is not available on this machine; allowed here: cpu")
     torch_device = torch.device(device.value)
-    from runtime.support import check_memory_holds
-
+    total = (
+        torch.cuda.get_device_properties(torch_device).total_memory if device is Device.cuda else 0
+    )
     try:
-        check_memory_holds(
-            spec,
-            torch.cuda.get_device_properties(torch_device).total_memory
-            if device is Device.cuda
-            else 0,
-        )
+        check_memory_holds(spec, total)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
     cap: DeviceCap | None = None
     if cap_bytes is not None and device is Device.cuda:
-        total = torch.cuda.get_device_properties(torch_device).total_memory
         if cap_bytes > total:
             raise _fail(f"--memory-cap: {cap_bytes} bytes is more than the device's {total}")
         torch.cuda.set_per_process_memory_fraction(cap_bytes / total, torch_device)
