@@ -213,8 +213,16 @@ HF_PRESETS = [
     ("qwen3-8b", 2, 1024),
     ("qwen3-30b-a3b", 1, 2048),
 ]
-#: DeepSeek-V3 at full width, cut to its three dense layers and one MoE layer, held out
-HF_DEEPSEEK = ("deepseek-v3", 4, [(1, 1024, "none"), (1, 2048, "full")])
+#: DeepSeek-V3 at full width (deepseek_cut), held out: (batch, seq, recompute) of its hf traces
+HF_DEEPSEEK_RUNS = [(1, 1024, "none"), (1, 2048, "full")]
+
+
+def deepseek_cut() -> planner.ModelSpec:
+    """DeepSeek-V3 at full width cut to its three dense layers and first MoE layer, without the
+    multi-token-prediction module (transformers builds none; the planner reports it apart)."""
+    return planner.load_model("deepseek-v3").model_copy(
+        update={"num_layers": 4, "num_mtp_layers": 0}
+    )
 
 
 def _train(mb: int, seq: int, profile: str, recompute: Any = "none") -> planner.TrainSpec:
@@ -282,11 +290,8 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         for name, mb, seq in HF_PRESETS:
             model = planner.load_model(name).model_copy(update={"num_layers": 2})
             out.append((model, _train(mb, seq, "hf"), True))
-        name, layers, runs = HF_DEEPSEEK
-        model = planner.load_model(name).model_copy(
-            update={"num_layers": layers, "num_mtp_layers": 0}
-        )
-        out += [(model, _train(mb, seq, "hf", recompute), True) for mb, seq, recompute in runs]
+        model = deepseek_cut()
+        out += [(model, _train(mb, seq, "hf", rc), True) for mb, seq, rc in HF_DEEPSEEK_RUNS]
         return out
     out = []
     shapes = [(shape, BATCHES, False) for shape in SHAPES]
@@ -324,9 +329,7 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         out.append((model, _train(mb, seq, "runtime", recompute), True))
     # DeepSeek-V3's three dense layers and first MoE layer at full width: multi-head latent
     # attention and fp32 routing weights, held out (no MLA shape is fitted)
-    name, layers, _ = HF_DEEPSEEK
-    model = planner.load_model(name).model_copy(update={"num_layers": layers, "num_mtp_layers": 0})
-    out.append((model, _train(1, 2048, "runtime"), True))
+    out.append((deepseek_cut(), _train(1, 2048, "runtime"), True))
     return out
 
 

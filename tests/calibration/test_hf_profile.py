@@ -15,6 +15,7 @@ from headroom_process import run_headroom
 
 import planner
 from calibration import hf
+from calibration.collect import deepseek_cut
 from calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
 from calibration.trace import compare_trace, steady_forward_transient, trace
 
@@ -55,9 +56,7 @@ def test_deepseek_v3_is_built_with_the_planners_tensors() -> None:
     """Its three dense layers and one MoE layer, without the MTP module transformers does not
     build. The aux-loss-free routing bias, which a rule updates, is a buffer there; the planner
     counts it with the parameters (its gradient and moments: 256 elements per MoE layer)."""
-    spec = planner.load_model("deepseek-v3").model_copy(
-        update={"num_layers": 4, "num_mtp_layers": 0}
-    )
+    spec = deepseek_cut()
     with torch.device("meta"):
         net = hf.build(hf.config_for(spec))
     biases = {k: b.numel() for k, b in net.named_buffers() if "e_score_correction_bias" in k}
