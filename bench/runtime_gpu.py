@@ -4,11 +4,14 @@ Sections (``--only`` picks some; each is written to ``--json`` as soon as it is 
 with what the file already holds, so a run cut short keeps what it measured):
 
 - ``link``: host→device and device→host copies, pinned vs pageable, by size.
-- ``adam``: CPU AdamW throughput (parameters per second) of ``runtime.adam.adamw_step``.
+- ``adam``: CPU AdamW throughput (parameters per second) of ``runtime.adam.adamw_step``, alone
+  and writing a bf16 working copy as the streaming trainer's update does.
 - ``steps``: steady streaming steps against the bound max(compute, link bytes / measured
-  bandwidth, CPU optimizer time), with and without prefetching (the double-buffering
-  ablation). Compute is measured too: resident steps of the same layer shape with full
-  recompute (what streaming computes: forward, recomputed forward, backward) at two depths.
+  bandwidth, CPU optimizer time): clipped at 1.0 (the update waits for the step's norm) and
+  unclipped (each unit updated as its last gradient lands), and clipped without prefetching
+  (the double-buffering ablation); each beside the planner's step model's expectation.
+  Compute is measured too: resident steps of the same layer shape with full recompute (what
+  streaming computes: forward, recomputed forward, backward) at two depths.
 - ``capacity``: under one memory cap (``headroom train --memory-cap``, i.e.
   ``torch.cuda.set_per_process_memory_fraction``), the largest depth the resident trainer fits
   (bisection) against a streaming run of at least ``--ratio`` times its parameters.
@@ -85,15 +88,51 @@ def bandwidth(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return top["h2d_gb_s"], top["d2h_gb_s"]
 
 
-def cpu_adam(numel: int) -> float:
+def cpu_adam(numel: int, working: torch.dtype | None = None) -> float:
+    """CPU AdamW parameters per second; with ``working``, also writing the updated weights in
+    that dtype, as the streaming trainer's update does (its bound's CPU time)."""
     master, grad, m, v = (torch.randn(numel) for _ in range(4))
     v.abs_()
+    out = None if working is None else torch.empty(numel, dtype=working)
     cfg = AdamWConfig()
-    adamw_step(cfg, 1, master, grad, m, v)
+    adamw_step(cfg, 1, master, grad, m, v, working=out)
     start = time.perf_counter()
     for step in range(2, 5):
-        adamw_step(cfg, step, master, grad, m, v)  # the spent gradient serves as the next
+        # the spent gradient serves as the next
+        adamw_step(cfg, step, master, grad, m, v, working=out)
     return 3 * numel / (time.perf_counter() - start)
+
+
+def landing(numel: int) -> dict[str, float]:
+    """The streaming host thread's gradient landing, elements per second: a 16-bit gradient
+    copied into a pinned slab and moved into its fp32 accumulator, as a unit's first landing
+    of a step (a converting copy) and as a later one (an add)."""
+    from runtime.streams import carve, carved_bytes, make_backend
+    from runtime.trainer import HostWork, Unit
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = make_backend(device)
+    fields = [(f"slab{i}", numel, torch.bfloat16) for i in range(2)]
+    slabs = list(carve(backend.host_buffer(carved_bytes(fields)), fields).values())
+    unit = Unit("u", ["w"], [torch.Size([numel])], [0], numel)
+    unit.host = {"grad": torch.empty(numel)}
+    grad = torch.randn(numel, device=device).bfloat16()
+    out = {}
+    try:
+        with HostWork(backend, slabs) as work:
+            for label, first in (("first", True), ("later", False)):
+                times = []
+                for _ in range(6):
+                    if first:
+                        work.new_step()
+                    start = time.perf_counter()
+                    work.land(0, unit, grad, torch.bfloat16)
+                    work.drain()
+                    times.append(time.perf_counter() - start)
+                out[f"{label}_landing_per_s"] = numel / statistics.median(times[1:])
+    finally:
+        backend.release_host()
+    return out
 
 
 def scaled(layers: int, hidden: int, vocab: int = 32000) -> ModelSpec:
@@ -134,9 +173,18 @@ def _steady_step_seconds(spec: ModelSpec, train: planner.TrainSpec, cfg: RunConf
 
 
 def steps_vs_bound(
-    layers: int, hidden: int, seq: int, link_rows: list[dict[str, Any]], adam_rate: float, host: int
+    layers: int,
+    hidden: int,
+    seq: int,
+    link_rows: list[dict[str, Any]],
+    adam_rate: float,
+    host: int,
+    device: str = "cuda",
+    vocab: int = 32000,
 ) -> dict[str, Any]:
-    spec = scaled(layers, hidden)
+    """The ``steps`` section (on a CPU, in fp32, for tests: nothing there is a measurement)."""
+    spec = scaled(layers, hidden, vocab)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     n = planner.count_params(spec).total
     h2d, d2h = bandwidth(link_rows)
     stream = planner.TrainSpec(
@@ -148,9 +196,9 @@ def steps_vs_bound(
         return out
     # compute: resident steps with full recompute at two depths give a layer's time
     resident = planner.TrainSpec(micro_batch_size=1, seq_len=seq, recompute="full")
-    cfg = RunConfig(steps=5, device="cuda", dtype=torch.bfloat16)
-    t2 = _steady_step_seconds(scaled(2, hidden), resident, cfg)
-    t4 = _steady_step_seconds(scaled(4, hidden), resident, cfg)
+    cfg = RunConfig(steps=5, device=device, dtype=dtype)
+    t2 = _steady_step_seconds(scaled(2, hidden, vocab), resident, cfg)
+    t4 = _steady_step_seconds(scaled(4, hidden, vocab), resident, cfg)
     per_layer = (t4 - t2) / 2
     compute = t2 + (layers - 2) * per_layer
     # link: each layer's weights go down twice (forward, recompute) and its gradient up once;
@@ -165,13 +213,27 @@ def steps_vs_bound(
         "cpu_optimizer": cpu,
     }
     out["bound_seconds"] = bound
-    for prefetch in (True, False):
+    # what the planner's step model expects of each schedule from these measured parts: the
+    # CPU step hides one micro-batch's forward (clipping) or its recompute and backward (none)
+    forward = compute / 4
+    expected = {
+        "clipped": max(compute, transfer, cpu + compute - forward),
+        "unclipped": max(compute, transfer, cpu + forward),
+    }
+    runs = {
+        "prefetch": (True, 1.0),  # the default: double-buffered, clipped at 1.0
+        "prefetch_unclipped": (True, None),  # updates as gradients land
+        "no_prefetch": (False, 1.0),  # the double-buffering ablation
+    }
+    for label, (prefetch, norm) in runs.items():
+        plan = stream.model_copy(update={"max_grad_norm": norm})
         step = _steady_step_seconds(
-            spec, stream, RunConfig(steps=5, device="cuda", dtype=torch.bfloat16, prefetch=prefetch)
+            spec, plan, RunConfig(steps=5, device=device, dtype=dtype, prefetch=prefetch)
         )
-        out["prefetch" if prefetch else "no_prefetch"] = {
+        out[label] = {
             "step_seconds": step,
             "ratio_to_bound": step / bound,
+            "expected_seconds": expected["clipped" if norm else "unclipped"],
         }
     return out
 
@@ -285,10 +347,16 @@ def main() -> None:
             sizes = [1, 16, 256] if quick else [1, 4, 16, 64, 256, 1024]
             results["link"] = link(sizes)
         elif section == "adam":
-            results["cpu_adam_params_per_s"] = cpu_adam(16 * MiB if quick else 256 * MiB)
+            numel = 16 * MiB if quick else 256 * MiB
+            results["cpu_adam_params_per_s"] = cpu_adam(numel)
+            results["cpu_adam_bf16_working_params_per_s"] = cpu_adam(numel, torch.bfloat16)
+            results["landing"] = landing(numel // 4)
         elif section == "steps":
             link_rows = results.get("link") or link([256])
-            rate = results.get("cpu_adam_params_per_s") or cpu_adam(64 * MiB)
+            # the bound's CPU time: the update as the trainer runs it, bf16 working copy included
+            rate = results.get("cpu_adam_bf16_working_params_per_s") or cpu_adam(
+                64 * MiB, torch.bfloat16
+            )
             layers, hidden, seq = (8, 2048, 1024) if quick else (16, 4096, 4096)
             results["steps"] = steps_vs_bound(layers, hidden, seq, link_rows, rate, host)
         elif section == "capacity":

@@ -105,6 +105,7 @@ class Knobs(NamedTuple):
     imbalance: float
     expandable_segments: bool
     activation_profile: str
+    clip: bool  # global-norm clipping: streaming's CPU update waits for the step's norm
 
 
 @identity_memo(4096)
@@ -149,6 +150,7 @@ def knobs(train: TrainSpec) -> Knobs:
         train.moe_imbalance,
         train.expandable_segments,
         train.activation_profile,
+        train.max_grad_norm is not None,
     )
 
 
@@ -504,6 +506,7 @@ def _stage_parts(
         k,
         capacity_factor,
         imbalance,
+        _,
         _,
         _,
     ) = kn

@@ -9,7 +9,11 @@ as each placement overlaps them.
   recompute) and its gradients down once; over link bandwidth x efficiency.
 - CPU optimizer: offloaded parameters over the host's AdamW throughput.
 - overlap: none → compute; optimizer offload → compute, then transfers and the CPU step
-  overlapped with each other; streaming → the largest of the three (double-buffered streams).
+  overlapped with each other; streaming → the largest of compute, transfers (double-buffered
+  streams) and the CPU step plus the compute it cannot hide. With clipping the CPU step waits
+  for the step's norm and hides the next step's first forward only; without, each unit's
+  update starts as its last gradient lands and hides the last micro-batch's recompute and
+  backward (the next forward waits for the embedding's update, the last to land).
 
 The efficiencies and the CPU rate are coefficients: uncalibrated defaults until measured.
 """
@@ -74,7 +78,15 @@ class StepModel:
             updated_on_cpu = offloaded_numel
         transfer = transferred / self.link
         cpu = updated_on_cpu / self.cpu_rate
-        step = max(compute, transfer, cpu) if streaming else compute + max(transfer, cpu)
+        if streaming:
+            # what of the compute the CPU step hides: the last micro-batch's backward side
+            # (recompute and backward, no clipping) or the next micro-batch's forward (clipping)
+            per_micro = compute / kn.grad_accum
+            forward = per_micro * self.flops_recompute / flops_per_token
+            hidden = forward if kn.clip else per_micro - forward
+            step = max(compute, transfer, cpu + compute - hidden)
+        else:
+            step = compute + max(transfer, cpu)
         tokens = kn.micro_batch * self.seq_len * kn.grad_accum * kn.dp
         return StepTime(compute, transfer, cpu, step, tokens, tokens / step if step else 0.0)
 

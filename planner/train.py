@@ -122,6 +122,15 @@ class TrainSpec(_Frozen):
     expandable_segments: bool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
+    max_grad_norm: float | None = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_); null: "
+        "none. Streaming with clipping updates after the step's norm is known, overlapping the "
+        "next forward; without, each unit is updated as its last gradient lands, overlapping "
+        "the backward.",
+    )
 
     @property
     def tokens_per_micro_batch(self) -> int:

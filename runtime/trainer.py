@@ -17,12 +17,13 @@
   autograd layer by layer on the streamed weights (with ``checkpoint_every`` = 1 every layer
   crosses the link twice per micro-batch: forward and backward). Gradients are evacuated
   device→host on their own stream into two pinned slabs; a host thread waits for each copy and
-  adds it to the unit's accumulator while the device computes on (``HostWork``), so at most two
-  gradients await evacuation. After the last micro-batch the host thread runs the CPU AdamW
-  unit by unit, in the order the next forward loads them, with the clipping coefficient from
-  the accumulated norm, writing the EMA and the new working copy in the same pass; the next
-  step's load of a unit waits for that unit's update only, so the optimizer overlaps the next
-  forward.
+  moves it into the unit's accumulator while the device computes on (``HostWork``), so at most
+  two gradients await evacuation. With clipping (the spec's ``max_grad_norm``) the host thread
+  runs the CPU AdamW after the last micro-batch, unit by unit in the order the next forward
+  loads them, with the clipping coefficient from the accumulated norm, writing the EMA and the
+  new working copy in the same pass; the next step's load of a unit waits for that unit's
+  update only, so the optimizer overlaps the next forward. Without clipping each unit is
+  updated as its last gradient of the step lands, overlapping the backward too.
 
 Losses are the mean over a step's micro-batches. Everything runs on a CPU too (direct copies).
 """
@@ -44,7 +45,14 @@ from torch.func import functional_call
 from planner.estimate import knobs as planner_knobs
 from planner.model import ModelSpec
 from planner.train import TrainSpec
-from runtime.adam import AdamWConfig, adamw_step, clip_coefficient, grad_norm_sq, torch_adamw
+from runtime.adam import (
+    CHUNK,
+    AdamWConfig,
+    adamw_step,
+    clip_coefficient,
+    grad_norm_sq,
+    torch_adamw,
+)
 from runtime.cap import host
 from runtime.model import (
     DecoderLayer,
@@ -67,7 +75,6 @@ class RunConfig:
     seed: int = 0
     reference: bool = False
     optim: AdamWConfig = field(default_factory=AdamWConfig)
-    clip_norm: float | None = 1.0
     prefetch: bool = True  # streaming: copy the next unit while this one computes
 
 
@@ -154,8 +161,8 @@ def _train_reference(
     on_phase("placement", 0)
     for step in range(1, cfg.steps + 1):
         total = _accumulate(model, spec, train, cfg, step, on_phase)
-        if cfg.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm, foreach=False)
+        if train.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm, foreach=False)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
@@ -325,8 +332,10 @@ def _train_optimizer_offload(
                 grads = {name: fold.acc.get(name) for name, _ in named}
             else:
                 grads = {n: None if p.grad is None else p.grad.reshape(-1) for n, p in named}
-            norm_sq = grad_norm_sq([g for g in grads.values() if g is not None])
-            coef = clip_coefficient(norm_sq, cfg.clip_norm)
+            coef = 1.0
+            if train.max_grad_norm is not None:
+                norm_sq = grad_norm_sq([g for g in grads.values() if g is not None])
+                coef = clip_coefficient(norm_sq, train.max_grad_norm)
             # gradients of the offloaded tensors go down first, then both sides update
             # (a comprehension: no loop variable keeps a gradient alive past the step)
             events = [
@@ -533,12 +542,15 @@ class Streamer:
 
 class HostWork:
     """The streaming trainer's host thread: it lands gradients (waits for a device→host copy
-    into a pinned slab, then adds the slab to the unit's fp32 accumulator) and runs the CPU
+    into a pinned slab, then moves the slab into the unit's fp32 accumulator) and runs the CPU
     optimizer, in submission order, while the main thread keeps the device busy.
 
     At most ``slabs`` landings are in flight; slab ``i % slabs`` is reused only after the
     landing that used it before is done (the main thread waits for it), so device gradients
-    awaiting evacuation never exceed ``slabs`` units (the planner's gradient slabs)."""
+    awaiting evacuation never exceed ``slabs`` units (the planner's gradient slabs).
+
+    A unit's first landing of a step writes its accumulator (a converting copy), later ones add
+    to it: the accumulator is never zeroed, a pass over it saved per step."""
 
     def __init__(self, backend: CpuBackend, slabs: list[Tensor]) -> None:
         self.backend = backend
@@ -547,14 +559,32 @@ class HostWork:
         self.landings: list[Future[None]] = []
         self.count = 0
         self.norms: dict[int, float] = {}
+        self.landed: set[int] = set()  # units whose accumulator holds this step's gradient
+        self.scratch: Tensor | None = None
 
-    def land(self, index: int, unit: Unit, grad: Tensor, dtype: torch.dtype, final: bool) -> None:
-        """Evacuate ``grad`` (device) into ``unit``'s accumulator; ``final`` (the unit's last
-        landing of the step) also takes the unit's squared norm for clipping."""
+    def new_step(self) -> None:
+        """The next landing of every unit starts its accumulator afresh."""
+        self.landed.clear()
+
+    def land(
+        self,
+        index: int,
+        unit: Unit,
+        grad: Tensor,
+        dtype: torch.dtype,
+        norm: bool = False,
+        then: Callable[[], None] | None = None,
+    ) -> Future[None] | None:
+        """Evacuate ``grad`` (device) into ``unit``'s accumulator. ``norm`` (the unit's last
+        landing of a clipped step) also takes the unit's squared norm; ``then`` (its last
+        landing of an unclipped step: the update) runs on the host thread right after, once
+        the slab is free again, and its future is returned."""
         if len(self.landings) >= len(self.slabs):
             self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
         slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
         self.count += 1
+        first = index not in self.landed
+        self.landed.add(index)
         # the device gradient, held until the copy that reads it has completed and released
         # before the landing's future completes (the executor keeps a finished task's
         # arguments a moment longer, past the point a waiter resumes)
@@ -566,11 +596,28 @@ class HostWork:
             self.backend.synchronize(event)
             source.clear()
             acc = unit.host["grad"]
-            acc.add_(slab.float())
-            if final:
+            if first:
+                acc.copy_(slab)
+            elif slab.dtype == acc.dtype:
+                acc.add_(slab)
+            else:
+                self._add_converted(acc, slab)
+            if norm:
                 self.norms[index] = grad_norm_sq([acc])
 
         self.landings.append(self.executor.submit(work))
+        return None if then is None else self.executor.submit(then)
+
+    def _add_converted(self, acc: Tensor, slab: Tensor) -> None:
+        """``acc += slab`` for a 16-bit slab, through an fp32 scratch of ``CHUNK`` elements
+        made on the host thread (a mixed-dtype add, or a whole fp32 copy of the slab, runs
+        several times slower)."""
+        if self.scratch is None:
+            self.scratch = torch.empty(CHUNK, dtype=torch.float32)
+        for start in range(0, acc.numel(), CHUNK):
+            end = min(acc.numel(), start + CHUNK)
+            part = self.scratch[: end - start].copy_(slab[start:end])
+            acc[start:end].add_(part)
 
     def drain(self) -> None:
         """Wait for every landing (and surface any error from the host thread)."""
@@ -680,8 +727,19 @@ def _train_streaming(
         losses: list[float] = []
         last_micro = train.grad_accum_steps - 1
 
-        def land(index: int, grad: Tensor, final: bool) -> None:
-            work.land(index, units[index], grad, dtype, final)
+        clip = train.max_grad_norm
+
+        def land(index: int, grad: Tensor, final: bool, step: int) -> None:
+            """Land a unit's gradient; its last landing of the step takes its norm (clipping)
+            or starts its update at once (no clipping: the update overlaps the backward, and
+            the unit's next load waits for it)."""
+            if final and clip is None:
+                update = partial(_update_unit, o, step, units[index], 1.0)
+                ready = work.land(index, units[index], grad, dtype, then=update)
+                assert ready is not None
+                stream.host_ready[index] = ready
+            else:
+                work.land(index, units[index], grad, dtype, norm=final)
 
         def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
             out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
@@ -746,10 +804,10 @@ def _train_streaming(
             loss_value = loss.item()
             assert head_w.grad is not None and x.grad is not None
             last = micro == last_micro
-            land(head, head_w.grad, last)
+            land(head, head_w.grad, last, step)
             if embed_w is not None:  # the embedding's own backward lands after this
                 assert embed_w.grad is not None
-                land(0, embed_w.grad, False)
+                land(0, embed_w.grad, False, step)
             grad_h = x.grad
             # the head's autograd graph goes before the layers' backward: it holds the pool
             # and the draining gradients only
@@ -774,14 +832,14 @@ def _train_streaming(
                     torch.autograd.backward(out, grad_h)
                     stream.release(slot)
                     assert w.grad is not None and xi.grad is not None
-                    land(1 + i, w.grad, last)
+                    land(1 + i, w.grad, last, step)
                     grad_h = xi.grad
             # embedding backward: scatter the input gradient into the rows that were used
             embed_grad = torch.zeros(
                 spec.vocab_size, spec.hidden_size, dtype=grad_h.dtype, device=device
             )
             embed_grad.index_add_(0, ids.reshape(-1), grad_h.reshape(-1, spec.hidden_size))
-            land(0, embed_grad, last)
+            land(0, embed_grad, last, step)
             on_phase("backward", step)
             return loss_value
 
@@ -791,20 +849,24 @@ def _train_streaming(
             total = 0.0
             for micro in range(train.grad_accum_steps):
                 total += micro_batch(step, micro)
-            # the CPU optimizer, on the host thread, unit by unit in the order the next forward
-            # loads them, with the clipping coefficient of the whole step; each unit's next load
-            # waits for its own update only
-            work.drain()
+            # resident copies are about to go stale: the next step loads every unit afresh,
+            # each load waiting for that unit's update only
             stream.invalidate()
-            norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
-            coef = clip_coefficient(norm_sq, cfg.clip_norm)
-            for index, u in enumerate(units):
-                stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
+            work.new_step()
+            if clip is not None:
+                # the CPU optimizer, on the host thread, unit by unit in the order the next
+                # forward loads them, with the clipping coefficient of the whole step
+                work.drain()
+                norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
+                coef = clip_coefficient(norm_sq, clip)
+                for index, u in enumerate(units):
+                    stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
             on_phase("optimizer", step)
             losses.append(total / train.grad_accum_steps)
         for ready in stream.host_ready.values():
             ready.result()
         stream.host_ready.clear()
+        work.drain()
         seconds = time.perf_counter() - start
         state: dict[str, Tensor] = {}
         ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
@@ -824,6 +886,10 @@ def _train_streaming(
                 "mode": "streaming",
                 "precision": precision.model_dump(),
                 "ema": train.ema,
+                "max_grad_norm": clip,
+                # when the CPU AdamW updates a unit: once the step's norm is known (clipping),
+                # or as the unit's last gradient lands, during the backward
+                "cpu_update": "after_norm" if clip is not None else "as_gradients_land",
                 "checkpoint_every": k,
                 "num_buffers": train.offload.num_buffers,
                 "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
@@ -838,7 +904,8 @@ def _train_streaming(
 
 
 def _update_unit(o: AdamWConfig, step: int, u: Unit, coef: float) -> None:
-    """One unit's CPU AdamW (on the host thread), then a zeroed accumulator."""
+    """One unit's CPU AdamW (on the host thread); the spent accumulator is overwritten by the
+    unit's first landing of the next step."""
     adamw_step(
         o,
         step,
@@ -850,7 +917,6 @@ def _update_unit(o: AdamWConfig, step: int, u: Unit, coef: float) -> None:
         ema=u.host.get("ema"),
         working=u.host["working"],
     )
-    u.host["grad"].zero_()
 
 
 def train_model(

@@ -24,3 +24,23 @@ def test_streaming_trains_four_times_what_the_resident_trainer_fits() -> None:
     assert out["streaming_trained"] is True
     assert out["ratio"] >= 4.0
     assert out["streaming_layers"] >= 4 * out["reference_layers"]
+
+
+def test_the_steps_section_runs_every_schedule() -> None:
+    """The ``steps`` section end to end on a CPU (its timings mean nothing here): the bound's
+    parts, and the clipped, unclipped and unprefetched streaming runs beside it."""
+    rows = [{"size_mib": 1, "pinned": True, "h2d_gb_s": 10.0, "d2h_gb_s": 10.0}]
+    out = runtime_gpu.steps_vs_bound(4, 128, 32, rows, 1e8, host=16 << 30, device="cpu", vocab=256)
+    parts = out["bound_parts"]
+    assert out["bound_seconds"] == max(parts["compute"], parts["transfer"], parts["cpu_optimizer"])
+    for label in ("prefetch", "prefetch_unclipped", "no_prefetch"):
+        run = out[label]
+        assert run["step_seconds"] > 0
+        assert run["ratio_to_bound"] == run["step_seconds"] / out["bound_seconds"]
+        assert run["expected_seconds"] >= out["bound_seconds"]
+
+
+def test_the_landing_measure_lands_both_ways() -> None:
+    out = runtime_gpu.landing(1 << 12)
+    assert set(out) == {"first_landing_per_s", "later_landing_per_s"}
+    assert all(rate > 0 for rate in out.values())

@@ -74,7 +74,7 @@ def test_a_third_gradient_waits_for_the_first_slab() -> None:
 
         def land_all() -> None:
             for i, (unit, grad) in enumerate(zip(units, grads, strict=True)):
-                work.land(i, unit, grad, torch.float32, final=True)
+                work.land(i, unit, grad, torch.float32, norm=True)
 
         lander = threading.Thread(target=land_all)
         lander.start()
@@ -92,3 +92,29 @@ def test_a_third_gradient_waits_for_the_first_slab() -> None:
 def _slabs(numel: int) -> tuple[torch.Tensor, list[tuple[str, int, torch.dtype]]]:
     fields = [(f"slab{i}", numel, torch.float32) for i in range(2)]
     return torch.zeros(carved_bytes(fields), dtype=torch.uint8), fields
+
+
+def test_a_steps_first_landing_overwrites_the_spent_accumulator() -> None:
+    """The accumulator is never zeroed: a unit's first landing of a step writes it (whatever
+    the spent update left there), later ones add to it, 16-bit slabs promoted exactly."""
+    numel = 8
+    fields = [(f"slab{i}", numel, torch.bfloat16) for i in range(2)]
+    slabs = list(carve(torch.zeros(carved_bytes(fields), dtype=torch.uint8), fields).values())
+    unit = Unit("u", ["w"], [torch.Size([numel])], [0], numel)
+    unit.host = {"grad": torch.full((numel,), float("nan"))}  # what a spent update leaves
+    a, b = torch.randn(numel).bfloat16(), torch.randn(numel).bfloat16()
+    ran: list[str] = []
+    with HostWork(DelayedBackend(seed=0), slabs) as work:
+        work.land(0, unit, a, torch.bfloat16)
+        ready = work.land(0, unit, b, torch.bfloat16, norm=True, then=lambda: ran.append("u"))
+        assert ready is not None
+        ready.result()
+        assert torch.equal(unit.host["grad"], a.float() + b.float()) and ran == ["u"]
+        assert work.norms[0] == pytest.approx(float((a.float() + b.float()).pow(2).sum()))
+        work.land(0, unit, b, torch.bfloat16)  # the same step: adds
+        work.drain()
+        assert torch.equal(unit.host["grad"], a.float() + b.float() + b.float())
+        work.new_step()
+        work.land(0, unit, a, torch.bfloat16)
+        work.drain()
+    assert torch.equal(unit.host["grad"], a.float())

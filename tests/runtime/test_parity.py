@@ -4,19 +4,22 @@ Tiny dense, MoE and MLA models (tied embeddings, GQA or DeepSeek's multi-head la
 shared expert, a dense first layer, fp32 routing weights), five
 steps, EMA on: losses, final fp32 master weights and the EMA agree with the reference within
 1e-5 relative, for optimizer offload (f = 0, 0.5, 1) and streaming (checkpoint every 1, 2 and
-all layers; 2 and 3 device buffers; gradient accumulation 1 and 3).
+all layers; 2 and 3 device buffers; gradient accumulation 1 and 3), with clipping and, for
+streaming, without (where each unit is updated as its last gradient lands).
 """
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 
 import pytest
 import torch
 
 import planner
+import runtime.trainer
 from runtime.streams import DelayedBackend
-from runtime.trainer import Result, RunConfig, train_model
+from runtime.trainer import Result, RunConfig, Unit, train_model
 
 STEPS = 5
 BASE = {"micro_batch_size": 2, "seq_len": 16, "ema": "host"}
@@ -24,9 +27,9 @@ TOL = 1e-5
 
 
 @cache
-def reference(model: str, grad_accum: int) -> Result:
+def reference(model: str, grad_accum: int, max_grad_norm: float | None = 1.0) -> Result:
     spec = planner.load_model(model)
-    train = planner.TrainSpec(**BASE, grad_accum_steps=grad_accum)
+    train = planner.TrainSpec(**BASE, grad_accum_steps=grad_accum, max_grad_norm=max_grad_norm)
     return train_model(spec, train, RunConfig(steps=STEPS, reference=True))
 
 
@@ -185,3 +188,78 @@ def test_query_key_norms_train_like_the_reference(offload: dict[str, object]) ->
     assert_parity(result, ref)
     q_norm = ref.state["layers.0.self_attn.q_norm.weight"]
     assert not torch.equal(q_norm, torch.ones_like(q_norm))
+
+
+UNCLIPPED = [
+    ({"mode": "streaming", "checkpoint_every": 1, "num_buffers": 2}, 1, 0),
+    ({"mode": "streaming", "checkpoint_every": 2, "num_buffers": 3}, 3, 1),
+    ({"mode": "streaming", "checkpoint_every": 4, "num_buffers": 2}, 1, 2),  # all layers
+]
+
+
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe", "tiny-mla"])
+@pytest.mark.parametrize(("offload", "grad_accum", "seed"), UNCLIPPED)
+def test_unclipped_streaming_updates_as_gradients_land_and_matches_reference(
+    model: str, offload: dict[str, object], grad_accum: int, seed: int
+) -> None:
+    """Without clipping, each unit's CPU AdamW starts as its last gradient of the step lands,
+    while the backward goes on; under late and reordered copies it still trains exactly."""
+    spec = planner.load_model(model)
+    train = planner.TrainSpec(
+        **BASE, grad_accum_steps=grad_accum, offload=offload, max_grad_norm=None
+    )
+    backend = DelayedBackend(seed=seed)
+    result = train_model(spec, train, RunConfig(steps=STEPS), backend=backend)
+    assert result.placement["cpu_update"] == "as_gradients_land"
+    assert_parity(result, reference(model, grad_accum, None))
+    assert backend.unwaited() <= train.offload.num_buffers
+
+
+def test_the_clipped_cases_really_clip() -> None:
+    """Clipping is active in these runs (the reference's gradient norm exceeds 1): the clipped
+    and unclipped references part, so the parity cases above check both schedules."""
+    clipped, unclipped = reference("tiny-dense", 1), reference("tiny-dense", 1, None)
+    assert clipped.losses[0] == unclipped.losses[0]
+    assert any(_relative(clipped.state[n], unclipped.state[n]) > 1e-3 for n in clipped.state)
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1.0])
+def test_unclipped_updates_overlap_the_backward(
+    max_grad_norm: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order and the overlap, observed: without clipping the updates run in landing order
+    (head, last layer … first, embedding) and the head's is done before the backward ends;
+    with clipping they wait for the step's norm and run in the next forward's order."""
+    spec = planner.load_model("tiny-dense")
+    train = planner.TrainSpec(
+        **BASE,
+        offload={"mode": "streaming", "checkpoint_every": 1},
+        max_grad_norm=max_grad_norm,
+    )
+    order: list[tuple[int, str]] = []
+    head_done = {step: threading.Event() for step in range(1, 3)}
+    update = runtime.trainer._update_unit
+
+    def recorded(o: object, step: int, u: Unit, coef: float) -> None:
+        update(o, step, u, coef)  # type: ignore[arg-type]
+        order.append((step, u.name))
+        if u.name == "head":
+            head_done[step].set()
+
+    ended_after_head: dict[int, bool] = {}
+
+    def hook(phase: str, step: int) -> None:
+        if phase == "backward":
+            # without clipping the head's update runs during the backward (a hang here fails
+            # after 30 s); with clipping it cannot have started
+            wait = 30.0 if max_grad_norm is None else 0.5
+            ended_after_head[step] = head_done[step].wait(timeout=wait)
+
+    monkeypatch.setattr(runtime.trainer, "_update_unit", recorded)
+    train_model(spec, train, RunConfig(steps=2), on_phase=hook)
+    layers = [f"layers.{i}" for i in range(spec.num_layers)]
+    forward = ["embed_tokens", *layers, "head"]
+    landing = ["head", *reversed(layers), "embed_tokens"]
+    expected = landing if max_grad_norm is None else forward
+    assert order == [(step, name) for step in (1, 2) for name in expected]
+    assert ended_after_head == dict.fromkeys((1, 2), max_grad_norm is None)
