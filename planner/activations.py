@@ -37,7 +37,9 @@ class LayerActivations(NamedTuple):
     backward_dense: int  # held by a dense layer's backward beyond its saved tensors
     backward_moe: int  # the same for an MoE layer (its larger MLP: routed or shared experts)
     backward_ffn_dense: int  # the part of backward_dense held only during the MLP's backward
-    backward_ffn_moe: int  # the same for an MoE layer
+    backward_ffn_moe: int  # the same for an MoE layer (its experts' side)
+    backward_start_moe: int  # an MoE layer's as its backward starts on the experts' outputs,
+    # before any of its gradients exist (held instead of backward_ffn_moe, not beside it)
     mlp_dense: int  # what a dense layer's MLP saves (part of dense), freed by its backward
     mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
 
@@ -108,7 +110,7 @@ def layer_activations(
     back = coeffs.backward_ffn_tensors
     ffn_tensor = tokens * model.ffn_hidden_size * e // tp  # bytes of one FFN-width tensor
     back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
-    moe_bytes = dispatch = back_moe = back_ffn_moe = mlp_moe = 0
+    moe_bytes = dispatch = back_moe = back_ffn_moe = output_side = mlp_moe = 0
     moe = model.moe
     if moe is not None:
         route_tokens = tokens // whole
@@ -128,12 +130,17 @@ def layer_activations(
         routed_tensor = slots * moe.expert_ffn_size * e // tp
         back_ffn_moe = int(back * max(routed_tensor, shared_width * e // tp))
         back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
-        # as the backward starts on the experts' outputs: hidden-width tensors only, and
-        # with fp32 routing weights the gradients of the fp32 products, two fp32 tensors
+        # as the backward starts on the experts' outputs: hidden-width tensors only (fitted
+        # beside the share of the layer's gradients made by the MLP's peak), and with fp32
+        # routing weights the gradients of the fp32 products, two fp32 tensors, which exist
+        # before any routed expert's gradient (the estimate pairs them with the shared
+        # experts' gradients only)
         output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
+        back_ffn_moe = max(back_ffn_moe, output_side)
         if moe.routing_weights_fp32:
             output_side += 2 * slots * h * 4 // whole
-        back_ffn_moe = max(back_ffn_moe, output_side)
+        else:
+            output_side = 0
         back_moe = back_ffn_moe + int(back_hidden)
     return LayerActivations(
         dense=dense,
@@ -145,6 +152,7 @@ def layer_activations(
         backward_moe=back_moe,
         backward_ffn_dense=int(back * ffn_tensor),
         backward_ffn_moe=back_ffn_moe,
+        backward_start_moe=output_side,
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
     )

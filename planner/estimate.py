@@ -51,6 +51,8 @@ class StageTerms(NamedTuple):
     own_grads_moe: int  # an MoE layer's
     mlp_grads_dense: int  # all of a dense layer's MLP gradients (once its MLP's backward is done)
     mlp_grads_moe: int  # all of an MoE layer's experts' gradients
+    start_grads_moe: int  # an MoE layer's as its routed experts' backward starts (its shared
+    # experts', computed last in forward, are made first)
     grads_tail: int  # at the embedding's backward: its gradient being made and accumulated
     master_params: int
     optimizer_states: int
@@ -63,9 +65,11 @@ class StageTerms(NamedTuple):
     # whose gradients exist, the micro-batch's activations and dispatch buffers then, and
     # whether the layer running is an MoE layer (1) or dense (0)
     backward_points: tuple[tuple[int, int, int, int, int], ...]
-    # what a dense and an MoE layer's backward holds beyond its saved tensors (throughout, only
-    # during its MLP's backward), and what its MLP's backward frees (its saved tensors)
-    layer_temporaries: tuple[tuple[int, int, int], tuple[int, int, int]]
+    # what a dense and an MoE layer's backward holds beyond its saved tensors, per kind
+    # (dense, MoE): held throughout its backward, during its MLP's only, its MLP's saved
+    # tensors (freed by then), and held as it starts (an MoE layer's fp32 routing products'
+    # gradients, before any routed expert's gradient)
+    layer_temporaries: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
     logits_forward: int
     logits_backward: int
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
@@ -227,6 +231,7 @@ def _model_states(
         grads_total = grads_start = grads_tail = unit * bw
         # they land in the one unit counted
         layer_dense = layer_moe = own_dense = own_moe = mlp_dense = mlp_moe = 0
+        start_moe = 0
         transfer = 2 * unit * bw  # gradient slabs draining to the host
         master = opt = opt_temp = ema_gpu = 0
         off = local_opt_numel
@@ -264,7 +269,7 @@ def _model_states(
         transfer = 2 * (sp.max_unit_numel * bp) if (z >= 3 and dp > 1) else 0
         if accumulating:  # every gradient buffer is live from the first micro-batch on
             grads_start = grads_total
-            layer_dense = layer_moe = own_dense = own_moe = mlp_dense = mlp_moe = 0
+            layer_dense = layer_moe = own_dense = own_moe = mlp_dense = mlp_moe = start_moe = 0
         else:
             grads_start = b.grads_bytes(sp.head_unit_numel, bg, zd[1]) if sp.has_head else 0
             layer_dense = b.grads_bytes(sp.dense_layer_numel, bg, zd[1])
@@ -279,6 +284,7 @@ def _model_states(
             )
             own_dense = int(own_fraction * mlp_dense)
             own_moe = int(own_fraction * mlp_moe)
+            start_moe = b.grads_bytes(sp.moe_layer_shared_numel, bg, zd[1])
         if sp.tied_embeddings:
             # the head's gradient of a tied table waits in autograd's input buffer for the
             # embedding's through every layer's backward (the tail below adds the two)
@@ -312,6 +318,7 @@ def _model_states(
         own_moe,
         mlp_dense,
         mlp_moe,
+        start_moe,
         grads_tail,
         master,
         opt,
@@ -347,7 +354,7 @@ def _activation_terms(
         model, coeffs, micro_batch, seq_len, bp, eager, tp, cp, ep, sequence_parallel, cf, imbalance
     )
     n, n_moe = sp.num_layers, sp.num_moe_layers
-    a_dense, a_moe, a_scores, a_dispatch, a_input, t_dense, t_moe, f_dense, f_moe, _, _ = acts
+    a_dense, a_moe, a_scores, a_dispatch, a_input, t_dense, t_moe, f_dense, f_moe = acts[:9]
     t_dense -= f_dense  # held throughout the layer's backward; f_*: during its MLP's only
     t_moe -= f_moe
     if k is None:
@@ -367,8 +374,8 @@ def _activation_terms(
         t_moe += rerun
     points = _backward_points(sp.moe_flags, k, a_dense, a_moe, a_dispatch, a_input)
     temporaries = (
-        (t_dense, f_dense, acts.mlp_dense),
-        (t_moe, f_moe, acts.mlp_moe + a_dispatch),
+        (t_dense, f_dense, acts.mlp_dense, 0),
+        (t_moe, f_moe, acts.mlp_moe + a_dispatch, acts.backward_start_moe),
     )
     logits_f = logits_b = 0
     if sp.has_head:
@@ -600,6 +607,7 @@ def _phase_totals(
         own_moe,
         mlp_dense,
         mlp_moe,
+        start_moe,
         grads_tail,
         master,
         opt,
@@ -615,7 +623,7 @@ def _phase_totals(
         points,
         grads_start,
         (g_dense, g_moe),
-        _layer_totals(((own_dense, mlp_dense), (own_moe, mlp_moe)), temporaries),
+        _layer_totals(((own_dense, mlp_dense, 0), (own_moe, mlp_moe, start_moe)), temporaries),
         live - saved - disp,
     )
     # the embedding's backward: every layer's activations are gone
@@ -652,20 +660,27 @@ def _phase_totals(
     )
 
 
-def _layer_extra(own: tuple[int, int], temporaries: tuple[int, int, int]) -> tuple[int, int, int]:
+def _layer_extra(
+    own: tuple[int, int, int], temporaries: tuple[int, int, int, int]
+) -> tuple[int, int, int]:
     """(own gradients, other bytes, total) a layer's backward holds at its peak beyond its
-    saved tensors: during its MLP's backward (the MLP's temporaries and the share of its
-    gradients made by then), or once that is done (all of the MLP's gradients, its saved
-    tensors freed), whichever is larger."""
-    (share, whole), (throughout, mlp, freed) = own, temporaries
-    if mlp + share >= whole - freed:
+    saved tensors: as it starts (an MoE layer with fp32 routing weights, on its routed
+    experts' outputs: of its gradients only its shared experts'), during its MLP's backward
+    (the MLP's temporaries and the share of its gradients made by then), or once that is done
+    (all of the MLP's gradients, its saved tensors freed), whichever is largest."""
+    (share, whole, at_start), (throughout, mlp, freed, start) = own, temporaries
+    if not start:  # nothing held before the routed experts' backward but what it holds later
+        at_start = 0
+    if mlp + share >= max(whole - freed, start + at_start):
         return share, throughout + mlp, throughout + mlp + share
+    if start + at_start > whole - freed:
+        return at_start, throughout + start, throughout + start + at_start
     return whole, throughout - freed, throughout - freed + whole
 
 
 def _layer_totals(
-    own_grads: tuple[tuple[int, int], tuple[int, int]],
-    temporaries: tuple[tuple[int, int, int], tuple[int, int, int]],
+    own_grads: tuple[tuple[int, int, int], tuple[int, int, int]],
+    temporaries: tuple[tuple[int, int, int, int], tuple[int, int, int, int]],
 ) -> tuple[int, int]:
     """``_layer_extra``'s totals of a dense and an MoE layer."""
     return (
@@ -736,8 +751,8 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     fwd_transfer = transfer if accumulating or not streaming else 0
 
     extra = (
-        _layer_extra((t.own_grads_dense, t.mlp_grads_dense), t.layer_temporaries[0]),
-        _layer_extra((t.own_grads_moe, t.mlp_grads_moe), t.layer_temporaries[1]),
+        _layer_extra((t.own_grads_dense, t.mlp_grads_dense, 0), t.layer_temporaries[0]),
+        _layer_extra((t.own_grads_moe, t.mlp_grads_moe, t.start_grads_moe), t.layer_temporaries[1]),
     )
 
     def backward(o: int) -> tuple[int, ...]:
@@ -895,7 +910,10 @@ def layer_backward_bytes(
     kn = knobs(train)
     t = _stage_terms(model, kn, coefficients or default_coefficients(kn.activation_profile), 0)
     others = (t.in_flight - 1) * (t.activations_saved + t.dispatch_saved)
-    own = ((t.own_grads_dense, t.mlp_grads_dense), (t.own_grads_moe, t.mlp_grads_moe))
+    own = (
+        (t.own_grads_dense, t.mlp_grads_dense, 0),
+        (t.own_grads_moe, t.mlp_grads_moe, t.start_grads_moe),
+    )
     through = _through_layers(
         t.backward_points,
         t.grads_start,

@@ -16,6 +16,7 @@ estimate_module = importlib.import_module("planner.estimate")
 
 Kind = tuple[int, int]  # (dense, MoE)
 Triple = tuple[int, int, int]
+Quad = tuple[int, int, int, int]
 
 
 class Case(NamedTuple):
@@ -23,14 +24,16 @@ class Case(NamedTuple):
     k: int | None  # layers per recomputed block
     sizes: tuple[int, int, int, int]  # a dense, an MoE layer's saved; dispatch; checkpoint
     grads: Kind  # a layer's gradients
-    own: tuple[Kind, Kind]  # its MLP's at the MLP's peak and in all, per kind
-    temporaries: tuple[Triple, Triple]  # held throughout, during the MLP's, freed, per kind
+    own: tuple[Triple, Triple]  # its MLP's at the MLP's peak, in all, and at its start, per kind
+    # held throughout, during the MLP's, freed, at its start (0: none), per kind
+    temporaries: tuple[Quad, Quad]
 
 
 def _every_layer(case: Case) -> int:
     """The largest total over each layer's backward, walked layer by layer; at layer j's, the
-    larger of its MLP's backward (its temporaries and a share of its own gradients) and the end
-    of it (all of its MLP's gradients, its saved tensors freed)."""
+    largest of its start (where it holds anything there: those temporaries and its gradients
+    made by then), its MLP's backward (its temporaries and a share of its own gradients) and
+    the end of it (all of its MLP's gradients, its saved tensors freed)."""
     flags, k, sizes, grads, own, temporaries = case
     a_dense, a_moe, dispatch, a_input = sizes
     n = len(flags)
@@ -43,15 +46,17 @@ def _every_layer(case: Case) -> int:
         held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
         above = sum(grads[int(flags[i])] for i in range(j + 1, n))
-        (share, whole), (throughout, mlp, freed) = own[kind], temporaries[kind]
+        (share, whole, at_start), (throughout, mlp, freed, start) = own[kind], temporaries[kind]
         in_mlp = above + held + disp + throughout + mlp + share
         after_mlp = above + held + disp + throughout + whole - freed
-        best = max(best, in_mlp, after_mlp)
+        starting = above + held + disp + throughout + start + at_start if start else 0
+        best = max(best, in_mlp, after_mlp, starting)
     return best
 
 
 _SIZE = st.integers(0, 10**6)
 _KIND = st.tuples(_SIZE, _SIZE)
+_TRIPLE = st.tuples(_SIZE, _SIZE, _SIZE)
 _CASES = st.builds(
     Case,
     flags=st.lists(st.booleans(), min_size=1, max_size=24).map(tuple)
@@ -61,8 +66,8 @@ _CASES = st.builds(
     k=st.none() | st.integers(1, 30),
     sizes=st.tuples(_SIZE, _SIZE, _SIZE, _SIZE),
     grads=_KIND,
-    own=st.tuples(_KIND, _KIND),
-    temporaries=st.tuples(*[st.tuples(_SIZE, _SIZE, _SIZE)] * 2),
+    own=st.tuples(_TRIPLE, _TRIPLE),
+    temporaries=st.tuples(*[st.tuples(_SIZE, _SIZE, _SIZE, st.just(0) | _SIZE)] * 2),
 )
 
 
@@ -103,7 +108,7 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
     # at the top of the block: the recomputed block, and of the layers' gradients only the top
     # layer's own MLP's, being made
     own, temporary, _ = estimate_module._layer_extra(
-        (t.own_grads_dense, t.mlp_grads_dense), t.layer_temporaries[0]
+        (t.own_grads_dense, t.mlp_grads_dense, 0), t.layer_temporaries[0]
     )
     assert 0 < own <= t.mlp_grads_dense < t.layer_grads_dense
     assert backward["grads"] == t.grads_start + own
