@@ -689,6 +689,14 @@ def _layer_totals(
     )
 
 
+def _stage_layer_extras(t: StageTerms) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """``_layer_extra`` of a dense and an MoE layer of the stage ``t`` describes."""
+    return (
+        _layer_extra((t.own_grads_dense, t.mlp_grads_dense, 0), t.layer_temporaries[0]),
+        _layer_extra((t.own_grads_moe, t.mlp_grads_moe, t.start_grads_moe), t.layer_temporaries[1]),
+    )
+
+
 def _through_layers(
     points: tuple[tuple[int, int, int, int, int], ...],
     grads_start: int,
@@ -750,10 +758,7 @@ def _phase_rows(t: StageTerms, kn: Knobs) -> tuple[tuple[int, ...], ...]:
     head_input = t.acts.layer_input if streaming and logits_f else 0
     fwd_transfer = transfer if accumulating or not streaming else 0
 
-    extra = (
-        _layer_extra((t.own_grads_dense, t.mlp_grads_dense, 0), t.layer_temporaries[0]),
-        _layer_extra((t.own_grads_moe, t.mlp_grads_moe, t.start_grads_moe), t.layer_temporaries[1]),
-    )
+    extra = _stage_layer_extras(t)
 
     def backward(o: int) -> tuple[int, ...]:
         best = (params, t.grads_tail, master, o, ema, 0, 0, 0, transfer)
@@ -910,15 +915,12 @@ def layer_backward_bytes(
     kn = knobs(train)
     t = _stage_terms(model, kn, coefficients or default_coefficients(kn.activation_profile), 0)
     others = (t.in_flight - 1) * (t.activations_saved + t.dispatch_saved)
-    own = (
-        (t.own_grads_dense, t.mlp_grads_dense, 0),
-        (t.own_grads_moe, t.mlp_grads_moe, t.start_grads_moe),
-    )
+    dense, moe = _stage_layer_extras(t)
     through = _through_layers(
         t.backward_points,
         t.grads_start,
         (t.layer_grads_dense, t.layer_grads_moe),
-        _layer_totals(own, t.layer_temporaries),
+        (dense[2], moe[2]),
         others,
     )
     return t.params + t.master_params + t.ema + t.transfer_buffers + t.optimizer_states + through
