@@ -632,7 +632,7 @@ def train(
             steps=result.steps,
             tokens_per_second=result.tokens_per_second,
             placement=result.placement,
-            attention_kv=kv_layout(spec, torch.device(device.value), cfg.dtype),
+            attention_kv=kv_layout(spec, torch_device, cfg.dtype),
         )
     except torch.OutOfMemoryError as exc:
         code = EXIT_OOM
