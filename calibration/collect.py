@@ -9,7 +9,8 @@ them to ``calibration/data/<impl>-traces.json``.
   backward too, which the layers' backward terms are fitted to. Two shapes add Qwen3's per-head
   query/key norms (a dense one fitted, an MoE one held out), two MoE layers like the published
   ones (no shared experts; experts wider than the hidden size, or many narrower ones), and two
-  whose attention is twice the hidden size wide (Qwen3's head_dim).
+  whose attention is twice the hidden size wide (Qwen3's head_dim), and the hf design's three
+  DeepSeek-style shapes (multi-head latent attention, fp32 routing weights; one held out).
   Every third configuration is held out, whole two-layer cuts of the GPU matrix's dense and MoE
   models, and two-layer cuts of Mixtral-8x7B and Qwen3-30B-A3B at full width and 8k-16k tokens.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe) built from
@@ -324,11 +325,20 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
         model = _runtime_spec(dims, f"trace-attn-{index}", head_dim=2 * dims[0] // dims[1])
         for mb, seq in LARGE_BATCHES:
             out.append((model, _train(mb, seq, "runtime"), len(out) % 3 == 2))
+    # multi-head latent attention with fp32 routing weights (the hf design's DeepSeek shapes),
+    # the third held out whole: its attention's and routing's terms fitted, not only checked
+    for i, (config, held_out) in enumerate(HF_MLA_SHAPES):
+        model = from_hf_config({**config, "_name_or_path": f"trace-mla-{i}"}).model_copy(
+            update={"source": "calibration design (calibration/collect.py)"}
+        )
+        runs = [_train(mb, seq, "runtime") for mb, seq in HF_BATCHES]
+        for train in [*runs, _train(2, 1024, "runtime", "full")]:
+            out.append((model, train, held_out or len(out) % 3 == 2))
     for name, mb, seq, recompute in RUNTIME_PRESETS:
         model = planner.load_model(name).model_copy(update={"num_layers": 2})
         out.append((model, _train(mb, seq, "runtime", recompute), True))
     # DeepSeek-V3's three dense layers and first MoE layer at full width: multi-head latent
-    # attention and fp32 routing weights, held out (no MLA shape is fitted)
+    # attention and fp32 routing weights, held out
     out.append((deepseek_cut(), _train(1, 2048, "runtime"), True))
     return out
 

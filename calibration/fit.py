@@ -60,6 +60,21 @@ BACKWARD = (
 BACKWARD_MIN_HIDDEN = 512
 #: how many times the backward fit solves again around its last solution (at most)
 BACKWARD_REFINEMENTS = 8
+#: per profile, what its implementation does rather than what a fit finds. Headroom's trainer
+#: scales its experts' outputs by the routing weights slab by slab
+#: (``runtime.model.SCALE_SLAB_ELEMENTS``; a test holds the two equal): as an MoE layer's
+#: backward starts it holds two slot-wide tensors (the outputs' gathered gradient and their
+#: gradient after the scale) and a slab of the weights' gradient's product, 16-bit, or with
+#: fp32 weights the incoming gradient's fp32 copy and an fp32 product (8 bytes an element,
+#: 6 more than 16-bit routing)
+STRUCTURAL: dict[str, dict[str, Any]] = {
+    "runtime": {
+        "backward_output_slot_tensors": 2.0,
+        "routing_fp32_bytes_per_element": 6.0,
+        "routing_product_slab_elements": 1 << 22,
+    },
+    "hf": {},
+}
 ZERO = {
     "attention_scale": 0.0,
     "qk_norm_tensors": 0.0,
@@ -173,6 +188,7 @@ def fit_coefficients(
     mlp = max(hidden, MIN_MLP_SCALE)
     ffn_tensors = c["ffn"] / mlp
     values: dict[str, Any] = {
+        **STRUCTURAL.get(profile, {}),
         "norm_scale": hidden,
         "attention_scale": c["attention"],
         "mlp_scale": mlp,
@@ -232,6 +248,7 @@ def _fit_backward(
     if not chosen:
         return {}
     base = planner.Coefficients(profile=profile, **values)
+    fitted = [name for name in BACKWARD if name not in STRUCTURAL.get(profile, {})]
 
     def estimates(point: dict[str, float]) -> list[int]:
         c = base.model_copy(update=point)
@@ -247,24 +264,24 @@ def _fit_backward(
         at = estimates(around)
         steps = {
             name: -step if name == "backward_mlp_grads" and around[name] + step > 1 else step
-            for name in BACKWARD
+            for name in fitted
         }
-        moved = [estimates({**around, name: around[name] + steps[name]}) for name in BACKWARD]
+        moved = [estimates({**around, name: around[name] + steps[name]}) for name in fitted]
         rows = [
-            [(moved[j][i] - at[i]) / steps[name] for j, name in enumerate(BACKWARD)]
+            [(moved[j][i] - at[i]) / steps[name] for j, name in enumerate(fitted)]
             for i in range(len(chosen))
         ]
         fixed = [
-            at[i] - sum(r * around[n] for r, n in zip(rows[i], BACKWARD, strict=True))
+            at[i] - sum(r * around[n] for r, n in zip(rows[i], fitted, strict=True))
             for i in range(len(chosen))
         ]
         solution = _relative_nnls(rows, fixed, [y for _, _, y in chosen])
-        point = dict(zip(BACKWARD, solution, strict=True))
+        point = dict(zip(fitted, solution, strict=True))
         # a fraction of the layer's own gradients: at most all of them
         point["backward_mlp_grads"] = min(point["backward_mlp_grads"], 1.0)
         return point
 
-    point = solve({name: 0.0 for name in BACKWARD}, 1.0)
+    point = solve({name: 0.0 for name in fitted}, 1.0)
     best = (squares(point), point)
     for _ in range(BACKWARD_REFINEMENTS):
         point = solve(point, 0.05)
@@ -339,6 +356,7 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         "allocator and context from the GPU preset",
         "num_records": len(fit),
         **{name: round(getattr(c, name), 6) for name in FITTED},
+        **STRUCTURAL[profile],
     }
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from planner._memo import identity_memo
-from planner.buckets import moe_capacity, moe_dispatch_bytes
+from planner.buckets import moe_capacity, moe_dispatch_bytes, routing_slabs
 from planner.coefficients import Coefficients
 from planner.model import ModelSpec
 
@@ -132,13 +132,19 @@ def layer_activations(
         back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
         # as the backward starts on the experts' outputs: hidden-width tensors only (fitted
         # beside the share of the layer's gradients made by the MLP's peak), and with fp32
-        # routing weights the gradients of the fp32 products, two fp32 tensors, which exist
-        # before any routed expert's gradient (the estimate pairs them with the shared
-        # experts' gradients only)
+        # routing weights the gradients of the fp32 products (eager autograd: two fp32
+        # tensors; Headroom's trainer: slabs of them), which exist before any routed expert's
+        # gradient (the estimate pairs them with the shared experts' gradients only)
         output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
+        elements = slots * h // whole
+        limit = coeffs.routing_product_slab_elements
+        if limit is not None:  # the routing weights' gradient's product, a slab at a time
+            per_slab = routing_slabs(local_experts, capacity, h // whole, limit)
+            elements = per_slab[0] * per_slab[1] * (h // whole)
+            output_side += elements * e
         back_ffn_moe = max(back_ffn_moe, output_side)
         if moe.routing_weights_fp32:
-            output_side += 2 * slots * h * 4 // whole
+            output_side += int(coeffs.routing_fp32_bytes_per_element * elements)
         else:
             output_side = 0
         back_moe = back_ffn_moe + int(back_hidden)

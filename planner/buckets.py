@@ -113,6 +113,16 @@ def moe_capacity(
     return math.ceil(capacity_factor * imbalance * tokens * top_k / num_experts)
 
 
+def routing_slabs(num_experts: int, capacity: int, width: int, limit: int) -> tuple[int, int]:
+    """How an implementation that scales experts' outputs ``(E, C, width)`` by their routing
+    weights a slab at a time cuts them: (experts, slots) per slab, at most ``limit`` elements
+    (whole experts where one fits, else runs of one expert's slots)."""
+    per_slab = max(1, limit // max(width, 1))  # slots
+    if per_slab >= capacity:
+        return min(num_experts, max(1, per_slab // max(capacity, 1))), capacity
+    return 1, per_slab
+
+
 def moe_dispatch_bytes(
     tokens: int,
     num_experts: int,

@@ -73,6 +73,20 @@ class Coefficients(BaseModel):
         "none of its FFN-width temporaries yet: the layer's temporaries are the larger of this "
         "and the FFN-side ones.",
     )
+    routing_fp32_bytes_per_element: float = Field(
+        default=8.0,
+        ge=0,
+        description="Bytes per routed slot element an MoE layer's backward holds as it starts, "
+        "beyond a 16-bit-routed layer's, when its routing weights are fp32 (DeepSeek-V2/V3): "
+        "eager autograd's two fp32 gradients of the weighted products. Counted over at most "
+        "routing_product_slab_elements.",
+    )
+    routing_product_slab_elements: int | None = Field(
+        default=None,
+        gt=0,
+        description="Elements at a time the implementation makes the routing weights' "
+        "products' gradients in (Headroom's trainer works in slabs); None: all slots at once.",
+    )
     backward_mlp_grads: float = Field(
         default=0.0,
         ge=0,

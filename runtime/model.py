@@ -21,6 +21,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from planner.buckets import routing_slabs
 from planner.model import ModelSpec
 from runtime.support import check_supported
 
@@ -282,6 +284,59 @@ class StackedExperts(nn.Module):
         return self._mlp(project, x)
 
 
+#: elements per slab the routing-weight scale works on at a time: its fp32 temporaries (with
+#: fp32 routing weights, two slabs) stay this small however many slots a layer routes
+SCALE_SLAB_ELEMENTS = 1 << 22
+
+
+class _ScaleByRoutingWeights(torch.autograd.Function):
+    """``(y * w[..., None]).to(y.dtype)`` for experts' outputs ``y`` ``(E, C, h)`` and routing
+    weights ``w`` ``(E, C)``, slab by slab, with the gradients autograd would give.
+
+    Eager autograd makes the product at the weights' precision and, in backward, holds that
+    precision's incoming gradient, the experts' outputs' gradient and the unreduced gradient
+    of the weights at once: three slot-wide tensors, fp32 ones with DeepSeek's fp32 weights.
+    Here the output and the outputs' gradient are the only slot-wide tensors; the rest exists
+    one slab of slots at a time: in backward the incoming gradient at the weights' precision
+    (a view at 16 bits) and the product the weights' gradient sums. Same values: the same
+    elementwise operations and roundings, and each weight's gradient is a sum over its own
+    slot's row either way."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(y, w)
+        out = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+        for at in _slabs(y.shape):
+            torch.mul(y[at], w[at].unsqueeze(-1), out=out[at])  # rounded as .to() rounds
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        y, w = ctx.saved_tensors
+        need_y, need_w = ctx.needs_input_grad[:2]
+        grad_y = torch.empty_like(y) if need_y else None
+        grad_w = torch.empty_like(w) if need_w else None
+        for at in _slabs(y.shape):
+            g = grad[at].to(w.dtype)  # the product's gradient, at the weights' precision
+            if grad_w is not None:
+                grad_w[at] = (g * y[at]).sum(-1)
+            if grad_y is not None:
+                torch.mul(g, w[at].unsqueeze(-1), out=grad_y[at])
+        return grad_y, grad_w
+
+
+def _slabs(shape: torch.Size) -> list[tuple[slice, slice]]:
+    """(experts, slots) index ranges covering ``(E, C, h)`` with at most
+    ``SCALE_SLAB_ELEMENTS`` elements each, cut as the planner counts them."""
+    experts, slots, width = shape
+    step, run = routing_slabs(experts, slots, width, SCALE_SLAB_ELEMENTS)
+    return [
+        (slice(e, e + step), slice(c, c + run))
+        for e in range(0, experts, step)
+        for c in range(0, slots, run)
+    ]
+
+
 class MoE(nn.Module):
     """Top-k softmax router with a per-expert capacity; overflowing tokens skip the expert.
 
@@ -329,12 +384,14 @@ class MoE(nn.Module):
             weights = weights.to(x.dtype)
         slot_token, slot_weight = self.dispatch(chosen, weights)
         gathered = tokens.index_select(0, slot_token).view(self.num_experts, -1, shape[-1])
-        # fp32 weights (DeepSeek's) make fp32 products, cast back before they are combined
-        y = self.experts.all_experts(gathered) * slot_weight.view(self.num_experts, -1, 1)
+        # fp32 weights (DeepSeek's) make fp32 products, cast back before they are combined;
+        # slab by slab, so no slot-wide fp32 tensor exists (_ScaleByRoutingWeights)
+        y = self.experts.all_experts(gathered)
+        y = _ScaleByRoutingWeights.apply(y, slot_weight.view(self.num_experts, -1))
         # index_put keeps only the slots' token ids for backward (index_add also keeps its
         # source, one more (E x C, hidden) tensor per MoE layer)
         out = torch.zeros_like(tokens).index_put(
-            (slot_token,), y.reshape(-1, shape[-1]).to(tokens.dtype), accumulate=True
+            (slot_token,), y.reshape(-1, shape[-1]), accumulate=True
         )
         if self.shared_experts is not None:
             shared = self.shared_experts(tokens)

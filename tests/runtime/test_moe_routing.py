@@ -1,9 +1,11 @@
 """Routing weights in fp32 (DeepSeek-V2/V3): read from their configs, counted where an MoE
-layer's backward starts on its experts' outputs, held by the bundled trainer as counted."""
+layer's backward starts on its experts' outputs, held by the bundled trainer as counted: it
+scales its experts' outputs a slab at a time, so no slot-wide fp32 tensor exists."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import planner
 from planner.activations import layer_activations
@@ -45,12 +47,16 @@ def test_fp32_routing_weights_hold_two_fp32_slot_tensors_in_backward(tp: int) ->
 
 def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weights() -> None:
     """The trainer's MoE layer scales its experts' outputs by fp32 routing weights when the
-    spec says so: its backward then holds, where it starts on those outputs, the two fp32
-    slot-wide gradients the planner adds (4 bf16 slot-wide tensors), and nothing else."""
+    spec says so, a slab at a time: where its backward starts on those outputs it holds one
+    slab's fp32 copy of the incoming gradient and one fp32 product, 6 bytes an element more
+    than with 16-bit weights (a 16-bit product), as the runtime profile counts, and no
+    slot-wide fp32 tensor (eager autograd held two more than 16-bit routing, 42 MB here)."""
     import math
 
     from calibration.collect import PURE_BF16
     from calibration.trace import layer_backward_peak, trace
+    from planner.buckets import routing_slabs
+    from runtime.model import SCALE_SLAB_ELEMENTS
 
     spec = planner.ModelSpec.model_validate(
         {
@@ -64,13 +70,92 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
     )  # fmt: skip
     assert spec.moe is not None
     train = planner.load_train({"micro_batch_size": 1, "seq_len": 2048, "precision": PURE_BF16})
-    peaks = {}
+    peaks, predicted = {}, {}
     for fp32 in (False, True):
         moe = spec.moe.model_copy(update={"routing_weights_fp32": fp32})
-        peaks[fp32] = layer_backward_peak(trace(spec.model_copy(update={"moe": moe}), train))
-    slots = spec.moe.num_experts * math.ceil(1.25 * 2048 * spec.moe.top_k / spec.moe.num_experts)
-    # to the byte but for a scalar or two (42 MB here)
-    assert abs(peaks[True] - peaks[False] - 2 * slots * spec.hidden_size * 4) <= 16
+        model = spec.model_copy(update={"moe": moe})
+        peaks[fp32] = layer_backward_peak(trace(model, train))
+        acts = layer_activations(
+            model, default_coefficients("runtime"), 1, 2048, 2, False, 1, 1, 1, False, 1.25, 1.0
+        )
+        predicted[fp32] = acts.backward_start_moe
+    capacity = math.ceil(1.25 * 2048 * spec.moe.top_k / spec.moe.num_experts)
+    experts, run = routing_slabs(spec.moe.num_experts, capacity, 512, SCALE_SLAB_ELEMENTS)
+    slab = experts * run * spec.hidden_size
+    assert 0 < slab < spec.moe.num_experts * capacity * spec.hidden_size  # more than one slab
+    slots = spec.moe.num_experts * capacity
+    # to the byte but for the routing weights themselves (a few bytes a slot)
+    assert abs(peaks[True] - peaks[False] - 6 * slab) <= 8 * slots
+    # the planner's as-it-starts point of the fp32 layer: 16-bit routing's, which it folds
+    # into the layer's other temporaries, plus the same 6 bytes a slab element
+    assert predicted[False] == 0
+    two_slot_tensors_and_a_slab = 2 * slots * spec.hidden_size * 2 + 2 * slab
+    assert predicted[True] == two_slot_tensors_and_a_slab + 6 * slab
+
+
+def test_the_trainer_scales_by_routing_weights_in_the_slabs_the_runtime_profile_counts() -> None:
+    from calibration.fit import STRUCTURAL
+    from runtime.model import SCALE_SLAB_ELEMENTS
+
+    runtime = default_coefficients("runtime")
+    assert runtime.routing_product_slab_elements == SCALE_SLAB_ELEMENTS
+    for name, value in STRUCTURAL["runtime"].items():
+        assert getattr(runtime, name) == value, name
+    # eager autograd's profiles: slot-wide, two fp32 tensors more than 16-bit routing
+    for profile in ("textbook", "hf"):
+        coeffs = default_coefficients(profile)
+        assert coeffs.routing_product_slab_elements is None
+        assert coeffs.routing_fp32_bytes_per_element == 8.0
+
+
+@pytest.mark.parametrize(
+    ("y_dtype", "w_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+    ],
+)
+@pytest.mark.parametrize(
+    ("shape", "limit"),
+    [((5, 7, 33), 1 << 22), ((6, 50, 40), 4_000), ((3, 90, 40), 1_000), ((4, 3, 8), 1)],
+)
+def test_the_slab_wise_routing_scale_is_eager_autograd_to_the_bit(
+    monkeypatch: pytest.MonkeyPatch,
+    y_dtype: torch.dtype,
+    w_dtype: torch.dtype,
+    shape: tuple[int, int, int],
+    limit: int,
+) -> None:
+    """Output and both gradients equal ``(y * w[..., None]).to(y.dtype)``'s under autograd,
+    bit for bit: one slab, whole experts per slab, runs of one expert's slots, single slots.
+    ``y`` is transposed, as the batched experts make it; its gradient keeps its layout."""
+    import runtime.model as rm
+
+    monkeypatch.setattr(rm, "SCALE_SLAB_ELEMENTS", limit)
+    experts, slots, width = shape
+    torch.manual_seed(7)
+    base = torch.randn(experts, width, slots).to(y_dtype)
+    weights = torch.rand(experts, slots).to(w_dtype)
+    incoming = torch.randn(shape).to(y_dtype)
+    y_ref, y_new = (base.clone().requires_grad_() for _ in range(2))
+    w_ref, w_new = (weights.clone().requires_grad_() for _ in range(2))
+    eager = (y_ref.transpose(1, 2) * w_ref.unsqueeze(-1)).to(y_dtype)
+    slab_wise = rm._ScaleByRoutingWeights.apply(y_new.transpose(1, 2), w_new)
+    eager.backward(incoming)
+    slab_wise.backward(incoming)
+    one_slab = experts * slots * width <= limit
+    assert (len(rm._slabs(torch.Size(shape))) == 1) == one_slab
+    assert slab_wise.dtype == y_dtype and slab_wise.is_contiguous()
+    assert torch.equal(eager, slab_wise)
+    assert y_ref.grad is not None and y_new.grad is not None
+    assert w_ref.grad is not None and w_new.grad is not None
+    assert torch.equal(y_ref.grad, y_new.grad) and torch.equal(w_ref.grad, w_new.grad)
+    covered = torch.zeros(experts, slots, dtype=torch.int64)
+    for at in rm._slabs(torch.Size(shape)):
+        covered[at] += 1
+        assert covered[at].numel() * width <= max(limit, width)
+    assert bool((covered == 1).all())  # every slot exactly once
 
 
 def test_fp32_routing_products_are_held_before_the_routed_experts_gradients() -> None:
