@@ -6,6 +6,9 @@ with what the file already holds, so a run cut short keeps what it measured):
 - ``link``: host→device and device→host copies, pinned vs pageable, by size.
 - ``adam``: CPU AdamW throughput (parameters per second) of ``runtime.adam.adamw_step``, alone
   and writing a bf16 working copy as the streaming trainer's update does.
+- ``routing``: an MoE layer's scale of its experts' outputs by fp32 routing weights at
+  DeepSeek-V3's slot count, forward and backward, eager autograd against the trainer's slabs:
+  time and peak bytes.
 - ``steps``: steady streaming steps against the bound max(compute, link bytes / measured
   bandwidth, CPU optimizer time): clipped at 1.0 (the update waits for the step's norm) and
   unclipped (each unit updated as its last gradient lands), and clipped without prefetching
@@ -18,7 +21,7 @@ with what the file already holds, so a run cut short keeps what it measured):
 
 Host RAM is checked against the planner's host estimate before any streaming run.
 
-Run: python bench/runtime_gpu.py [--quick] [--only link,adam,steps,capacity] [--json OUT]
+Run: python bench/runtime_gpu.py [--quick] [--only link,adam,routing,steps,capacity] [--json OUT]
 Every number printed is measured here; nothing is assumed. Results go to docs/PERFORMANCE.md.
 """
 
@@ -45,7 +48,7 @@ from runtime.trainer import RunConfig, train_model
 
 MiB = 1 << 20
 GiB = 1 << 30
-SECTIONS = ("link", "adam", "steps", "capacity")
+SECTIONS = ("link", "adam", "routing", "steps", "capacity")
 
 
 def _time_copy(dst: torch.Tensor, src: torch.Tensor, repeat: int) -> float:
@@ -132,6 +135,44 @@ def landing(numel: int) -> dict[str, float]:
                 out[f"{label}_landing_per_s"] = numel / statistics.median(times[1:])
     finally:
         backend.release_host()
+    return out
+
+
+def routing_scale(experts: int, slots: int, width: int, repeats: int = 5) -> dict[str, Any]:
+    """An MoE layer's scale of its experts' outputs ``(E, C, width)`` (bf16, transposed as the
+    batched experts make them) by fp32 routing weights, forward and backward: eager autograd
+    (``(y * w).to(bf16)``) against the trainer's slab-wise ``_ScaleByRoutingWeights``. Median
+    seconds, and on CUDA the peak bytes allocated above the inputs."""
+    from runtime.model import _ScaleByRoutingWeights
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+
+    def eager(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (y * w.unsqueeze(-1)).to(y.dtype)
+
+    out: dict[str, Any] = {"experts": experts, "slots": slots, "width": width}
+    for name, scale in (("eager", eager), ("slabs", _ScaleByRoutingWeights.apply)):
+        base = torch.randn(experts, width, slots, device=device, dtype=torch.bfloat16)
+        y = base.requires_grad_()
+        w = torch.rand(experts, slots, device=device).requires_grad_()
+        grad = torch.randn(experts, slots, width, device=device, dtype=torch.bfloat16)
+        times, peak = [], 0
+        for _ in range(repeats + 1):
+            y.grad = w.grad = None
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+            start = time.perf_counter()
+            scale(y.transpose(1, 2), w).backward(grad)
+            if cuda:
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - before
+            times.append(time.perf_counter() - start)
+        out[f"{name}_seconds"] = statistics.median(times[1:])
+        if cuda:
+            out[f"{name}_peak_bytes"] = peak
     return out
 
 
@@ -351,6 +392,10 @@ def main() -> None:
             results["cpu_adam_params_per_s"] = cpu_adam(numel)
             results["cpu_adam_bf16_working_params_per_s"] = cpu_adam(numel, torch.bfloat16)
             results["landing"] = landing(numel // 4)
+        elif section == "routing":
+            # DeepSeek-V3's routed slots at 4096 tokens (256 experts, top-8, capacity 1.25)
+            shape = (64, 160, 2048) if quick else (256, 160, 7168)
+            results["routing"] = routing_scale(*shape)
         elif section == "steps":
             link_rows = results.get("link") or link([256])
             # the bound's CPU time: the update as the trainer runs it, bf16 working copy included

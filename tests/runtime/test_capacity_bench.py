@@ -44,3 +44,9 @@ def test_the_landing_measure_lands_both_ways() -> None:
     out = runtime_gpu.landing(1 << 12)
     assert set(out) == {"first_landing_per_s", "later_landing_per_s"}
     assert all(rate > 0 for rate in out.values())
+
+
+def test_the_routing_scale_measure_times_both_ways() -> None:
+    out = runtime_gpu.routing_scale(3, 5, 16, repeats=1)
+    assert out["eager_seconds"] > 0 and out["slabs_seconds"] > 0
+    assert "eager_peak_bytes" not in out  # no device counters on a CPU, none invented
