@@ -153,8 +153,8 @@ def routing_scale(experts: int, slots: int, width: int, repeats: int = 5) -> dic
 
     out: dict[str, Any] = {"experts": experts, "slots": slots, "width": width}
     for name, scale in (("eager", eager), ("slabs", _ScaleByRoutingWeights.apply)):
-        base = torch.randn(experts, width, slots, device=device, dtype=torch.bfloat16)
-        y = base.requires_grad_()
+        y = torch.randn(experts, width, slots, device=device, dtype=torch.bfloat16)
+        y.requires_grad_()
         w = torch.rand(experts, slots, device=device).requires_grad_()
         grad = torch.randn(experts, slots, width, device=device, dtype=torch.bfloat16)
         times, peak = [], 0

@@ -281,10 +281,7 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
             model = _hf_spec(shape, i)
             out += [(model, _train(mb, seq, "hf"), shape[-1]) for mb, seq in HF_BATCHES]
         for i, (config, held_out) in enumerate(HF_MLA_SHAPES):
-            name = f"hf-trace-mla-{i}"
-            model = from_hf_config({**config, "_name_or_path": name}).model_copy(
-                update={"source": "calibration design (calibration/collect.py)"}
-            )
+            model = _mla_spec(config, f"hf-trace-mla-{i}")
             out += [(model, _train(mb, seq, "hf"), held_out) for mb, seq in HF_BATCHES]
             # full recompute: transformers keeps each layer's input only
             out.append((model, _train(2, 1024, "hf", "full"), held_out))
@@ -328,9 +325,7 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
     # multi-head latent attention with fp32 routing weights (the hf design's DeepSeek shapes),
     # the third held out whole: its attention's and routing's terms fitted, not only checked
     for i, (config, held_out) in enumerate(HF_MLA_SHAPES):
-        model = from_hf_config({**config, "_name_or_path": f"trace-mla-{i}"}).model_copy(
-            update={"source": "calibration design (calibration/collect.py)"}
-        )
+        model = _mla_spec(config, f"trace-mla-{i}")
         runs = [_train(mb, seq, "runtime") for mb, seq in HF_BATCHES]
         for train in [*runs, _train(2, 1024, "runtime", "full")]:
             out.append((model, train, held_out or len(out) % 3 == 2))
@@ -341,6 +336,13 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
     # attention and fp32 routing weights, held out
     out.append((deepseek_cut(), _train(1, 2048, "runtime"), True))
     return out
+
+
+def _mla_spec(config: dict[str, Any], name: str) -> planner.ModelSpec:
+    """One of ``HF_MLA_SHAPES``' configs as the planner reads it, named ``name``."""
+    return from_hf_config({**config, "_name_or_path": name}).model_copy(
+        update={"source": "calibration design (calibration/collect.py)"}
+    )
 
 
 def _runtime_spec(

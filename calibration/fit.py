@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import planner
+from planner.buckets import ROUTING_SLAB_ELEMENTS
 from planner.estimate import layer_backward_bytes
 
 #: feature name → the coefficient values that isolate it (all others 0)
@@ -62,16 +63,15 @@ BACKWARD_MIN_HIDDEN = 512
 BACKWARD_REFINEMENTS = 8
 #: per profile, what its implementation does rather than what a fit finds. Headroom's trainer
 #: scales its experts' outputs by the routing weights slab by slab
-#: (``runtime.model.SCALE_SLAB_ELEMENTS``; a test holds the two equal): as an MoE layer's
-#: backward starts it holds two slot-wide tensors (the outputs' gathered gradient and their
-#: gradient after the scale) and a slab of the weights' gradient's product, 16-bit, or with
-#: fp32 weights the incoming gradient's fp32 copy and an fp32 product (8 bytes an element,
-#: 6 more than 16-bit routing)
+#: (``planner.buckets.ROUTING_SLAB_ELEMENTS``): as an MoE layer's backward starts it holds two
+#: slot-wide tensors (the outputs' gathered gradient and their gradient after the scale) and a
+#: slab of the weights' gradient's product, 16-bit, or with fp32 weights the incoming
+#: gradient's fp32 copy and an fp32 product (8 bytes an element, 6 more than 16-bit routing)
 STRUCTURAL: dict[str, dict[str, Any]] = {
     "runtime": {
         "backward_output_slot_tensors": 2.0,
         "routing_fp32_bytes_per_element": 6.0,
-        "routing_product_slab_elements": 1 << 22,
+        "routing_product_slab_elements": ROUTING_SLAB_ELEMENTS,
     },
     "hf": {},
 }

@@ -136,11 +136,12 @@ def layer_activations(
         # tensors; Headroom's trainer: slabs of them), which exist before any routed expert's
         # gradient (the estimate pairs them with the shared experts' gradients only)
         output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
-        elements = slots * h // whole
+        width = h // whole
+        elements = slots * width
         limit = coeffs.routing_product_slab_elements
         if limit is not None:  # the routing weights' gradient's product, a slab at a time
-            per_slab = routing_slabs(local_experts, capacity, h // whole, limit)
-            elements = per_slab[0] * per_slab[1] * (h // whole)
+            slab_experts, slab_slots = routing_slabs(local_experts, capacity, width, limit)
+            elements = slab_experts * slab_slots * width
             output_side += elements * e
         back_ffn_moe = max(back_ffn_moe, output_side)
         if moe.routing_weights_fp32:

@@ -113,6 +113,11 @@ def moe_capacity(
     return math.ceil(capacity_factor * imbalance * tokens * top_k / num_experts)
 
 
+#: elements per slab Headroom's trainer scales its experts' outputs by the routing weights in
+#: (``runtime.model``): its fp32 temporaries stay this small however many slots a layer routes
+ROUTING_SLAB_ELEMENTS = 1 << 22
+
+
 def routing_slabs(num_experts: int, capacity: int, width: int, limit: int) -> tuple[int, int]:
     """How an implementation that scales experts' outputs ``(E, C, width)`` by their routing
     weights a slab at a time cuts them: (experts, slots) per slab, at most ``limit`` elements

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from planner.buckets import routing_slabs
+from planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
 from planner.model import ModelSpec
 from runtime.support import check_supported
 
@@ -284,11 +284,6 @@ class StackedExperts(nn.Module):
         return self._mlp(project, x)
 
 
-#: elements per slab the routing-weight scale works on at a time: its fp32 temporaries (with
-#: fp32 routing weights, two slabs) stay this small however many slots a layer routes
-SCALE_SLAB_ELEMENTS = 1 << 22
-
-
 class _ScaleByRoutingWeights(torch.autograd.Function):
     """``(y * w[..., None]).to(y.dtype)`` for experts' outputs ``y`` ``(E, C, h)`` and routing
     weights ``w`` ``(E, C)``, slab by slab, with the gradients autograd would give.
@@ -327,9 +322,9 @@ class _ScaleByRoutingWeights(torch.autograd.Function):
 
 def _slabs(shape: torch.Size) -> list[tuple[slice, slice]]:
     """(experts, slots) index ranges covering ``(E, C, h)`` with at most
-    ``SCALE_SLAB_ELEMENTS`` elements each, cut as the planner counts them."""
+    ``ROUTING_SLAB_ELEMENTS`` elements each, cut as the planner counts them."""
     experts, slots, width = shape
-    step, run = routing_slabs(experts, slots, width, SCALE_SLAB_ELEMENTS)
+    step, run = routing_slabs(experts, slots, width, ROUTING_SLAB_ELEMENTS)
     return [
         (slice(e, e + step), slice(c, c + run))
         for e in range(0, experts, step)

@@ -55,8 +55,7 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
 
     from calibration.collect import PURE_BF16
     from calibration.trace import layer_backward_peak, trace
-    from planner.buckets import routing_slabs
-    from runtime.model import SCALE_SLAB_ELEMENTS
+    from planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
 
     spec = planner.ModelSpec.model_validate(
         {
@@ -80,7 +79,7 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
         )
         predicted[fp32] = acts.backward_start_moe
     capacity = math.ceil(1.25 * 2048 * spec.moe.top_k / spec.moe.num_experts)
-    experts, run = routing_slabs(spec.moe.num_experts, capacity, 512, SCALE_SLAB_ELEMENTS)
+    experts, run = routing_slabs(spec.moe.num_experts, capacity, 512, ROUTING_SLAB_ELEMENTS)
     slab = experts * run * spec.hidden_size
     assert 0 < slab < spec.moe.num_experts * capacity * spec.hidden_size  # more than one slab
     slots = spec.moe.num_experts * capacity
@@ -95,10 +94,10 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
 
 def test_the_trainer_scales_by_routing_weights_in_the_slabs_the_runtime_profile_counts() -> None:
     from calibration.fit import STRUCTURAL
-    from runtime.model import SCALE_SLAB_ELEMENTS
+    from planner.buckets import ROUTING_SLAB_ELEMENTS
 
     runtime = default_coefficients("runtime")
-    assert runtime.routing_product_slab_elements == SCALE_SLAB_ELEMENTS
+    assert runtime.routing_product_slab_elements == ROUTING_SLAB_ELEMENTS
     for name, value in STRUCTURAL["runtime"].items():
         assert getattr(runtime, name) == value, name
     # eager autograd's profiles: slot-wide, two fp32 tensors more than 16-bit routing
@@ -132,7 +131,7 @@ def test_the_slab_wise_routing_scale_is_eager_autograd_to_the_bit(
     ``y`` is transposed, as the batched experts make it; its gradient keeps its layout."""
     import runtime.model as rm
 
-    monkeypatch.setattr(rm, "SCALE_SLAB_ELEMENTS", limit)
+    monkeypatch.setattr(rm, "ROUTING_SLAB_ELEMENTS", limit)
     experts, slots, width = shape
     torch.manual_seed(7)
     base = torch.randn(experts, width, slots).to(y_dtype)
