@@ -10,7 +10,9 @@ them to ``calibration/data/<impl>-traces.json``.
   query/key norms (a dense one fitted, an MoE one held out), two MoE layers like the published
   ones (no shared experts; experts wider than the hidden size, or many narrower ones), and two
   whose attention is twice the hidden size wide (Qwen3's head_dim), and the hf design's three
-  DeepSeek-style shapes (multi-head latent attention, fp32 routing weights; one held out).
+  DeepSeek-style shapes (multi-head latent attention, fp32 routing weights; one held out), and
+  three dense shapes whose FFN is 1.5, 4 and 5.5 times the hidden size (the others' is 2.75), so
+  the backward's FFN-width and hidden-width terms are told apart (the 4x one held out whole).
   Every third configuration is held out, whole two-layer cuts of the GPU matrix's dense and MoE
   models, and two-layer cuts of Mixtral-8x7B and Qwen3-30B-A3B at full width and 8k-16k tokens.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe) built from
@@ -103,6 +105,14 @@ MOE_SHAPES: list[tuple[int, int, int, int, int, int, dict[str, Any] | None]] = [
 #: attention wider than the hidden size (heads x head_dim = 2 x hidden, as Qwen3's): a dense and
 #: an MoE shape, fitted, so the attention terms are told apart from the hidden-width ones
 WIDE_ATTENTION_SHAPES = [LARGE_SHAPES[1], MOE_SHAPES[1]]
+#: dense layers whose FFN is narrower (1.5x) and wider (5.5x, as Qwen2's) than the other dense
+#: shapes' 2.75x, so the backward's FFN-width and hidden-width terms are told apart: two
+#: fitted (every third configuration held out), a third between them held out whole
+FFN_RATIO_SHAPES: list[tuple[tuple[int, int, int, int, int, int, None], bool]] = [
+    ((1024, 16, 8, 1536, 16000, 2, None), False),
+    ((1024, 16, 8, 5632, 16000, 2, None), False),
+    ((1536, 12, 4, 6144, 24000, 2, None), True),
+]
 #: published MoE models at full width, cut to two layers, held out: (name, batch, seq, recompute)
 RUNTIME_PRESETS = [
     ("mixtral-8x7b", 2, 4096, "none"),
@@ -335,6 +345,11 @@ def design(impl: str = "runtime") -> list[tuple[planner.ModelSpec, planner.Train
     # DeepSeek-V3's three dense layers and first MoE layer at full width: multi-head latent
     # attention and fp32 routing weights, held out
     out.append((deepseek_cut(), _train(1, 2048, "runtime"), True))
+    for index, (dims, whole) in enumerate(FFN_RATIO_SHAPES):
+        model = _runtime_spec(dims, f"trace-ffn-{index}")
+        runs = [_train(mb, seq, "runtime") for mb, seq in LARGE_BATCHES]
+        for train in [*runs, _train(4, 1024, "runtime", {"every_k": 2})]:
+            out.append((model, train, whole or len(out) % 3 == 2))
     return out
 
 

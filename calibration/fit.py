@@ -49,9 +49,11 @@ MIN_MLP_SCALE = 1e-3
 #: backward feature name → the coefficient it isolates (fitted to the layers' backward peaks)
 BACKWARD = (
     "backward_ffn_tensors",
+    "backward_expert_ffn_tensors",
     "backward_hidden_tensors",
     "recompute_hidden_tensors",
     "backward_slot_tensors",
+    "backward_end_slot_tensors",
     "backward_output_slot_tensors",
     "backward_mlp_grads",
 )

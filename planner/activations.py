@@ -40,6 +40,8 @@ class LayerActivations(NamedTuple):
     backward_ffn_moe: int  # the same for an MoE layer (its experts' side)
     backward_start_moe: int  # an MoE layer's as its backward starts on the experts' outputs,
     # before any of its gradients exist (held instead of backward_ffn_moe, not beside it)
+    backward_end_moe: int  # an MoE layer's as its routed experts' backward ends, beside all of
+    # its MLP's gradients (held instead of backward_ffn_moe, not beside it)
     mlp_dense: int  # what a dense layer's MLP saves (part of dense), freed by its backward
     mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
 
@@ -110,7 +112,7 @@ def layer_activations(
     back = coeffs.backward_ffn_tensors
     ffn_tensor = tokens * model.ffn_hidden_size * e // tp  # bytes of one FFN-width tensor
     back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
-    moe_bytes = dispatch = back_moe = back_ffn_moe = output_side = mlp_moe = 0
+    moe_bytes = dispatch = back_moe = back_ffn_moe = output_side = end_slots = mlp_moe = 0
     moe = model.moe
     if moe is not None:
         route_tokens = tokens // whole
@@ -124,17 +126,22 @@ def layer_activations(
         shared = int(shared_width * ffn_tensors) * e // tp
         mlp_moe = int(coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
         moe_bytes = int(common) + mlp_moe
-        # the routed experts' slots: FFN-width gradients of their intermediates, and
-        # hidden-width ones of the dispatched tokens and the experts' outputs
+        # the routed experts' slots: FFN-width gradients of their intermediates (batched over
+        # the experts, fitted apart from a dense MLP's where a profile does), and hidden-width
+        # ones beside them; the shared experts are a dense MLP
         slots = local_experts * capacity
         routed_tensor = slots * moe.expert_ffn_size * e // tp
-        back_ffn_moe = int(back * max(routed_tensor, shared_width * e // tp))
+        routed_back = coeffs.backward_expert_ffn_tensors
+        routed_back = back if routed_back is None else routed_back
+        back_ffn_moe = int(max(routed_back * routed_tensor, back * (shared_width * e // tp)))
         back_ffn_moe += int(coeffs.backward_slot_tensors * slots * h * e // whole)
-        # as the backward starts on the experts' outputs: hidden-width tensors only (fitted
-        # beside the share of the layer's gradients made by the MLP's peak), and with fp32
-        # routing weights the gradients of the fp32 products (eager autograd: two fp32
-        # tensors; Headroom's trainer: slabs of them), which exist before any routed expert's
-        # gradient (the estimate pairs them with the shared experts' gradients only)
+        # as the routed experts' backward ends (their first projections'): the dispatched
+        # tokens' hidden-width gradients, beside all of the experts' gradients
+        end_slots = int(coeffs.backward_end_slot_tensors * slots * h * e // whole)
+        # as the backward starts on the experts' outputs: hidden-width tensors only, and with
+        # fp32 routing weights the gradients of the fp32 products (eager autograd: two fp32
+        # tensors; Headroom's trainer: slabs of them), before any routed expert's gradient
+        # exists (the estimate pairs them with the shared experts' gradients only)
         output_side = int(coeffs.backward_output_slot_tensors * slots * h * e // whole)
         width = h // whole
         elements = slots * width
@@ -143,11 +150,8 @@ def layer_activations(
             slab_experts, slab_slots = routing_slabs(local_experts, capacity, width, limit)
             elements = slab_experts * slab_slots * width
             output_side += elements * e
-        back_ffn_moe = max(back_ffn_moe, output_side)
         if moe.routing_weights_fp32:
             output_side += int(coeffs.routing_fp32_bytes_per_element * elements)
-        else:
-            output_side = 0
         back_moe = back_ffn_moe + int(back_hidden)
     return LayerActivations(
         dense=dense,
@@ -160,6 +164,7 @@ def layer_activations(
         backward_ffn_dense=int(back * ffn_tensor),
         backward_ffn_moe=back_ffn_moe,
         backward_start_moe=output_side,
+        backward_end_moe=end_slots,
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
     )

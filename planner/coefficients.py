@@ -47,6 +47,14 @@ class Coefficients(BaseModel):
         "(the gradients of the MLP's intermediates), x activation bytes; the textbook counts "
         "saved tensors only.",
     )
+    backward_expert_ffn_tensors: float | None = Field(
+        default=None,
+        ge=0,
+        description="FFN-width tensors per routed slot an MoE layer's routed experts' backward "
+        "holds beyond its saved ones (their intermediates' gradients, batched over the "
+        "experts), x activation bytes; None: backward_ffn_tensors, as a dense MLP's. Shared "
+        "experts are dense MLPs and take backward_ffn_tensors.",
+    )
     backward_hidden_tensors: float = Field(
         default=0.0,
         ge=0,
@@ -64,6 +72,13 @@ class Coefficients(BaseModel):
         ge=0,
         description="Hidden-width tensors per routed slot an MoE layer's backward holds beyond "
         "its saved ones (the gradients of the dispatched tokens and the experts' outputs).",
+    )
+    backward_end_slot_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hidden-width tensors per routed slot an MoE layer's backward holds as its "
+        "routed experts' backward ends (the dispatched tokens' gradients from the experts' "
+        "first projections), beside all of its MLP's gradients with its saved tensors freed.",
     )
     backward_output_slot_tensors: float = Field(
         default=0.0,

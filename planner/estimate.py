@@ -67,9 +67,10 @@ class StageTerms(NamedTuple):
     backward_points: tuple[tuple[int, int, int, int, int], ...]
     # what a dense and an MoE layer's backward holds beyond its saved tensors, per kind
     # (dense, MoE): held throughout its backward, during its MLP's only, its MLP's saved
-    # tensors (freed by then), and held as it starts (an MoE layer's fp32 routing products'
-    # gradients, before any routed expert's gradient)
-    layer_temporaries: tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
+    # tensors (freed by then), held as it starts (an MoE layer's, on its experts' outputs,
+    # before any routed expert's gradient) and as its MLP's backward ends (an MoE layer's
+    # routed experts' input gradients)
+    layer_temporaries: tuple[tuple[int, int, int, int, int], tuple[int, int, int, int, int]]
     logits_forward: int
     logits_backward: int
     host: tuple[int, int, int, int, int, int]  # HOST_BUCKETS order, per rank
@@ -374,8 +375,8 @@ def _activation_terms(
         t_moe += rerun
     points = _backward_points(sp.moe_flags, k, a_dense, a_moe, a_dispatch, a_input)
     temporaries = (
-        (t_dense, f_dense, acts.mlp_dense, 0),
-        (t_moe, f_moe, acts.mlp_moe + a_dispatch, acts.backward_start_moe),
+        (t_dense, f_dense, acts.mlp_dense, 0, 0),
+        (t_moe, f_moe, acts.mlp_moe + a_dispatch, acts.backward_start_moe, acts.backward_end_moe),
     )
     logits_f = logits_b = 0
     if sp.has_head:
@@ -661,26 +662,27 @@ def _phase_totals(
 
 
 def _layer_extra(
-    own: tuple[int, int, int], temporaries: tuple[int, int, int, int]
+    own: tuple[int, int, int], temporaries: tuple[int, int, int, int, int]
 ) -> tuple[int, int, int]:
     """(own gradients, other bytes, total) a layer's backward holds at its peak beyond its
     saved tensors: as it starts (an MoE layer with fp32 routing weights, on its routed
     experts' outputs: of its gradients only its shared experts'), during its MLP's backward
     (the MLP's temporaries and the share of its gradients made by then), or once that is done
-    (all of the MLP's gradients, its saved tensors freed), whichever is largest."""
-    (share, whole, at_start), (throughout, mlp, freed, start) = own, temporaries
+    (all of the MLP's gradients, its saved tensors freed, and what an MoE layer's routed
+    experts hold as their backward ends), whichever is largest."""
+    (share, whole, at_start), (throughout, mlp, freed, start, end) = own, temporaries
     if not start:  # nothing held before the routed experts' backward but what it holds later
         at_start = 0
-    if mlp + share >= max(whole - freed, start + at_start):
+    if mlp + share >= max(whole - freed + end, start + at_start):
         return share, throughout + mlp, throughout + mlp + share
-    if start + at_start > whole - freed:
+    if start + at_start > whole - freed + end:
         return at_start, throughout + start, throughout + start + at_start
-    return whole, throughout - freed, throughout - freed + whole
+    return whole, throughout - freed + end, throughout - freed + end + whole
 
 
 def _layer_totals(
     own_grads: tuple[tuple[int, int, int], tuple[int, int, int]],
-    temporaries: tuple[tuple[int, int, int, int], tuple[int, int, int, int]],
+    temporaries: tuple[tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
 ) -> tuple[int, int]:
     """``_layer_extra``'s totals of a dense and an MoE layer."""
     return (

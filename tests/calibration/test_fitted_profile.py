@@ -82,22 +82,66 @@ def _layer_backward_errors(
 
 
 @pytest.mark.parametrize("profile", ["runtime", "hf"])
-def test_held_out_layer_backward_peaks_are_predicted_within_five_percent(profile: str) -> None:
+def test_held_out_layer_backward_peaks_are_predicted_within_two_and_a_half_percent(
+    profile: str,
+) -> None:
     """Inside a layer's backward: the saved tensors, the backward's temporaries and the
     layer's own MLP (expert) gradients made by then (a share inside the MLP's backward, all as
-    it ends). Among the held-out records: full-width Mixtral-8x7B and Qwen3-30B-A3B layers."""
+    it ends, only the shared experts' as an MoE layer's starts). Among the held-out records:
+    full-width Mixtral-8x7B and Qwen3-30B-A3B layers."""
     data = load_traces(profile)
     assert data is not None
     coeffs = fit_coefficients(fitting_records(data), profile)
     held_out = [r for r in data["records"] if r["held_out"]]
     errors = _layer_backward_errors(held_out, coeffs)
-    assert len(errors) >= 8 and max(abs(e) for e in errors.values()) <= 0.05, errors
-    # under-predictions (a false fit where a layer's backward is the peak) stay small: many
-    # narrow experts peak on their outputs' side, before any FFN-width gradient exists
-    assert min(errors.values()) >= -0.025, errors
+    assert len(errors) >= 8 and max(abs(e) for e in errors.values()) <= 0.025, errors
+    # under-predictions (a false fit where a layer's backward is the peak) stay smaller
+    assert min(errors.values()) >= -0.02, errors
     assert 0 < coeffs.backward_mlp_grads <= 1
     names = {r["model"]["name"] for r in held_out}
     assert {"mixtral-8x7b", "qwen3-30b-a3b"} <= names
+
+
+def test_many_narrow_experts_peak_as_their_backward_starts_with_none_of_their_gradients(
+    records: list[dict[str, Any]],
+) -> None:
+    """64 or 128 experts narrower than the hidden size (Qwen3-MoE's) peak as the layer's
+    backward starts on the experts' outputs, before any routed expert's gradient exists. With
+    that point folded into the MLP's (a share of the experts' gradients beside it), the
+    held-out 4x1024 and Qwen3-30B-A3B layers were 2.1-2.8 % over; apart, within 1 %."""
+    coeffs = fit_coefficients([r for r in records if not r["held_out"]])
+    narrow = [
+        r
+        for r in records
+        if r["held_out"]
+        and r["model"]["moe"]
+        and r["model"]["moe"]["num_experts"] >= 64
+        and r["model"]["moe"]["expert_ffn_size"] < r["model"]["hidden_size"] / 2
+    ]
+    errors = _layer_backward_errors(narrow, coeffs)
+    assert len(errors) >= 3 and max(abs(e) for e in errors.values()) <= 0.01, errors
+
+
+def test_dense_ffn_ratios_tell_the_ffn_width_backward_terms_from_the_hidden_width_ones(
+    records: list[dict[str, Any]],
+) -> None:
+    """Dense shapes with FFNs 1.5, 2.75, 4 and 5.5 times the hidden size: the fit finds both
+    the FFN-width gradients of the MLP's intermediates and hidden-width ones (with one ratio
+    the two are confounded and the hidden-width term went to 0), and the 4x shape, held out
+    whole, is within 1 % inside a layer's backward."""
+    coeffs = fit_coefficients([r for r in records if not r["held_out"]])
+    assert 1.0 <= coeffs.backward_ffn_tensors <= 3.0
+    assert 0.25 <= coeffs.backward_hidden_tensors <= 2.0
+    ratios = {
+        r["model"]["ffn_hidden_size"] / r["model"]["hidden_size"]
+        for r in records
+        if not r["model"]["moe"] and r["model"]["hidden_size"] >= BACKWARD_MIN_HIDDEN
+    }
+    assert min(ratios) <= 1.5 and max(ratios) >= 5.5
+    wide = [r for r in records if r["model"]["name"] == "trace-ffn-2"]
+    assert wide and all(r["held_out"] for r in wide)
+    errors = _layer_backward_errors(wide, coeffs)
+    assert len(errors) == 4 and max(abs(e) for e in errors.values()) <= 0.01, errors
 
 
 def test_the_shipped_runtime_coefficients_are_the_fit_of_the_committed_records(

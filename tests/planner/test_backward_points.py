@@ -16,7 +16,7 @@ estimate_module = importlib.import_module("planner.estimate")
 
 Kind = tuple[int, int]  # (dense, MoE)
 Triple = tuple[int, int, int]
-Quad = tuple[int, int, int, int]
+Quint = tuple[int, int, int, int, int]
 
 
 class Case(NamedTuple):
@@ -25,15 +25,16 @@ class Case(NamedTuple):
     sizes: tuple[int, int, int, int]  # a dense, an MoE layer's saved; dispatch; checkpoint
     grads: Kind  # a layer's gradients
     own: tuple[Triple, Triple]  # its MLP's at the MLP's peak, in all, and at its start, per kind
-    # held throughout, during the MLP's, freed, at its start (0: none), per kind
-    temporaries: tuple[Quad, Quad]
+    # held throughout, during the MLP's, freed, at its start (0: none), as the MLP's ends,
+    # per kind
+    temporaries: tuple[Quint, Quint]
 
 
 def _every_layer(case: Case) -> int:
     """The largest total over each layer's backward, walked layer by layer; at layer j's, the
     largest of its start (where it holds anything there: those temporaries and its gradients
     made by then), its MLP's backward (its temporaries and a share of its own gradients) and
-    the end of it (all of its MLP's gradients, its saved tensors freed)."""
+    the end of it (all of its MLP's gradients, its saved tensors freed, what it holds there)."""
     flags, k, sizes, grads, own, temporaries = case
     a_dense, a_moe, dispatch, a_input = sizes
     n = len(flags)
@@ -46,9 +47,12 @@ def _every_layer(case: Case) -> int:
         held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
         above = sum(grads[int(flags[i])] for i in range(j + 1, n))
-        (share, whole, at_start), (throughout, mlp, freed, start) = own[kind], temporaries[kind]
+        (share, whole, at_start), (throughout, mlp, freed, start, end) = (
+            own[kind],
+            temporaries[kind],
+        )
         in_mlp = above + held + disp + throughout + mlp + share
-        after_mlp = above + held + disp + throughout + whole - freed
+        after_mlp = above + held + disp + throughout + whole - freed + end
         starting = above + held + disp + throughout + start + at_start if start else 0
         best = max(best, in_mlp, after_mlp, starting)
     return best
@@ -67,7 +71,9 @@ _CASES = st.builds(
     sizes=st.tuples(_SIZE, _SIZE, _SIZE, _SIZE),
     grads=_KIND,
     own=st.tuples(_TRIPLE, _TRIPLE),
-    temporaries=st.tuples(*[st.tuples(_SIZE, _SIZE, _SIZE, st.just(0) | _SIZE)] * 2),
+    temporaries=st.tuples(
+        *[st.tuples(_SIZE, _SIZE, _SIZE, st.just(0) | _SIZE, st.just(0) | _SIZE)] * 2
+    ),
 )
 
 

@@ -85,10 +85,10 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
     slots = spec.moe.num_experts * capacity
     # to the byte but for the routing weights themselves (a few bytes a slot)
     assert abs(peaks[True] - peaks[False] - 6 * slab) <= 8 * slots
-    # the planner's as-it-starts point of the fp32 layer: 16-bit routing's, which it folds
-    # into the layer's other temporaries, plus the same 6 bytes a slab element
-    assert predicted[False] == 0
+    # the planner's as-it-starts point: the two slot-wide 16-bit tensors and a 16-bit
+    # product slab, and with fp32 weights the same 6 bytes a slab element more
     two_slot_tensors_and_a_slab = 2 * slots * spec.hidden_size * 2 + 2 * slab
+    assert predicted[False] == two_slot_tensors_and_a_slab
     assert predicted[True] == two_slot_tensors_and_a_slab + 6 * slab
 
 
