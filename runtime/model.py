@@ -184,6 +184,10 @@ class LatentAttention(nn.Module):
             key = torch.cat([k_nope, k_rope.expand(b, heads, s, self.rope_dim)], -1)
         else:
             key = k_nope
+        # the attention saves its value for backward: as a view it would keep the whole
+        # (heads x (nope + v)) up-projection alive; a copy keeps (heads x v) and lets the
+        # keys' half go once they are concatenated (DeepSeek-V3: 32 KiB a token a layer)
+        value = value.contiguous()
         # values narrower than queries: a GPU runs the memory-efficient kernel here
         out = F.scaled_dot_product_attention(q, key, value, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, heads * self.v_dim))

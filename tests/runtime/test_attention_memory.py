@@ -60,3 +60,44 @@ def test_the_planner_counts_repeated_keys_and_values_in_fp32_only() -> None:
     # everything else is e bytes per element: the fp32 layer has twice the 16-bit one's bytes
     # plus the repeated keys and values
     assert dense(4) - 2 * dense(2) == 2 * tokens * (heads - kv) * d * 4
+
+
+def test_latent_attention_keeps_its_values_and_not_the_whole_up_projection() -> None:
+    """MLA's keys and values come from one up-projection, ``heads x (nope + v)`` wide, and a
+    GPU's memory-efficient kernel saves the value it is given for backward. Given a view, it
+    kept the whole projection alive (DeepSeek-V3: 32 KiB a token a layer more than the
+    planner counts); the trainer gives it a copy, ``heads x v`` wide, and the keys' half goes
+    with their concatenation. Traced as the calibration traces: fake tensors, the GPU's
+    kernel choice."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calibration.trace import gpu_attention_kernels
+    from runtime.model import LatentAttention, rope_dim
+
+    spec = planner.load_model("tiny-mla")
+    mla = spec.mla
+    assert mla is not None
+    wide = mla.qk_nope_head_dim + mla.v_head_dim
+    assert wide not in (mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.v_head_dim)
+    dtype = torch.bfloat16
+    b, s, heads = 2, 16, spec.num_heads
+    storages: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages.append(t.untyped_storage().nbytes())
+        return t
+
+    previous = torch.get_default_dtype()
+    with FakeTensorMode(), gpu_attention_kernels():
+        torch.set_default_dtype(dtype)
+        try:
+            attention = LatentAttention(spec)
+        finally:
+            torch.set_default_dtype(previous)
+        cos, sin = rope_tables(s, rope_dim(spec), dtype, torch.device("cpu"))
+        x = torch.randn(b, s, spec.hidden_size, dtype=dtype, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            attention(x, cos, sin)
+    element = torch.finfo(dtype).bits // 8
+    assert b * s * heads * mla.v_head_dim * element in storages  # the values, saved
+    assert b * s * heads * wide * element not in storages  # and nothing of their width
