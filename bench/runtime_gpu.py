@@ -43,6 +43,7 @@ import torch
 
 import planner
 from planner.model import ModelSpec
+from planner.steptime import streaming_step_seconds
 from runtime.adam import AdamWConfig, adamw_step
 from runtime.trainer import RunConfig, train_model
 
@@ -254,13 +255,9 @@ def steps_vs_bound(
         "cpu_optimizer": cpu,
     }
     out["bound_seconds"] = bound
-    # what the planner's step model expects of each schedule from these measured parts: the
-    # CPU step hides one micro-batch's forward (clipping) or its recompute and backward (none)
+    # what the planner's step model expects of each schedule from these measured parts (one
+    # micro-batch; its forward is a quarter of forward, recompute and backward)
     forward = compute / 4
-    expected = {
-        "clipped": max(compute, transfer, cpu + compute - forward),
-        "unclipped": max(compute, transfer, cpu + forward),
-    }
     runs = {
         "prefetch": (True, 1.0),  # the default: double-buffered, clipped at 1.0
         "prefetch_unclipped": (True, None),  # updates as gradients land
@@ -274,7 +271,9 @@ def steps_vs_bound(
         out[label] = {
             "step_seconds": step,
             "ratio_to_bound": step / bound,
-            "expected_seconds": expected["clipped" if norm else "unclipped"],
+            "expected_seconds": streaming_step_seconds(
+                compute, transfer, cpu, compute, forward, norm is not None
+            ),
         }
     return out
 

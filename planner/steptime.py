@@ -38,6 +38,17 @@ class StepTime(NamedTuple):
     tokens_per_second: float
 
 
+def streaming_step_seconds(
+    compute: float, transfer: float, cpu: float, per_micro: float, forward: float, clip: bool
+) -> float:
+    """A streaming step: the largest of its compute, its transfers (double-buffered streams)
+    and its CPU step plus the compute that step cannot hide. With clipping the CPU step waits
+    for the step's norm and hides the next micro-batch's ``forward`` only; without, it hides
+    the last micro-batch's recompute and backward (``per_micro - forward``)."""
+    hidden = forward if clip else per_micro - forward
+    return max(compute, transfer, cpu + compute - hidden)
+
+
 class StepModel:
     """The step-time model of one (model, sequence length, hardware, coefficients): the
     per-model constants are resolved once, so a search prices a candidate in a few operations."""
@@ -79,12 +90,9 @@ class StepModel:
         transfer = transferred / self.link
         cpu = updated_on_cpu / self.cpu_rate
         if streaming:
-            # what of the compute the CPU step hides: the last micro-batch's backward side
-            # (recompute and backward, no clipping) or the next micro-batch's forward (clipping)
             per_micro = compute / kn.grad_accum
             forward = per_micro * self.flops_recompute / flops_per_token
-            hidden = forward if kn.clip else per_micro - forward
-            step = max(compute, transfer, cpu + compute - hidden)
+            step = streaming_step_seconds(compute, transfer, cpu, per_micro, forward, kn.clip)
         else:
             step = compute + max(transfer, cpu)
         tokens = kn.micro_batch * self.seq_len * kn.grad_accum * kn.dp
