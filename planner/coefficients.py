@@ -71,7 +71,7 @@ class Coefficients(BaseModel):
         default=0.0,
         ge=0,
         description="Hidden-width tensors per routed slot an MoE layer's backward holds beyond "
-        "its saved ones (the gradients of the dispatched tokens and the experts' outputs).",
+        "its saved ones beside its routed experts' FFN-width temporaries.",
     )
     backward_end_slot_tensors: float = Field(
         default=0.0,
@@ -85,8 +85,8 @@ class Coefficients(BaseModel):
         ge=0,
         description="Hidden-width tensors per routed slot an MoE layer's backward holds as it "
         "starts on the experts' outputs (their gradient, the routing weights' product), with "
-        "none of its FFN-width temporaries yet: the layer's temporaries are the larger of this "
-        "and the FFN-side ones.",
+        "none of its FFN-width temporaries and of its gradients only its shared experts' yet: "
+        "a candidate peak of its own.",
     )
     routing_fp32_bytes_per_element: float = Field(
         default=8.0,

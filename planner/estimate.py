@@ -665,8 +665,8 @@ def _layer_extra(
     own: tuple[int, int, int], temporaries: tuple[int, int, int, int, int]
 ) -> tuple[int, int, int]:
     """(own gradients, other bytes, total) a layer's backward holds at its peak beyond its
-    saved tensors: as it starts (an MoE layer with fp32 routing weights, on its routed
-    experts' outputs: of its gradients only its shared experts'), during its MLP's backward
+    saved tensors: as it starts (an MoE layer, on its routed experts' outputs: of its
+    gradients only its shared experts'), during its MLP's backward
     (the MLP's temporaries and the share of its gradients made by then), or once that is done
     (all of the MLP's gradients, its saved tensors freed, and what an MoE layer's routed
     experts hold as their backward ends), whichever is largest."""
