@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from api.metrics import Metrics
-from api.settings import Settings
+from headroom.api.metrics import Metrics
+from headroom.api.settings import Settings
 
 
 def session(request: Request) -> Iterator[Session]:

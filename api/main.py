@@ -18,15 +18,15 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-import planner
-from api import migrate
-from api.db import make_engine, make_sessionmaker
-from api.metrics import Metrics
-from api.problems import document_validation_problems, problem, responses
-from api.routes import page, planning, records
-from api.runs import Supervisor
-from api.security import AuthError
-from api.settings import Settings
+from headroom import planner
+from headroom.api import migrate
+from headroom.api.db import make_engine, make_sessionmaker
+from headroom.api.metrics import Metrics
+from headroom.api.problems import document_validation_problems, problem, responses
+from headroom.api.routes import page, planning, records
+from headroom.api.runs import Supervisor
+from headroom.api.security import AuthError
+from headroom.api.settings import Settings
 
 PREFIX = "/api/v1"
 log = logging.getLogger("headroom.api")

@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
-from api.db import make_engine
+from headroom.api.db import make_engine
 
 SCRIPT_LOCATION = Path(__file__).resolve().parent.parent / "migrations"
 

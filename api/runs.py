@@ -24,9 +24,9 @@ from typing import IO, Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-import planner
-from api.db import Run, utcnow
-from api.settings import Settings
+from headroom import planner
+from headroom.api.db import Run, utcnow
+from headroom.api.settings import Settings
 from headroom.launcher import (
     EXIT_OOM,
     describe_exit,
@@ -35,7 +35,7 @@ from headroom.launcher import (
     process_cmdline,
     process_start_ticks,
 )
-from runtime.support import TORCH_DTYPE, working_precision
+from headroom.runtime.support import TORCH_DTYPE, working_precision
 
 log = logging.getLogger("headroom.runs")
 
@@ -131,7 +131,7 @@ def host_ram_available() -> int | None:
 def resolve_device(settings: Settings) -> str:
     if settings.run_device != "auto":
         return settings.run_device
-    from api.gpus import local_gpus
+    from headroom.api.gpus import local_gpus
 
     return "cuda" if local_gpus()["gpus"] else "cpu"
 

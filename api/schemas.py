@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-import planner
-from planner.budget import GPU_BUCKETS, PHASES
+from headroom import planner
+from headroom.planner.budget import GPU_BUCKETS, PHASES
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
 BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]

@@ -14,10 +14,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-import planner
-from api.db import Calibration, CoefficientSet, Run
-from api.schemas import CalibrationIn, Measured, RunIn
-from calibration.compare import compare
+from headroom import planner
+from headroom.api.db import Calibration, CoefficientSet, Run
+from headroom.api.schemas import CalibrationIn, Measured, RunIn
+from headroom.calibration.compare import compare
 
 #: the largest value of a BigInteger column (SQLite INTEGER, PostgreSQL bigint)
 MAX_BIGINT = 2**63 - 1
@@ -238,7 +238,7 @@ def add_run(session: Session, body: RunIn) -> tuple[Run, bool]:
     if existing is not None:
         return existing, False
     model, train, hw, budget = _planned(body)
-    from runtime.support import check_supported, runtime_precision, working_precision
+    from headroom.runtime.support import check_supported, runtime_precision, working_precision
 
     check_supported(model)
     fitted = None

@@ -422,7 +422,7 @@ def main() -> int:
     parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--loop", default="auto", help="uvicorn --loop (auto: uvloop if found)")
     parser.add_argument("--http", default="auto", help="uvicorn --http (auto: httptools)")
-    parser.add_argument("--app", default="api.main:app", help="what uvicorn serves")
+    parser.add_argument("--app", default="headroom.api.main:app", help="what uvicorn serves")
     parser.add_argument("--factory", action="store_true", help="--app is an app factory")
     parser.add_argument("--url", help="measure this running server instead of starting one")
     args = parser.parse_args()

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import planner
+from headroom import planner
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = {

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-import planner
-from calibration.compare import NOT_ALLOCATED
+from headroom import planner
+from headroom.calibration.compare import NOT_ALLOCATED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibration_gpu import DENSE, MOE, grid
@@ -119,9 +119,9 @@ def allocated(budget: planner.Budget) -> dict[str, int]:
 
 def measure(model: dict[str, Any], train: dict[str, Any], steps: int = 2) -> dict[str, Any]:
     """Train one configuration under the simulated cap; planner and trainer side by side."""
-    from runtime.cap import DeviceCap
-    from runtime.probe import MemoryProbe
-    from runtime.trainer import RunConfig, train_model
+    from headroom.runtime.cap import DeviceCap
+    from headroom.runtime.probe import MemoryProbe
+    from headroom.runtime.trainer import RunConfig, train_model
 
     spec, plan = planner.load_model(model), planner.load_train(train)
     predicted = allocated(planner.estimate(spec, plan, planner.load_hardware(HARDWARE)))

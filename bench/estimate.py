@@ -20,8 +20,8 @@ import platform
 import time
 from typing import Any
 
-import planner
-from planner.estimate import clear_spec_caches
+from headroom import planner
+from headroom.planner.estimate import clear_spec_caches
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3-8b default": ("llama-3-8b", {}),

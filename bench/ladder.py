@@ -18,8 +18,8 @@ import statistics
 import time
 from typing import Any
 
-import planner
-from planner.estimate import clear_spec_caches
+from headroom import planner
+from headroom.planner.estimate import clear_spec_caches
 
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama-3-70b tp8 dp8, batch 128/rank": (

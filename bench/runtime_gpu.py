@@ -41,11 +41,11 @@ from typing import Any
 
 import torch
 
-import planner
-from planner.model import ModelSpec
-from planner.steptime import streaming_step_seconds
-from runtime.adam import AdamWConfig, adamw_step
-from runtime.trainer import RunConfig, train_model
+from headroom import planner
+from headroom.planner.model import ModelSpec
+from headroom.planner.steptime import streaming_step_seconds
+from headroom.runtime.adam import AdamWConfig, adamw_step
+from headroom.runtime.trainer import RunConfig, train_model
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -111,8 +111,8 @@ def landing(numel: int) -> dict[str, float]:
     """The streaming host thread's gradient landing, elements per second: a 16-bit gradient
     copied into a pinned slab and moved into its fp32 accumulator, as a unit's first landing
     of a step (a converting copy) and as a later one (an add)."""
-    from runtime.streams import carve, carved_bytes, make_backend
-    from runtime.trainer import HostWork, Unit
+    from headroom.runtime.streams import carve, carved_bytes, make_backend
+    from headroom.runtime.trainer import HostWork, Unit
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = make_backend(device)
@@ -144,7 +144,7 @@ def routing_scale(experts: int, slots: int, width: int, repeats: int = 5) -> dic
     batched experts make them) by fp32 routing weights, forward and backward: eager autograd
     (``(y * w).to(bf16)``) against the trainer's slab-wise ``_ScaleByRoutingWeights``. Median
     seconds, and on CUDA the peak bytes allocated above the inputs."""
-    from runtime.model import _ScaleByRoutingWeights
+    from headroom.runtime.model import _ScaleByRoutingWeights
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.type == "cuda"

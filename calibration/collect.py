@@ -25,7 +25,7 @@ bf16 working parameters throughout (the trainer's GPU precision), torch AdamW (f
 spec's default). Fitting uses the records not held out; the tests check the others against
 the fitted estimate.
 
-Run: .venv/bin/python -m calibration.collect [--impl runtime|hf] [--output FILE]
+Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf] [--output FILE]
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-import planner
-from calibration.fit import traces_path
-from calibration.trace import IMPLS, layer_backward_peak, steady_forward_transient, trace
-from planner.hf import from_hf_config
+from headroom import planner
+from headroom.calibration.fit import traces_path
+from headroom.calibration.trace import IMPLS, layer_backward_peak, steady_forward_transient, trace
+from headroom.planner.hf import from_hf_config
 
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
 
@@ -409,7 +409,7 @@ def main() -> None:
     payload: dict[str, Any] = {
         "about": f"Traced training steps ({args.impl} implementation, calibration/trace.py); "
         f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
-        "command": f"python -m calibration.collect --impl {args.impl}",
+        "command": f"python -m headroom.calibration.collect --impl {args.impl}",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "created": dt.datetime.now(dt.UTC).date().isoformat(),

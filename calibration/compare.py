@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.budget import Budget
+from headroom.planner.budget import Budget
 
 NOT_ALLOCATED = ("cuda_context", "allocator_overhead")
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-import planner
-from planner.buckets import ROUTING_SLAB_ELEMENTS
-from planner.estimate import layer_backward_bytes
+from headroom import planner
+from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS
+from headroom.planner.estimate import layer_backward_bytes
 
 #: feature name → the coefficient values that isolate it (all others 0)
 FEATURES: dict[str, dict[str, float]] = {
@@ -322,7 +322,8 @@ ABOUT = {
 
 
 def traces_path(profile: str) -> Path:
-    """Where the committed traces of ``profile`` live (``python -m calibration.collect``)."""
+    """Where the committed traces of ``profile`` live (written by
+    ``python -m headroom.calibration.collect``)."""
     return DATA / f"{profile}-traces.json"
 
 
@@ -364,7 +365,7 @@ def shipped_entry(profile: str) -> dict[str, Any]:
 
 def main() -> None:
     """Refit the shipped ``runtime`` and ``hf`` sets from the committed traces and write them
-    into ``planner/data/coefficients.json`` (``python -m calibration.fit``)."""
+    into ``planner/data/coefficients.json`` (``python -m headroom.calibration.fit``)."""
     data = json.loads(SHIPPED.read_text())
     entries = [
         shipped_entry(p) if p in ABOUT else e for e in data["coefficients"] for p in [e["profile"]]

@@ -20,9 +20,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import planner
-from planner.errors import SpecError
-from planner.hf import from_hf_config
+from headroom import planner
+from headroom.planner.errors import SpecError
+from headroom.planner.hf import from_hf_config
 
 #: the architectures a spec is mapped to
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")

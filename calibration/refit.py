@@ -18,8 +18,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import planner
-from calibration.fit import FITTED, fit_coefficients, fitting_records, load_traces, peak_errors
+from headroom import planner
+from headroom.calibration.fit import (
+    FITTED,
+    fit_coefficients,
+    fitting_records,
+    load_traces,
+    peak_errors,
+)
 
 #: fewer traces than this fit nothing
 MIN_TRACES = 3

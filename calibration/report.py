@@ -14,8 +14,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import planner
-from calibration.fit import ABOUT, TRACE_DEVICE, traces_path
+from headroom import planner
+from headroom.calibration.fit import ABOUT, TRACE_DEVICE, traces_path
 
 #: the committed traces, per implementation
 COMMITTED = tuple(traces_path(profile) for profile in ABOUT)

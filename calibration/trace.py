@@ -36,12 +36,12 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
-import planner
-from planner.errors import SpecError
-from runtime.adam import torch_adamw
-from runtime.model import DecoderLM, loss_fn
-from runtime.support import TORCH_DTYPE, check_supported
-from runtime.trainer import DTYPES
+from headroom import planner
+from headroom.planner.errors import SpecError
+from headroom.runtime.adam import torch_adamw
+from headroom.runtime.model import DecoderLM, loss_fn
+from headroom.runtime.support import TORCH_DTYPE, check_supported
+from headroom.runtime.trainer import DTYPES
 
 #: tracker category → planner bucket ("transient" is compared with TRANSIENT_BUCKETS)
 CATEGORY_BUCKET = {
@@ -144,7 +144,7 @@ def _build(
     # attention scores, which scaled-dot-product attention never keeps: it traces as none)
     every = planner.knobs(train).checkpoint_every
     if impl == "hf":
-        from calibration import hf
+        from headroom.calibration import hf
 
         if every not in (None, 1):
             raise SpecError(
@@ -186,7 +186,7 @@ def trace(
     previous = torch.get_default_dtype()
     masks: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if impl == "hf":
-        from calibration.hf import causal_masks_as_in_a_real_run
+        from headroom.calibration.hf import causal_masks_as_in_a_real_run
 
         masks = causal_masks_as_in_a_real_run()
     # both implementations' shapes are independent of the values

@@ -17,8 +17,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import planner
-from calibration.compare import compare
+from headroom import planner
+from headroom.calibration.compare import compare
 
 #: recent predictions within this relative error make a set trusted
 WITHIN = 0.05

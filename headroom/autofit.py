@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-import planner
+from headroom import planner
 from headroom.launcher import EXIT_OOM
-from planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
-from runtime.support import TORCH_DTYPE, working_precision
+from headroom.planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
+from headroom.runtime.support import TORCH_DTYPE, working_precision
 
 #: percentage points a failed probe adds to the margin beyond the error it proved
 MARGIN_STEP_PCT = 5.0
@@ -165,7 +165,7 @@ def outcome_of(code: int, report: dict[str, Any], seconds: float, stderr: str) -
         peak_phase = planner_phase(top["phase"], top["step"])
     oom = code == EXIT_OOM
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    from calibration.attribute import attribute
+    from headroom.calibration.attribute import attribute
 
     return ProbeOutcome(
         reserved_peak_bytes=memory.get("reserved_peak_bytes") or None,

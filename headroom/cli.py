@@ -14,10 +14,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-import planner
+from headroom import planner
 from headroom.launcher import EXIT_OOM
-from planner.io import apply_overrides, read_file
-from planner.units import parse_size
+from headroom.planner.io import apply_overrides, read_file
+from headroom.planner.units import parse_size
 
 app = typer.Typer(
     name="headroom",
@@ -321,7 +321,7 @@ def fit(
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
         if probe:
-            from runtime.support import check_supported
+            from headroom.runtime.support import check_supported
 
             check_supported(spec)
             auto = _autofit(
@@ -413,11 +413,11 @@ def launch(
     """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
-    from api.schemas import RunIn
+    from headroom.api.schemas import RunIn
 
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
-        from runtime.support import check_supported
+        from headroom.runtime.support import check_supported
 
         check_supported(spec)
         where = _probe_device(device)
@@ -443,9 +443,9 @@ def launch(
             backend=backend.value,
             fit=False,
         )
-        from api import store
-        from api.runs import Supervisor
-        from api.settings import Settings
+        from headroom.api import store
+        from headroom.api.runs import Supervisor
+        from headroom.api.settings import Settings
         from headroom.records import open_store
 
         sessions = open_store()
@@ -569,7 +569,7 @@ def train(
         spec = planner.load_model(model)
         train_spec = planner.load_train(_train_dict(train, set_ or []))
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
-        from runtime.support import (
+        from headroom.runtime.support import (
             WORKING,
             check_memory_holds,
             check_supported,
@@ -584,10 +584,10 @@ def train(
 
     import torch
 
-    from runtime.cap import DeviceCap
-    from runtime.model import kv_layout
-    from runtime.probe import MemoryProbe
-    from runtime.trainer import RunConfig, train_model
+    from headroom.runtime.cap import DeviceCap
+    from headroom.runtime.model import kv_layout
+    from headroom.runtime.probe import MemoryProbe
+    from headroom.runtime.trainer import RunConfig, train_model
 
     if device is Device.cuda and not torch.cuda.is_available():
         raise _fail("--device: cuda is not available on this machine; allowed here: cpu")
@@ -660,15 +660,20 @@ def serve(
 
     import uvicorn
 
-    from api.migrate import upgrade
-    from api.settings import Settings
+    from headroom.api.migrate import upgrade
+    from headroom.api.settings import Settings
 
     settings = Settings()
     if settings.migrate:
         upgrade(settings.database_url)  # once, before any worker starts
     os.environ["HEADROOM_MIGRATE"] = "false"
     uvicorn.run(
-        "api.main:app", host=host, port=port, workers=workers, log_level="info", access_log=False
+        "headroom.api.main:app",
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="info",
+        access_log=False,
     )
 
 
@@ -688,7 +693,7 @@ def _hf_config(model: str) -> dict[str, Any] | None:
     path = Path(model)
     if not path.is_file():
         return None
-    from planner.io import read_file
+    from headroom.planner.io import read_file
 
     data = read_file(path)
     return dict(data) if isinstance(data, dict) and "model_type" in data else None
@@ -717,22 +722,22 @@ def calibrate_trace(
     config = None
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
-        from calibration.trace import check_traceable
+        from headroom.calibration.trace import check_traceable
 
         check_traceable(train_spec)
         if impl is Impl.hf:
-            from calibration import hf
+            from headroom.calibration import hf
 
             hf.require_transformers()
             config = _hf_config(model) or hf.config_for(spec)
             hf.spec_of(config)  # one of the architectures it builds
         else:
-            from runtime.support import check_supported
+            from headroom.runtime.support import check_supported
 
             check_supported(spec)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
-    from calibration.trace import compare_trace, steady_forward_transient, trace
+    from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
 
     budget = planner.estimate(spec, train_spec, hw)
     try:
@@ -749,8 +754,8 @@ def calibrate_trace(
     if record:
         import uuid
 
-        from api.schemas import Measured
-        from api.store import record_calibration
+        from headroom.api.schemas import Measured
+        from headroom.api.store import record_calibration
         from headroom.records import open_store
 
         peak = measured["peak"]
@@ -822,7 +827,7 @@ def calibrate_run(
     (source ``runtime``) with the estimate it is compared against. Exit 3 on out-of-memory."""
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, None, None)
-        from runtime.support import check_supported, runtime_train, working_precision
+        from headroom.runtime.support import check_supported, runtime_train, working_precision
 
         check_supported(spec)
         # the planner predicts the state the trainer keeps (fp32 weights: fp32 gradients)
@@ -895,9 +900,9 @@ def calibrate_fit(
     as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
     from sqlalchemy import select
 
-    from api.db import Calibration
-    from api.store import save_coefficient_set
-    from calibration.refit import committed_records, refit
+    from headroom.api.db import Calibration
+    from headroom.api.store import save_coefficient_set
+    from headroom.calibration.refit import committed_records, refit
     from headroom.records import open_store
 
     known = planner.profiles()
@@ -971,8 +976,8 @@ def calibrate_report(
     store's calibration records, and the false-fit count."""
     from sqlalchemy import select
 
-    from api.db import Calibration
-    from calibration.report import committed_points, plot, store_points, summarise
+    from headroom.api.db import Calibration
+    from headroom.calibration.report import committed_points, plot, store_points, summarise
     from headroom.records import open_store
 
     with open_store()() as session:

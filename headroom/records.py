@@ -5,15 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import planner
+from headroom import planner
 from headroom.autofit import ProbeOutcome, Recorder
 
 
 def open_store() -> Any:
     """A sessionmaker on the configured database, migrated to the latest revision."""
-    from api.db import make_engine, make_sessionmaker
-    from api.migrate import upgrade
-    from api.settings import Settings
+    from headroom.api.db import make_engine, make_sessionmaker
+    from headroom.api.migrate import upgrade
+    from headroom.api.settings import Settings
 
     settings = Settings()
     upgrade(settings.database_url)
@@ -26,8 +26,8 @@ def calibrated_for(profile: str, hw: planner.Hardware) -> planner.Coefficients:
     The store's active set for ``hw`` wins, then its generic one, then the shipped set
     (``NotCalibrated`` if the profile has none); the newest records of the profile on ``hw``
     then set its trust and margin (``calibration.trust``)."""
-    from api.store import active_coefficients, recent_calibrations
-    from calibration.trust import RECENT, assess_records
+    from headroom.api.store import active_coefficients, recent_calibrations
+    from headroom.calibration.trust import RECENT, assess_records
 
     with open_store()() as session:
         row = active_coefficients(session, profile, hw.name)
@@ -45,8 +45,8 @@ def probe_recorder(
     sessions: Any, model: planner.ModelSpec, hw: planner.Hardware, source: str = "probe"
 ) -> Recorder:
     """Store each probe that measured something as a calibration record of ``source``."""
-    from api.schemas import Measured
-    from api.store import record_calibration
+    from headroom.api.schemas import Measured
+    from headroom.api.store import record_calibration
 
     def record(
         plan: planner.TrainSpec, budget: planner.Budget, outcome: ProbeOutcome

@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.budget import GPU_BUCKETS, PHASES, Budget
-from planner.explain import Explanation
-from planner.units import format_bytes
+from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
+from headroom.planner.explain import Explanation
+from headroom.planner.units import format_bytes
 
 _GIB = 2**30
 _SHORT = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from api.db import Base, make_engine
-from api.settings import Settings
+from headroom.api.db import Base, make_engine
+from headroom.api.settings import Settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().database_url

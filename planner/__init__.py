@@ -2,31 +2,31 @@
 
 Pure Python and pydantic (no torch, no web or database stack), so the CI gate runs anywhere::
 
-    import planner
+    from headroom import planner
     budget = planner.estimate(planner.load_model("llama-3-8b"), planner.TrainSpec(),
                               planner.gpu("H100-80GB"))
     budget.gpu.peak_bytes, budget.peak_phase, budget.fits
 """
 
-from planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
-from planner.coefficients import (
+from headroom.planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
+from headroom.planner.coefficients import (
     Coefficients,
     NotCalibrated,
     calibrated_coefficients,
     default_coefficients,
     profiles,
 )
-from planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
-from planner.estimate import Knobs, estimate, evaluate, knobs
-from planner.explain import Explanation, explain
-from planner.fit import FitResult, fit
-from planner.gate import Verdict, gate
-from planner.hardware import Hardware, gpu, gpu_names
-from planner.io import load_hardware, load_model, load_train, model_names
-from planner.model import MLASpec, ModelSpec, MoESpec
-from planner.params import ParamCount, count_params
-from planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
-from planner.units import format_bytes, parse_size
+from headroom.planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
+from headroom.planner.estimate import Knobs, estimate, evaluate, knobs
+from headroom.planner.explain import Explanation, explain
+from headroom.planner.fit import FitResult, fit
+from headroom.planner.gate import Verdict, gate
+from headroom.planner.hardware import Hardware, gpu, gpu_names
+from headroom.planner.io import load_hardware, load_model, load_train, model_names
+from headroom.planner.model import MLASpec, ModelSpec, MoESpec
+from headroom.planner.params import ParamCount, count_params
+from headroom.planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
+from headroom.planner.units import format_bytes, parse_size
 
 __all__ = [
     "GPU_BUCKETS",

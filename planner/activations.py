@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from planner._memo import identity_memo
-from planner.buckets import moe_capacity, moe_dispatch_bytes, routing_slabs
-from planner.coefficients import Coefficients
-from planner.model import ModelSpec
+from headroom.planner._memo import identity_memo
+from headroom.planner.buckets import moe_capacity, moe_dispatch_bytes, routing_slabs
+from headroom.planner.coefficients import Coefficients
+from headroom.planner.model import ModelSpec
 
 
 class LayerActivations(NamedTuple):

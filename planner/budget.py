@@ -193,8 +193,8 @@ class Budget:
         self._full: BudgetModel | None = None
 
     def _build(self) -> BudgetModel:
-        from planner.buckets import allocator_overhead_bytes
-        from planner.params import count_params
+        from headroom.planner.buckets import allocator_overhead_bytes
+        from headroom.planner.params import count_params
 
         full = self._full
         if full is not None:

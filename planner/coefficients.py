@@ -14,7 +14,7 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import SpecError
+from headroom.planner.errors import SpecError
 
 
 class Coefficients(BaseModel):
@@ -161,7 +161,7 @@ class Coefficients(BaseModel):
 
 @cache
 def _shipped() -> tuple[Coefficients, ...]:
-    path = resources.files("planner") / "data" / "coefficients.json"
+    path = resources.files("headroom.planner") / "data" / "coefficients.json"
     data = json.loads(path.read_text())
     return tuple(Coefficients(**entry) for entry in data["coefficients"])
 

@@ -16,16 +16,16 @@ import functools
 import math
 from typing import Any, NamedTuple
 
-from planner import buckets as b
-from planner._memo import identity_memo
-from planner.activations import LayerActivations, layer_activations
-from planner.budget import PHASES, Budget
-from planner.coefficients import Coefficients, default_coefficients
-from planner.errors import SpecError
-from planner.hardware import Hardware
-from planner.model import ModelSpec
-from planner.stage import StageParams, offloaded_numel, stage_params
-from planner.train import BYTES_PER_ELEMENT, TrainSpec
+from headroom.planner import buckets as b
+from headroom.planner._memo import identity_memo
+from headroom.planner.activations import LayerActivations, layer_activations
+from headroom.planner.budget import PHASES, Budget
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.errors import SpecError
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.stage import StageParams, offloaded_numel, stage_params
+from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
 _DEFAULT_CAPACITY_FACTOR = 1.25
 

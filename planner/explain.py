@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from planner.coefficients import Coefficients
-from planner.estimate import _overheads, estimate, stage_terms
-from planner.hardware import Hardware
-from planner.model import ModelSpec
-from planner.train import BYTES_PER_ELEMENT, TrainSpec
+from headroom.planner.coefficients import Coefficients
+from headroom.planner.estimate import _overheads, estimate, stage_terms
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
 _FOUNDATIONS = "seeds/memory-analysis-foundations.txt"
 _KORTHIKANTI = "Korthikanti et al. 2022 (seeds/memory-analysis-foundations.txt)"

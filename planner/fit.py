@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from planner.budget import BudgetModel
-from planner.coefficients import Coefficients, default_coefficients
-from planner.estimate import Knobs, _overheads, _peak, _stage_parts, estimate, knobs
-from planner.hardware import Hardware
-from planner.model import ModelSpec
-from planner.steptime import StepModel, StepTime
-from planner.train import TrainSpec
+from headroom.planner.budget import BudgetModel
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.estimate import Knobs, _overheads, _peak, _stage_parts, estimate, knobs
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.steptime import StepModel, StepTime
+from headroom.planner.train import TrainSpec
 
 #: optimizer-offload fractions (whole tensors in order, so a finer grid buys little)
 OFFLOAD_FRACTIONS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from planner.budget import Budget
+from headroom.planner.budget import Budget
 
 #: exit codes of ``headroom gate`` (2 is invalid input, raised before a verdict exists)
 EXIT_FITS, EXIT_OOM, EXIT_UNDECIDED = 0, 1, 3

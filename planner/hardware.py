@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.errors import UnknownPresetError
+from headroom.planner.errors import UnknownPresetError
 
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
 #: check refuses lone surrogates, which no UTF-8 encoder writes)
@@ -53,7 +53,7 @@ class Hardware(BaseModel):
 @cache
 def _presets() -> dict[str, Hardware]:
     found: dict[str, Hardware] = {}
-    folder = resources.files("planner") / "data" / "gpus"
+    folder = resources.files("headroom.planner") / "data" / "gpus"
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
             hw = Hardware(**json.loads(entry.read_text()))

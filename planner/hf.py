@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from planner.errors import SpecError
-from planner.model import MLASpec, ModelSpec, MoESpec
+from headroom.planner.errors import SpecError
+from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 
 
 def _get(

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from planner.errors import InputFormatError, SpecError, UnknownPresetError
-from planner.hardware import Hardware, gpu
-from planner.hf import from_hf_config
-from planner.model import ModelSpec
-from planner.train import TrainSpec
-from planner.units import parse_size
+from headroom.planner.errors import InputFormatError, SpecError, UnknownPresetError
+from headroom.planner.hardware import Hardware, gpu
+from headroom.planner.hf import from_hf_config
+from headroom.planner.model import ModelSpec
+from headroom.planner.train import TrainSpec
+from headroom.planner.units import parse_size
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -105,7 +105,7 @@ def read_file(path: str | Path) -> Any:
 @cache
 def _model_presets() -> dict[str, Any]:
     found: dict[str, Any] = {}
-    base = resources.files("planner") / "data"
+    base = resources.files("headroom.planner") / "data"
     for folder in ("models", "hf"):
         for entry in sorted((base / folder).iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".json"):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from planner._memo import identity_memo
-from planner.model import ModelSpec
+from headroom.planner._memo import identity_memo
+from headroom.planner.model import ModelSpec
 
 #: kinds whose tensors are split across tensor-parallel ranks; others stay whole on every rank
 TP_SHARDED_KINDS = frozenset({"embedding", "head", "attention", "mlp", "shared_expert", "expert"})

@@ -11,9 +11,9 @@ import bisect
 from itertools import accumulate
 from typing import NamedTuple
 
-from planner._memo import identity_memo
-from planner.model import ModelSpec
-from planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
+from headroom.planner._memo import identity_memo
+from headroom.planner.model import ModelSpec
+from headroom.planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
 
 
 class StageParams(NamedTuple):

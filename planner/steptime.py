@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from planner.coefficients import Coefficients
-from planner.estimate import Knobs, StageTerms
-from planner.hardware import Hardware
-from planner.model import ModelSpec
-from planner.params import count_params
+from headroom.planner.coefficients import Coefficients
+from headroom.planner.estimate import Knobs, StageTerms
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.params import count_params
 
 
 class StepTime(NamedTuple):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from planner.errors import SpecError
+from headroom.planner.errors import SpecError
 
 _UNITS: dict[str, int] = {
     "": 1,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from planner.buckets import STATE_CHUNK  # 16-bit moments: elements per fp32 scratch
+from headroom.planner.buckets import STATE_CHUNK  # 16-bit moments: elements per fp32 scratch
 
 #: torch's fused AdamW kernel (CPU and CUDA), used when every state is fp32
 FUSED_ADAMW = hasattr(torch, "_fused_adamw_")

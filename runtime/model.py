@@ -29,9 +29,9 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
-from planner.model import ModelSpec
-from runtime.support import check_supported
+from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
+from headroom.planner.model import ModelSpec
+from headroom.runtime.support import check_supported
 
 ROPE_THETA = 10_000.0
 NORM_EPS = 1e-5

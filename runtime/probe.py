@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from runtime.cap import DeviceCap
-from runtime.streams import locked_host_bytes
+from headroom.runtime.cap import DeviceCap
+from headroom.runtime.streams import locked_host_bytes
 
 
 def _host_pinned() -> dict[str, int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from planner.errors import SpecError
-from planner.model import ModelSpec
-from planner.train import Precision, TrainSpec
+from headroom.planner.errors import SpecError
+from headroom.planner.model import ModelSpec
+from headroom.planner.train import Precision, TrainSpec
 
 Working = Literal["fp32", "bf16"]
 TORCH_DTYPE: dict[Working, str] = {"fp32": "float32", "bf16": "bfloat16"}  # headroom train --dtype
@@ -29,7 +29,7 @@ def check_memory_holds(spec: ModelSpec, device_bytes: int = 0) -> None:
     """Refuse, naming ``model``, a model whose states cannot fit this machine's RAM and
     ``device_bytes`` of device memory together, whatever the placement: building it would
     only end in the kernel's out-of-memory kill."""
-    from planner import count_params, format_bytes
+    from headroom.planner import count_params, format_bytes
 
     n = count_params(spec).total
     need = n * LEAST_STATE_BYTES

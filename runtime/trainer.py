@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from planner.estimate import knobs as planner_knobs
-from planner.model import ModelSpec
-from planner.train import TrainSpec
-from runtime.adam import (
+from headroom.planner.estimate import knobs as planner_knobs
+from headroom.planner.model import ModelSpec
+from headroom.planner.train import TrainSpec
+from headroom.runtime.adam import (
     CHUNK,
     AdamWConfig,
     adamw_step,
@@ -53,8 +53,8 @@ from runtime.adam import (
     grad_norm_sq,
     torch_adamw,
 )
-from runtime.cap import host
-from runtime.model import (
+from headroom.runtime.cap import host
+from headroom.runtime.model import (
     DecoderLayer,
     DecoderLM,
     build_model,
@@ -63,8 +63,8 @@ from runtime.model import (
     rope_tables,
     synthetic_batch,
 )
-from runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
-from runtime.support import WORKING, Working, runtime_precision
+from headroom.runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
+from headroom.runtime.support import WORKING, Working, runtime_precision
 
 
 @dataclass

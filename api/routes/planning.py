@@ -6,12 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-import planner
-from api.deps import MetricsDep
-from api.gpus import local_gpus
-from api.metrics import Metrics
-from api.problems import responses
-from api.schemas import EstimateRequest, FitRequest, GateRequest
+from headroom import planner
+from headroom.api.deps import MetricsDep
+from headroom.api.gpus import local_gpus
+from headroom.api.metrics import Metrics
+from headroom.api.problems import responses
+from headroom.api.schemas import EstimateRequest, FitRequest, GateRequest
 
 router = APIRouter(tags=["planning"])
 

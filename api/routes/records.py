@@ -7,12 +7,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
-from api import runs, store
-from api.db import Calibration, Run
-from api.deps import MetricsDep, SessionDep, SettingsDep
-from api.problems import responses
-from api.schemas import CalibrationIn, CalibrationOut, CoefficientSetOut, Page, RunIn, RunOut
-from api.security import require_token
+from headroom.api import runs, store
+from headroom.api.db import Calibration, Run
+from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
+from headroom.api.problems import responses
+from headroom.api.schemas import (
+    CalibrationIn,
+    CalibrationOut,
+    CoefficientSetOut,
+    Page,
+    RunIn,
+    RunOut,
+)
+from headroom.api.security import require_token
 
 router = APIRouter()
 

@@ -68,7 +68,7 @@ class Server:
                 log.write(f"--- start {self.starts + 1}\n".encode())
                 log.flush()
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "api.main:app", *self.listen],
+                    [sys.executable, "-m", "uvicorn", "headroom.api.main:app", *self.listen],
                     cwd=ROOT,
                     env=self.env,
                     stdout=log,

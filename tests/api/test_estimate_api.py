@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-import planner
-from api.main import create_app
+from headroom import planner
+from headroom.api.main import create_app
 
 client = TestClient(create_app())
 

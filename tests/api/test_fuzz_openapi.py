@@ -34,8 +34,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.main import create_app
-from api.settings import Settings
+from headroom.api.main import create_app
+from headroom.api.settings import Settings
 
 TOKEN = "fuzz-token"
 MIN_REQUESTS = 2000
@@ -62,7 +62,7 @@ AUTH = {
 
 
 def _data(folder: str, name: str) -> dict[str, Any]:
-    text = (resources.files("planner") / "data" / folder / f"{name}.json").read_text()
+    text = (resources.files("headroom.planner") / "data" / folder / f"{name}.json").read_text()
     return dict(json.loads(text))
 
 

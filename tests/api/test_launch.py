@@ -18,11 +18,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-import planner
-from api.db import Run
-from api.main import create_app
-from api.runs import Supervisor, this_process
-from api.settings import Settings
+from headroom import planner
+from headroom.api.db import Run
+from headroom.api.main import create_app
+from headroom.api.runs import Supervisor, this_process
+from headroom.api.settings import Settings
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -137,8 +137,8 @@ def test_nothing_predicted_to_oom_is_queued(client: TestClient) -> None:
 
 
 def _sessions(settings: Settings) -> sessionmaker[Session]:
-    from api.db import make_engine, make_sessionmaker
-    from api.migrate import upgrade
+    from headroom.api.db import make_engine, make_sessionmaker
+    from headroom.api.migrate import upgrade
 
     upgrade(settings.database_url)
     return make_sessionmaker(make_engine(settings.database_url))

@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select
 
-from api import migrate
-from api.db import Base, Calibration, make_engine, make_sessionmaker
+from headroom.api import migrate
+from headroom.api.db import Base, Calibration, make_engine, make_sessionmaker
 
 TABLES = set(Base.metadata.tables)
 

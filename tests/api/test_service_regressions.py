@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-import planner
-from api.main import create_app
-from api.settings import Settings
+from headroom import planner
+from headroom.api.main import create_app
+from headroom.api.settings import Settings
 
 TOKEN = "regression-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-import planner
-from api.main import create_app
-from api.migrate import head_revision
-from api.settings import Settings
+from headroom import planner
+from headroom.api.main import create_app
+from headroom.api.migrate import head_revision
+from headroom.api.settings import Settings
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-import planner
+from headroom import planner
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -67,7 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp}/page.db"}
     log_path = tmp / "server.log"
     base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1"]
+    command = [sys.executable, "-m", "uvicorn", "headroom.api.main:app", "--host", "127.0.0.1"]
     command += ["--port", str(port)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

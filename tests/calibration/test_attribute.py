@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from headroom_process import run_headroom
 
-import planner
-from calibration.attribute import attribute
-from runtime.model import DecoderLM
+from headroom import planner
+from headroom.calibration.attribute import attribute
+from headroom.runtime.model import DecoderLM
 
 
 def test_a_probed_run_attributes_resident_and_optimizer_state_to_the_byte(

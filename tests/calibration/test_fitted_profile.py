@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from headroom_process import run_headroom
 
-import planner
-from calibration.fit import (
+from headroom import planner
+from headroom.calibration.fit import (
     BACKWARD_MIN_HIDDEN,
     FITTED,
     fit_coefficients,
@@ -21,8 +21,8 @@ from calibration.fit import (
     peak_errors,
     shipped_entry,
 )
-from calibration.trace import trace
-from planner.estimate import layer_backward_bytes
+from headroom.calibration.trace import trace
+from headroom.planner.estimate import layer_backward_bytes
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "runtime-traces.json"
 

@@ -30,7 +30,7 @@ class Card:
     def __call__(
         self, model: dict[str, Any], train: dict[str, Any], gpu: str, steps: int
     ) -> dict[str, Any]:
-        import planner
+        from headroom import planner
 
         budget = planner.estimate(
             planner.load_model(model), planner.load_train(train), planner.load_hardware(gpu)
@@ -48,7 +48,7 @@ class Card:
 
 
 def test_the_matrix_resumes_from_its_file_and_summarises(tmp_path: Path) -> None:
-    import planner
+    from headroom import planner
 
     out = tmp_path / "gpu.json"
     design = calibration_gpu.design(GPU)

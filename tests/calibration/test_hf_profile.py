@@ -13,11 +13,11 @@ import pytest
 import torch
 from headroom_process import run_headroom
 
-import planner
-from calibration import hf
-from calibration.collect import deepseek_cut
-from calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
-from calibration.trace import compare_trace, steady_forward_transient, trace
+from headroom import planner
+from headroom.calibration import hf
+from headroom.calibration.collect import deepseek_cut
+from headroom.calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
+from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
@@ -76,12 +76,12 @@ def _sdpa_calls(impl: str, model: planner.ModelSpec, train: planner.TrainSpec) -
 
     import torch.nn.functional as F
 
-    import calibration.trace
+    from headroom.calibration import trace as trace_module
 
     calls: list[tuple] = []
     original = F.scaled_dot_product_attention
-    kernels = calibration.trace.gpu_attention_kernels
-    calibration.trace.gpu_attention_kernels = contextlib.nullcontext  # type: ignore[assignment]
+    kernels = trace_module.gpu_attention_kernels
+    trace_module.gpu_attention_kernels = contextlib.nullcontext  # type: ignore[assignment]
 
     def spy(q: Any, k: Any, v: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
         is_causal = kwargs.get("is_causal", args[1] if len(args) > 1 else False)
@@ -95,7 +95,7 @@ def _sdpa_calls(impl: str, model: planner.ModelSpec, train: planner.TrainSpec) -
         trace(model, train, impl=impl, steps=1)
     finally:
         F.scaled_dot_product_attention = original
-        calibration.trace.gpu_attention_kernels = kernels
+        trace_module.gpu_attention_kernels = kernels
     return calls
 
 
@@ -127,7 +127,7 @@ def test_narrow_values_trace_the_gpus_memory_efficient_kernel() -> None:
     trace keeps what the GPU does: its activations do not grow with the sequence squared."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from calibration.trace import gpu_attention_kernels
+    from headroom.calibration.trace import gpu_attention_kernels
 
     def saved_bytes(seq: int) -> int:
         sizes: list[int] = []

@@ -8,8 +8,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from planner.buckets import optimizer_temporary_bytes
-from runtime.adam import torch_adamw
+from headroom.planner.buckets import optimizer_temporary_bytes
+from headroom.runtime.adam import torch_adamw
 
 SHAPES = [(300, 200), (1000,), (128, 64), (7,)]
 

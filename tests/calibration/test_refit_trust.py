@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import planner
-from calibration.refit import committed_records
-from calibration.trust import assess
+from headroom import planner
+from headroom.calibration.refit import committed_records
+from headroom.calibration.trust import assess
 from headroom.cli import app
 
 RUNTIME_BF16 = [
@@ -115,7 +115,7 @@ def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli
     assert cli("calibrate", "fit", "--profile", "runtime").exit_code == 0
     from sqlalchemy import select
 
-    from api.db import CoefficientSet
+    from headroom.api.db import CoefficientSet
     from headroom.records import open_store
 
     with open_store()() as session:
@@ -124,8 +124,8 @@ def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli
 
 
 def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
-    from api.schemas import CalibrationIn
-    from api.store import add_calibration
+    from headroom.api.schemas import CalibrationIn
+    from headroom.api.store import add_calibration
     from headroom.records import open_store
 
     before = cli("estimate", "tiny-dense", "--gpu", "H200-141GB", *RUNTIME_BF16, "--format", "json")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from headroom_process import run_headroom
 
-import planner
-from api.schemas import Measured
-from api.store import record_calibration
+from headroom import planner
+from headroom.api.schemas import Measured
+from headroom.api.store import record_calibration
 from headroom.records import open_store
 
 
@@ -49,7 +49,7 @@ def test_report_counts_false_fits_and_draws(
     proc = run_headroom(*args, timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    from calibration.report import COMMITTED
+    from headroom.calibration.report import COMMITTED
 
     committed = sum(len(json.loads(path.read_text())["records"]) for path in COMMITTED)
     assert summary["points"] == committed + 2

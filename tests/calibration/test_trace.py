@@ -10,15 +10,15 @@ import pytest
 import torch
 from headroom_process import run_headroom
 
-import planner
-from calibration.trace import (
+from headroom import planner
+from headroom.calibration.trace import (
     compare_trace,
     layer_backward_peak,
     steady_forward_transient,
     trace,
 )
-from planner.estimate import layer_backward_bytes
-from runtime.model import DecoderLM
+from headroom.planner.estimate import layer_backward_bytes
+from headroom.runtime.model import DecoderLM
 
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
 

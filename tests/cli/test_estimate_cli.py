@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from headroom_process import run_headroom
 
-import planner
+from headroom import planner
 
 HF = Path(planner.__file__).parent / "data" / "hf"
 

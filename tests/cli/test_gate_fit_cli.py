@@ -9,7 +9,7 @@ from xml.etree import ElementTree as ET
 
 from headroom_process import run_headroom
 
-import planner
+from headroom import planner
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

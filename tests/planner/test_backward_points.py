@@ -9,9 +9,9 @@ from typing import NamedTuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import planner
+from headroom import planner
 
-estimate_module = importlib.import_module("planner.estimate")
+estimate_module = importlib.import_module("headroom.planner.estimate")
 
 
 Kind = tuple[int, int]  # (dense, MoE)

@@ -3,9 +3,9 @@ validated estimate of the plan; impossible models are refused with a reason."""
 
 from __future__ import annotations
 
-import planner
-from planner.fit import candidates
-from planner.steptime import step_time
+from headroom import planner
+from headroom.planner.fit import candidates
+from headroom.planner.steptime import step_time
 
 
 def test_states_larger_than_the_card_get_offloaded_and_fit() -> None:
@@ -39,7 +39,7 @@ def test_the_chosen_plan_is_the_fastest_fitting_candidate() -> None:
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
     import importlib
 
-    est = importlib.import_module("planner.estimate")
+    est = importlib.import_module("headroom.planner.estimate")
     best = 0.0
     for kn, _ in candidates(model, train):
         b = planner.evaluate(model, kn, hw, coeffs)
@@ -52,7 +52,7 @@ def test_the_chosen_plan_is_the_fastest_fitting_candidate() -> None:
 def test_every_candidate_matches_its_validated_spec() -> None:
     import importlib
 
-    fit_module = importlib.import_module("planner.fit")
+    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("tiny-moe")
     train = planner.TrainSpec(micro_batch_size=4, parallel={"dp": 2, "ep": 2})
     for kn, changes in candidates(model, train):
@@ -90,7 +90,7 @@ def test_the_search_agrees_with_the_estimate_on_every_candidate() -> None:
 def test_the_grid_keeps_the_global_batch_and_spans_every_dimension() -> None:
     import importlib
 
-    fit_module = importlib.import_module("planner.fit")
+    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("llama-3-8b")  # 32 layers
     train = planner.TrainSpec(micro_batch_size=4, grad_accum_steps=8, parallel={"dp": 4})
     g = fit_module.grid(model, train)
@@ -116,7 +116,7 @@ def test_the_grid_keeps_the_global_batch_and_spans_every_dimension() -> None:
 def test_excluded_candidates_are_not_chosen_again() -> None:
     import importlib
 
-    fit_module = importlib.import_module("planner.fit")
+    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("llama-3-8b")
     train = planner.TrainSpec(micro_batch_size=8)
     hw = planner.gpu("H100-80GB")

@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import planner
+from headroom import planner
 
 FORBIDDEN = ("torch", "sqlalchemy", "fastapi", "numpy")
 ALLOWED_THIRD_PARTY = {
     "pydantic",
-    "planner",
+    "headroom.planner",
     "pydantic_core",
     "typing_extensions",
     "annotated_types",
@@ -23,7 +23,7 @@ PLANNER_DIR = Path(planner.__file__).resolve().parent
 
 _SCRIPT = """
 import json, sys
-import planner
+from headroom import planner
 after_import = sorted(m for m in {forbidden!r} if m in sys.modules)
 budget = planner.estimate(planner.load_model("mixtral-8x7b"), planner.TrainSpec(),
                           planner.gpu("H100-80GB"))
@@ -51,17 +51,25 @@ def test_import_and_estimate_load_no_heavy_modules() -> None:
 
 
 def _imported_top_level(path: Path) -> set[str]:
+    """What ``path`` imports: top-level names, and ``headroom.<package>`` for the project's own."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(_package(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative import: inside the planner package
-                names.add("planner")
+                names.add("headroom.planner")
+            elif node.module == "headroom":
+                names.update(f"headroom.{alias.name}" for alias in node.names)
             elif node.module:
-                names.add(node.module.split(".")[0])
+                names.add(_package(node.module))
     return names
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "headroom" and len(parts) > 1 else parts[0]
 
 
 def test_source_imports_only_stdlib_and_pydantic() -> None:
@@ -78,6 +86,6 @@ def test_ast_scan_sees_imports() -> None:
     # Guard against a scan that silently finds nothing.
     assert "pydantic" in _imported_top_level(PLANNER_DIR / "model.py")
     io_imports = _imported_top_level(PLANNER_DIR / "io.py")
-    assert {"importlib", "json", "planner"} <= io_imports
+    assert {"importlib", "json", "headroom.planner"} <= io_imports
     # The lazy PyYAML import is a call, not an import statement.
     assert "yaml" not in io_imports

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import planner
+from headroom import planner
 
 HF_DIR = Path(planner.__file__).parent / "data" / "hf"
 

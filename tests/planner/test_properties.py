@@ -15,11 +15,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import planner
-from planner.estimate import stage_terms
-from planner.stage import stage_params
+from headroom import planner
+from headroom.planner.estimate import stage_terms
+from headroom.planner.stage import stage_params
 
-estimate_module = importlib.import_module("planner.estimate")
+estimate_module = importlib.import_module("headroom.planner.estimate")
 
 SETTINGS = settings(max_examples=60, deadline=None)
 GPU_NAMES = planner.gpu_names()

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-import planner
-from planner import buckets as b
-from planner.activations import layer_activations
-from planner.coefficients import default_coefficients
-from planner.stage import stage_params
+from headroom import planner
+from headroom.planner import buckets as b
+from headroom.planner.activations import layer_activations
+from headroom.planner.coefficients import default_coefficients
+from headroom.planner.stage import stage_params
 
 H100 = planner.gpu("H100-80GB")
 TEXTBOOK = default_coefficients("textbook")
@@ -185,7 +185,7 @@ def test_offload_takes_tensors_in_module_order() -> None:
     """The first tensors (embedding, then layer 0 ...) are offloaded first."""
     model = planner.load_model("llama-3-8b")
     sp = stage_params(model, 1, 1, 1, 0)
-    from planner.stage import offloaded_numel
+    from headroom.planner.stage import offloaded_numel
 
     dense, expert = offloaded_numel(sp, 1, 1, 0.01)
     assert expert == 0

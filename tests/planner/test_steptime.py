@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import planner
-from planner.steptime import StepModel
+from headroom import planner
+from headroom.planner.steptime import StepModel
 
 
 def _price(cpu_rate: float, max_grad_norm: float | None, grad_accum: int) -> tuple[float, ...]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import planner
-from planner.activations import layer_activations
-from planner.coefficients import default_coefficients
-from runtime.model import Attention, rope_tables
+from headroom import planner
+from headroom.planner.activations import layer_activations
+from headroom.planner.coefficients import default_coefficients
+from headroom.runtime.model import Attention, rope_tables
 
 SPEC = planner.ModelSpec(
     name="gqa", vocab_size=256, hidden_size=128, num_layers=1, num_heads=8, num_kv_heads=2,
@@ -71,8 +71,8 @@ def test_latent_attention_keeps_its_values_and_not_the_whole_up_projection() -> 
     kernel choice."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from calibration.trace import gpu_attention_kernels
-    from runtime.model import LatentAttention, rope_dim
+    from headroom.calibration.trace import gpu_attention_kernels
+    from headroom.runtime.model import LatentAttention, rope_dim
 
     spec = planner.load_model("tiny-mla")
     mla = spec.mla

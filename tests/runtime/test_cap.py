@@ -8,9 +8,9 @@ import gc
 import pytest
 import torch
 
-import planner
-from runtime.cap import DeviceCap, host
-from runtime.trainer import RunConfig, train_model
+from headroom import planner
+from headroom.runtime.cap import DeviceCap, host
+from headroom.runtime.trainer import RunConfig, train_model
 
 
 def test_live_bytes_follow_allocations_and_frees() -> None:
@@ -80,7 +80,7 @@ def test_streaming_holds_only_its_pool_between_steps() -> None:
     """A micro-batch's tensors (checkpoints, the embedding gradient, the last layer's gradient)
     die with it: after each step the device holds the buffer pool and nothing else, so every
     step peaks where the first does."""
-    from runtime.probe import MemoryProbe
+    from headroom.runtime.probe import MemoryProbe
 
     spec = planner.load_model("tiny-dense")
     train = planner.TrainSpec(
@@ -104,7 +104,7 @@ def test_streaming_runs_the_loss_on_the_pool_without_a_copy_of_the_head(tied: bo
     checkpoints, the head's input and saved tensors, and the kept log-probabilities: here all
     of those beside the pool are far smaller than the head's weights, so a copy of the head
     (or of the tied embedding) would show as a whole table more."""
-    from runtime.probe import MemoryProbe
+    from headroom.runtime.probe import MemoryProbe
 
     spec = planner.load_model("tiny-dense").model_copy(
         update={"vocab_size": 4096, "hidden_size": 64, "tied_embeddings": tied}

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-import planner
-from runtime.streams import ALIGN, DelayedBackend, carve, carved_bytes
-from runtime.trainer import HostWork, RunConfig, Unit, train_model
+from headroom import planner
+from headroom.runtime.streams import ALIGN, DelayedBackend, carve, carved_bytes
+from headroom.runtime.trainer import HostWork, RunConfig, Unit, train_model
 
 FP32 = {"params": "fp32", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
 

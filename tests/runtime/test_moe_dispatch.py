@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import planner
-from runtime.model import DecoderLM, MoE, build_model
+from headroom import planner
+from headroom.runtime.model import DecoderLM, MoE, build_model
 
 
 def _loop_forward(moe: MoE, x: torch.Tensor) -> torch.Tensor:

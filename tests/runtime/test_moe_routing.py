@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import planner
-from planner.activations import layer_activations
-from planner.buckets import moe_capacity
-from planner.coefficients import default_coefficients
+from headroom import planner
+from headroom.planner.activations import layer_activations
+from headroom.planner.buckets import moe_capacity
+from headroom.planner.coefficients import default_coefficients
 
 
 def test_deepseek_configs_scale_by_fp32_routing_weights_and_others_do_not() -> None:
@@ -53,9 +53,9 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
     slot-wide fp32 tensor (eager autograd held two more than 16-bit routing, 42 MB here)."""
     import math
 
-    from calibration.collect import PURE_BF16
-    from calibration.trace import layer_backward_peak, trace
-    from planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
+    from headroom.calibration.collect import PURE_BF16
+    from headroom.calibration.trace import layer_backward_peak, trace
+    from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
 
     spec = planner.ModelSpec.model_validate(
         {
@@ -93,8 +93,8 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
 
 
 def test_the_trainer_scales_by_routing_weights_in_the_slabs_the_runtime_profile_counts() -> None:
-    from calibration.fit import STRUCTURAL
-    from planner.buckets import ROUTING_SLAB_ELEMENTS
+    from headroom.calibration.fit import STRUCTURAL
+    from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS
 
     runtime = default_coefficients("runtime")
     assert runtime.routing_product_slab_elements == ROUTING_SLAB_ELEMENTS
@@ -129,7 +129,7 @@ def test_the_slab_wise_routing_scale_is_eager_autograd_to_the_bit(
     """Output and both gradients equal ``(y * w[..., None]).to(y.dtype)``'s under autograd,
     bit for bit: one slab, whole experts per slab, runs of one expert's slots, single slots.
     ``y`` is transposed, as the batched experts make it; its gradient keeps its layout."""
-    import runtime.model as rm
+    import headroom.runtime.model as rm
 
     monkeypatch.setattr(rm, "ROUTING_SLAB_ELEMENTS", limit)
     experts, slots, width = shape
@@ -162,10 +162,10 @@ def test_fp32_routing_products_are_held_before_the_routed_experts_gradients() ->
     experts' outputs: the fp32 products' gradients exist, of the layer's own gradients only the
     shared experts'. Counting a share of the routed experts' gradients there too over-predicted
     the traced peak by 3.3 %."""
-    from calibration.collect import HF_MLA_SHAPES, PURE_BF16
-    from calibration.fit import TRACE_DEVICE
-    from calibration.trace import trace
-    from planner.hf import from_hf_config
+    from headroom.calibration.collect import HF_MLA_SHAPES, PURE_BF16
+    from headroom.calibration.fit import TRACE_DEVICE
+    from headroom.calibration.trace import trace
+    from headroom.planner.hf import from_hf_config
 
     model = from_hf_config({**HF_MLA_SHAPES[0][0], "_name_or_path": "mla-moe"})
     assert model.moe is not None and model.moe.routing_weights_fp32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.model import Norm
+from headroom.runtime.model import Norm
 
 
 def test_rmsnorm_keeps_one_fp32_copy_of_its_input() -> None:

@@ -16,10 +16,10 @@ from functools import cache
 import pytest
 import torch
 
-import planner
-import runtime.trainer
-from runtime.streams import DelayedBackend
-from runtime.trainer import Result, RunConfig, Unit, train_model
+from headroom import planner
+from headroom.runtime import trainer as trainer_module
+from headroom.runtime.streams import DelayedBackend
+from headroom.runtime.trainer import Result, RunConfig, Unit, train_model
 
 STEPS = 5
 BASE = {"micro_batch_size": 2, "seq_len": 16, "ema": "host"}
@@ -80,7 +80,7 @@ def test_offload_split_is_the_planners() -> None:
     spec = planner.load_model("tiny-moe")
     train = planner.TrainSpec(**BASE, offload={"mode": "optimizer", "fraction": 0.5})
     result = train_model(spec, train, RunConfig(steps=1))
-    from planner.stage import offloaded_numel, stage_params
+    from headroom.planner.stage import offloaded_numel, stage_params
 
     dense, expert = offloaded_numel(stage_params(spec, 1, 1, 1, 0), 1, 1, 0.5)
     assert result.placement["offloaded_params"] == dense + expert
@@ -166,8 +166,8 @@ def _qk_norm(name: str) -> planner.ModelSpec:
 )
 def test_parameters_are_the_planners_inventory(spec: planner.ModelSpec) -> None:
     """Names, sizes and order: what the offload split and the streaming units rely on."""
-    from planner.params import units
-    from runtime.model import DecoderLM
+    from headroom.planner.params import units
+    from headroom.runtime.model import DecoderLM
 
     with torch.device("meta"):
         model = DecoderLM(spec)
@@ -238,7 +238,7 @@ def test_unclipped_updates_overlap_the_backward(
     )
     order: list[tuple[int, str]] = []
     head_done = {step: threading.Event() for step in range(1, 3)}
-    update = runtime.trainer._update_unit
+    update = trainer_module._update_unit
 
     def recorded(o: object, step: int, u: Unit, coef: float) -> None:
         update(o, step, u, coef)  # type: ignore[arg-type]
@@ -255,7 +255,7 @@ def test_unclipped_updates_overlap_the_backward(
             wait = 30.0 if max_grad_norm is None else 0.5
             ended_after_head[step] = head_done[step].wait(timeout=wait)
 
-    monkeypatch.setattr(runtime.trainer, "_update_unit", recorded)
+    monkeypatch.setattr(trainer_module, "_update_unit", recorded)
     train_model(spec, train, RunConfig(steps=2), on_phase=hook)
     layers = [f"layers.{i}" for i in range(spec.num_layers)]
     forward = ["embed_tokens", *layers, "head"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import planner
-from runtime.cap import DeviceCap
-from runtime.probe import MemoryProbe
-from runtime.trainer import RunConfig, recompute_every, train_model
+from headroom import planner
+from headroom.runtime.cap import DeviceCap
+from headroom.runtime.probe import MemoryProbe
+from headroom.runtime.trainer import RunConfig, recompute_every, train_model
 
 
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])

@@ -10,11 +10,11 @@ import pytest
 import torch
 from headroom_process import run_headroom
 
-import planner
-from runtime.adam import AdamWConfig, adamw_step
-from runtime.streams import ALIGN
-from runtime.support import runtime_precision
-from runtime.trainer import FoldGrads, RunConfig, train_model
+from headroom import planner
+from headroom.runtime.adam import AdamWConfig, adamw_step
+from headroom.runtime.streams import ALIGN
+from headroom.runtime.support import runtime_precision
+from headroom.runtime.trainer import FoldGrads, RunConfig, train_model
 
 CFG = AdamWConfig()
 
@@ -191,10 +191,10 @@ def test_fp32_adamw_is_torchs_to_the_bit(monkeypatch: pytest.MonkeyPatch, fused:
     """All-fp32 state runs ``torch.optim.AdamW(fused=True)``'s kernel chunk by chunk (or, where
     torch has none, the single-tensor path's ops): the chunks, the clipping scale folded into the
     gradient and the EMA and working copy written alongside change no bit of the update."""
-    import runtime.adam
+    from headroom.runtime import adam
 
-    monkeypatch.setattr(runtime.adam, "FUSED_ADAMW", fused)
-    monkeypatch.setattr(runtime.adam, "CHUNK", 1000)  # several chunks and a ragged last one
+    monkeypatch.setattr(adam, "FUSED_ADAMW", fused)
+    monkeypatch.setattr(adam, "CHUNK", 1000)  # several chunks and a ragged last one
     torch.manual_seed(0)
     n, scale = 4321, 0.37
     p0, grads = torch.randn(n), [torch.randn(n) for _ in range(4)]
