@@ -1,3 +1,5 @@
+"""``python -m headroom``: the ``headroom`` command."""
+
 from headroom.cli import main
 
 main()

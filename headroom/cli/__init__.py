@@ -1,0 +1,62 @@
+"""The ``headroom`` command line, assembled from one module per command group.
+
+    estimate   estimate.py   per-bucket memory, the peak phase, whether it fits
+    gate       gate.py       exit 0 fits, 1 predicted OOM, 2 invalid input, 3 cannot decide
+    fit        fit.py        the fastest configuration that fits (--probe: confirmed by runs)
+    launch     launch.py     fit, then train, recorded as a run in the store
+    presets    presets.py    the bundled GPU and model presets
+    train      train.py      the bundled trainer (what launch and the probes start)
+    serve      serve.py      the API and the budget page
+    calibrate  calibrate.py  trace, run, fit, report: measure and refit the coefficients
+
+Shared options live in ``options.py``; the exit codes and the one handler that turns a user
+mistake into ``error: ...`` and exit 2 in ``exits.py``. The command modules import only the
+planner, typer and rich at import time: ``headroom estimate`` and ``headroom gate`` run without
+the service's, the runtime's or the calibration's packages (``pip install headroom``), and each
+other command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from headroom import planner
+from headroom.cli.calibrate import calibrate_app
+from headroom.cli.estimate import estimate_command
+from headroom.cli.exits import ExitCode
+from headroom.cli.fit import fit_command
+from headroom.cli.gate import gate_command
+from headroom.cli.launch import launch_command
+from headroom.cli.presets import presets_command
+from headroom.cli.serve import serve_command
+from headroom.cli.train import train_command
+
+__all__ = ["ExitCode", "app", "main"]
+
+app = typer.Typer(
+    name="headroom",
+    help="Will this training run fit on the GPU, and where does every byte go?",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+# the order of registration is the order of `headroom --help`
+app.command("estimate")(estimate_command)
+app.command("gate")(gate_command)
+app.command("fit")(fit_command)
+app.command("launch")(launch_command)
+app.command("presets")(presets_command)
+app.command("train")(train_command)
+app.command("serve")(serve_command)
+app.add_typer(calibrate_app, name="calibrate")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except planner.HeadroomError as exc:  # pragma: no cover - commands catch their own
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(ExitCode.INVALID_INPUT)

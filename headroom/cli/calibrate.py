@@ -1,0 +1,364 @@
+"""``headroom calibrate``: measure memory, compare it with the estimate, refit the coefficients.
+
+``trace`` traces training steps on the CPU, ``run`` measures the trainer on a GPU, ``fit`` refits
+the coefficient sets from the traces, ``report`` summarises the estimate's error. torch, numpy,
+matplotlib and the store are imported inside the commands that use them.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from headroom import planner
+from headroom.cli.exits import ExitCode, fail, user_errors
+from headroom.cli.options import (
+    FormatOpt,
+    GpuOpt,
+    ModelArg,
+    SetOpt,
+    TextOrJson,
+    TrainOpt,
+    load_specs,
+)
+from headroom.planner.io import read_file
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from headroom.api.db import Calibration
+
+calibrate_app = typer.Typer(
+    help="Measure memory and compare it with the estimate, per bucket.", no_args_is_help=True
+)
+
+
+def _calibration_rows(sessions: sessionmaker[Session]) -> list[Calibration]:
+    """Every calibration record in the store, oldest first.
+
+    The one query the command line runs itself: it belongs behind a store function."""
+    from sqlalchemy import select
+
+    from headroom.api.db import Calibration
+
+    with sessions() as session:
+        return list(session.scalars(select(Calibration).order_by(Calibration.id)))
+
+
+class Impl(StrEnum):
+    runtime = "runtime"
+    hf = "hf"
+
+
+def _hf_config(model: str) -> dict[str, Any] | None:
+    """The raw ``config.json`` dict when MODEL is one (an hf trace builds exactly that)."""
+    path = Path(model)
+    if not path.is_file():
+        return None
+    data = read_file(path)
+    return dict(data) if isinstance(data, dict) and "model_type" in data else None
+
+
+@calibrate_app.command("trace")
+def trace_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    impl: Annotated[
+        Impl, typer.Option("--impl", help="Which implementation of the model to trace.")
+    ] = Impl.runtime,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=10, help="Optimizer steps.")] = 2,
+    record: Annotated[
+        bool, typer.Option("--record", help="Store the comparison as a calibration record.")
+    ] = False,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Trace training steps on the CPU (fake tensors where shapes allow) with PyTorch's memory
+    tracker and print predicted vs traced bytes per bucket and at the peak.
+
+    --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
+    headroom[hf]) built from MODEL's config.json, or from the spec's shape."""
+    config = None
+    with user_errors():
+        spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
+        from headroom.calibration.trace import check_traceable
+
+        check_traceable(train_spec)
+        if impl is Impl.hf:
+            from headroom.calibration import hf
+
+            hf.require_transformers()
+            config = _hf_config(model) or hf.config_for(spec)
+            hf.spec_of(config)  # one of the architectures it builds
+        else:
+            from headroom.runtime.support import check_supported
+
+            check_supported(spec)
+    from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
+
+    budget = planner.estimate(spec, train_spec, hw)
+    with user_errors():  # a config transformers cannot build
+        measured = trace(spec, train_spec, steps=steps, impl=impl.value, config=config)
+    out = {
+        "model": spec.name,
+        "impl": impl.value,
+        "gpu": hw.name,
+        **compare_trace(budget, measured),
+        "trace": measured,
+    }
+    if record:
+        import uuid
+
+        from headroom.api.schemas import Measured
+        from headroom.api.store import record_calibration
+        from headroom.records import open_store
+
+        peak = measured["peak"]
+        uid = f"trace-{uuid.uuid4().hex}"
+        with open_store()() as session:
+            record_calibration(
+                session,
+                uid,
+                spec,
+                train_spec,
+                hw,
+                budget,
+                Measured(
+                    allocated_bytes=max(peak["total"], 1),
+                    buckets={
+                        "params": peak["params"],
+                        "grads": peak["grads"],
+                        "optimizer_states": peak["optimizer_states"],
+                    },
+                    forward_transient_bytes=steady_forward_transient(measured),
+                ),
+                "trace",
+                f"{impl.value} trace ({measured['mode']} tensors, torch {measured['torch']}); "
+                f"transient bytes at the peak: {peak['transient']}",
+            )
+        out["calibration_uid"] = uid
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{spec.name}: predicted ({out['phase']}) vs traced peak")
+    for column in ("bucket", "predicted", "traced", "error"):
+        table.add_column(column, justify="right" if column != "bucket" else "left")
+    for bucket, predicted in out["predicted"].items():
+        error = out["error"][bucket]
+        table.add_row(
+            bucket,
+            planner.format_bytes(predicted),
+            planner.format_bytes(out["measured"][bucket]),
+            "n/a" if error is None else f"{error:+.1%}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"traced with {measured['mode']} tensors in {measured['seconds']:.1f} s; "
+        f"transient = {' + '.join(out['transient_buckets'])}"
+    )
+
+
+@calibrate_app.command("run")
+def run_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    gpu_probe: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-probe",
+            help="Run the trainer on this machine's CUDA device under its memory probe (the "
+            "only measurement calibrate run makes; a CPU measurement is calibrate trace).",
+        ),
+    ] = False,
+    steps: Annotated[int, typer.Option("--steps", min=2, max=20, help="Optimizer steps.")] = 3,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Run the bundled trainer on the GPU, attribute its memory probe and store the record
+    (source ``runtime``) with the estimate it is compared against. Exit 3 on out-of-memory."""
+    with user_errors():
+        spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
+        from headroom.runtime.support import check_supported, runtime_train, working_precision
+
+        check_supported(spec)
+        # the planner predicts the state the trainer keeps (fp32 weights: fp32 gradients)
+        run_spec = runtime_train(train_spec, working_precision(train_spec))
+        if not gpu_probe:
+            raise planner.SpecError(
+                "--gpu-probe: calibrate run measures a GPU run, pass --gpu-probe (on a CPU, "
+                "measure with headroom calibrate trace)",
+                field="--gpu-probe",
+            )
+        import torch
+
+        if not torch.cuda.is_available():
+            raise planner.SpecError(
+                "--gpu-probe: no CUDA device on this machine; measure on the CPU with "
+                "headroom calibrate trace",
+                field="--gpu-probe",
+            )
+    from headroom.autofit import subprocess_prober
+    from headroom.records import open_store, probe_recorder
+
+    budget = planner.estimate(spec, run_spec, hw)
+    outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec)
+    uid = probe_recorder(open_store(), spec, hw, "runtime")(run_spec, budget, outcome)
+    out = {
+        "model": spec.name,
+        "gpu": hw.name,
+        "predicted_peak_bytes": budget.gpu_peak_bytes,
+        "predicted_phase": budget.peak_phase,
+        "outcome": outcome.model_dump(mode="json"),
+        "calibration_uid": uid,
+    }
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        measured = outcome.measured_peak_bytes
+        Console().print(
+            f"{spec.name} on {hw.name}: predicted {planner.format_bytes(budget.gpu_peak_bytes)} "
+            f"({budget.peak_phase}), measured "
+            f"{'n/a' if measured is None else planner.format_bytes(measured)}"
+            f"{' (out of memory)' if outcome.oom else ''}; record {uid or 'none'}"
+        )
+    if not outcome.ok:
+        raise typer.Exit(ExitCode.OUT_OF_MEMORY if outcome.oom else ExitCode.NOTHING_FITS)
+
+
+@calibrate_app.command("fit")
+def fit_command(
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            help="Activation profile to refit (repeatable; default: every profile with "
+            "committed or stored traces).",
+        ),
+    ] = None,
+    committed: Annotated[
+        bool,
+        typer.Option(
+            "--committed/--no-committed",
+            help="Fit the committed traces too, not only the store's records.",
+        ),
+    ] = True,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Refit coefficient sets from the committed traces and the store's records and store them
+    as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
+    from headroom.api.store import save_coefficient_set
+    from headroom.calibration.refit import committed_records, refit
+    from headroom.records import open_store
+
+    known = planner.profiles()
+    for name in profile or []:
+        if name not in known:
+            raise fail(f"--profile: unknown profile {name!r}; allowed: {', '.join(known)}")
+    sessions = open_store()
+    rows = _calibration_rows(sessions)
+    wanted = profile or [
+        p
+        for p in known
+        if (committed and committed_records(p))
+        or any(r.source == "trace" and r.activation_profile == p for r in rows)
+    ]
+    results, skipped = [], []
+    for name in wanted:
+        try:
+            sets, summary = refit(rows, name, committed)
+        except planner.SpecError as exc:
+            skipped.append({"profile": name, "reason": str(exc)})
+            continue
+        with sessions() as session:
+            summary["stored"] = [
+                {"id": save_coefficient_set(session, c, src).id, "device": c.device}
+                for c, src in sets
+            ]
+        results.append(summary)
+    out = {"fitted": results, "skipped": skipped}
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        console = Console()
+        for r in results:
+            devices = ", ".join(s["device"] or "generic" for s in r["stored"])
+            console.print(
+                f"[bold]{r['profile']}[/]: fitted from {r['traces']['committed']} committed and "
+                f"{r['traces']['stored']} stored trace(s); peak error max "
+                f"{r['peak_error']['max']:.2%} (shipped set: "
+                f"{r['shipped_peak_error']['max']:.2%}); stored sets: {devices}"
+            )
+            console.print(
+                "  " + ", ".join(f"{k}={v:.4g}" for k, v in r["values"].items()), highlight=False
+            )
+            for gpu in sorted(r["allocator_overhead"].keys() | r["cuda_context"].keys()):
+                parts = []
+                if gpu in r["allocator_overhead"]:
+                    a = r["allocator_overhead"][gpu]
+                    parts.append(f"allocator overhead {a['fraction']:.2%} ({a['records']} runs)")
+                if gpu in r["cuda_context"]:
+                    c = r["cuda_context"][gpu]
+                    parts.append(
+                        f"CUDA context {planner.format_bytes(c['bytes'])} ({c['records']} runs)"
+                    )
+                console.print(f"  {gpu}: " + ", ".join(parts), highlight=False)
+        for s in skipped:
+            console.print(f"[yellow]{s['profile']}[/]: skipped: {s['reason']}")
+    if not results:
+        raise typer.Exit(ExitCode.NOTHING_FITS)
+
+
+@calibrate_app.command("report")
+def report_command(
+    png: Annotated[
+        Path | None,
+        typer.Option("--png", help="Draw predicted against measured peaks here.", dir_okay=False),
+    ] = None,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Per-bucket median, p95 and max error of the estimate over the committed traces and the
+    store's calibration records, and the false-fit count."""
+    from headroom.calibration.report import committed_points, plot, store_points, summarise
+    from headroom.records import open_store
+
+    points = committed_points() + store_points(_calibration_rows(open_store()))
+    summary = summarise(points)
+    if png is not None:
+        plot(points, png)
+        summary["png"] = str(png)
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Estimate error over {summary['points']} measurement(s)")
+    for column in ("", "n", "median", "p95", "max", "mean (signed)"):
+        table.add_column(column, justify="right" if column else "left")
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2%}"
+
+    for name, s in [("peak", summary["peak"]), *summary["buckets"].items()]:
+        table.add_row(
+            name,
+            str(s["n"]),
+            pct(s["median"]),
+            pct(s["p95"]),
+            pct(s["max"]),
+            pct(s.get("signed_mean")),
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"false fits (predicted to fit, ran out of memory): {summary['false_fits']}")
+    if png is not None:
+        console.print(f"plot: {png}")

@@ -1,0 +1,68 @@
+"""``headroom estimate``: per-bucket GPU and host memory, the peak phase, and whether it fits."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from headroom import planner
+from headroom.cli.exits import ExitCode, user_errors
+from headroom.cli.options import (
+    FormatOpt,
+    GpuOpt,
+    HostOpt,
+    ModelArg,
+    NodeOpt,
+    SetOpt,
+    TextOrJson,
+    TrainOpt,
+    load_specs,
+)
+
+
+def estimate_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    format: FormatOpt = TextOrJson.text,
+    explain: Annotated[bool, typer.Option("--explain", help="Show each bucket's formula.")] = False,
+    calibrated: Annotated[
+        bool,
+        typer.Option(
+            "--calibrated",
+            help="Use the fitted coefficients of the spec's activation profile (the store's "
+            "active set for this GPU, else its generic one, else the shipped one), with the "
+            "trust rule's margin from recent measurements; exit 3 if it has none.",
+        ),
+    ] = False,
+) -> None:
+    """Predict per-bucket GPU and host memory, the peak phase, and whether it fits."""
+    with user_errors():
+        spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
+        coeffs = None
+        if calibrated:
+            # the store (SQLAlchemy) only when asked for: the plain estimate needs no database
+            from headroom.records import calibrated_for
+
+            with user_errors(ExitCode.UNDECIDED, (planner.NotCalibrated,)):
+                coeffs = calibrated_for(train_spec.activation_profile, hw)
+        budget = planner.estimate(spec, train_spec, hw, coeffs)
+        explanations = planner.explain(spec, train_spec, hw) if explain else None
+    if format is TextOrJson.json:
+        out = budget.model_dump()
+        if explanations is not None:
+            out["explain"] = {k: v.model_dump() for k, v in explanations.items()}
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from headroom.cli.render import render_budget, render_explanations
+
+    console = Console()
+    render_budget(budget, console)
+    if explanations is not None:
+        render_explanations(explanations, console)

@@ -1,0 +1,101 @@
+"""``headroom gate``: refuse a launch predicted to OOM, as an exit code and a CI report."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headroom import planner
+from headroom.cli.exits import user_errors
+from headroom.cli.options import (
+    GpuOpt,
+    HostOpt,
+    MarginOpt,
+    ModelArg,
+    NodeOpt,
+    SetOpt,
+    TrainOpt,
+    load_specs,
+)
+
+
+class GateFormat(StrEnum):
+    text = "text"
+    json = "json"
+    github = "github"
+    junit = "junit"
+
+
+def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
+    """One JUnit test case: a failure for a predicted OOM, an error when undecided."""
+    from xml.etree import ElementTree as ET
+
+    name = f"{model} on {gpu}"
+    suite = ET.Element(
+        "testsuite",
+        name="headroom gate",
+        tests="1",
+        failures="1" if verdict.decision == "oom" else "0",
+        errors="1" if verdict.decision == "undecided" else "0",
+    )
+    case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=name)
+    if verdict.decision == "oom":
+        ET.SubElement(case, "failure", message=verdict.reason, type="PredictedOOM")
+    elif verdict.decision == "undecided":
+        ET.SubElement(case, "error", message=verdict.reason, type="Undecided")
+    ET.SubElement(case, "system-out").text = verdict.model_dump_json()
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def gate_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    margin: MarginOpt = None,
+    require_calibration: Annotated[
+        bool,
+        typer.Option(
+            "--require-calibration", help="Exit 3 when the coefficients are uncalibrated."
+        ),
+    ] = False,
+    format: Annotated[
+        GateFormat, typer.Option("--format", help="Output format.")
+    ] = GateFormat.text,
+    output: Annotated[
+        Path | None, typer.Option("--output", help="Write the report here instead of stdout.")
+    ] = None,
+) -> None:
+    """Refuse a launch predicted to OOM: exit 0 fits, 1 predicted OOM, 2 invalid input,
+    3 cannot decide."""
+    with user_errors():
+        spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
+        verdict = planner.gate(planner.estimate(spec, train_spec, hw), margin, require_calibration)
+    gib = 2**30
+    summary = (
+        f"{verdict.decision}: {spec.name} on {hw.name}: "
+        f"peak {verdict.gpu_peak_bytes / gib:.2f} GiB ({verdict.peak_phase}) "
+        f"+ margin {verdict.margin_bytes / gib:.2f} GiB of "
+        f"{verdict.gpu_capacity_bytes / gib:.2f} GiB; {verdict.reason}"
+    )
+    if format is GateFormat.json:
+        text = verdict.model_dump_json(indent=2)
+    elif format is GateFormat.github:
+        level = {"fits": "notice", "oom": "error", "undecided": "warning"}[verdict.decision]
+        text = f"::{level} title=Headroom gate::{summary}"
+    elif format is GateFormat.junit:
+        text = _junit(verdict, spec.name, hw.name)
+    else:
+        text = summary
+    if output is not None:
+        output.write_text(text + "\n")
+        typer.echo(summary, err=True)
+    else:
+        typer.echo(text)
+    # the verdict carries its code: ExitCode.OK, PREDICTED_OOM or UNDECIDED
+    raise typer.Exit(verdict.exit_code)

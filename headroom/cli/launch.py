@@ -1,0 +1,146 @@
+"""``headroom launch``: fit (and optionally probe), then train, recorded as a run in the store.
+
+The store, the supervisor and the trainer's checks are imported inside the command: they need
+the service's and the runtime's packages, which ``pip install headroom`` leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from headroom import planner
+from headroom.cli.exits import ExitCode, user_errors
+from headroom.cli.fit import resolve_device, run_autofit
+from headroom.cli.options import (
+    FormatOpt,
+    GpuOpt,
+    HostOpt,
+    MarginOpt,
+    MaxProbesOpt,
+    ModelArg,
+    NodeOpt,
+    ProbeDevice,
+    ProbeOpt,
+    SetOpt,
+    TextOrJson,
+    TrainOpt,
+    load_specs,
+)
+
+
+class Backend(StrEnum):
+    local = "local"
+    torchrun = "torchrun"
+
+
+def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exit:
+    """Nothing fits: exit 1 with the reason (and, in JSON, what was tried)."""
+    if format is TextOrJson.json:
+        typer.echo(json.dumps({"run": None, "reason": reason, **extra}, indent=2))
+    else:
+        typer.echo(f"not launched: {reason}", err=True)
+    return typer.Exit(ExitCode.NOTHING_FITS)
+
+
+def launch_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    host_memory: HostOpt = None,
+    gpus_per_node: NodeOpt = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 10,
+    backend: Annotated[Backend, typer.Option("--backend", help="Launcher backend.")] = (
+        Backend.local
+    ),
+    device: Annotated[
+        ProbeDevice,
+        typer.Option("--device", help="Where the run (and its probes) train: cuda, cpu, or auto."),
+    ] = ProbeDevice.auto,
+    fit_plan: Annotated[
+        bool,
+        typer.Option(
+            "--fit/--no-fit",
+            help="Let the ladder choose the plan (--no-fit: the spec as given, gated).",
+        ),
+    ] = True,
+    margin: MarginOpt = None,
+    probe: ProbeOpt = False,
+    max_probes: MaxProbesOpt = 3,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
+    store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
+    trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
+    from headroom.api.schemas import RunIn
+
+    with user_errors():
+        spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
+        from headroom.runtime.support import check_supported
+
+        check_supported(spec)
+        where = resolve_device(device)
+        probes: list[Any] = []
+        if probe:
+            auto = run_autofit(model, spec, train_spec, hw, margin, where, max_probes, True)
+            probes = [p.model_dump(mode="json") for p in auto.probes]
+            if not auto.fits or auto.plan is None:
+                raise _refuse(auto.reason, format, {"probes": probes})
+            plan = planner.TrainSpec.model_validate(auto.plan)
+        elif fit_plan:
+            result = planner.fit(spec, train_spec, hw, margin_pct=margin)
+            if not result.fits or result.plan is None:
+                raise _refuse(result.reason, format, {})
+            plan = planner.TrainSpec.model_validate(result.plan)
+        else:
+            plan = train_spec
+        body = RunIn(
+            model=spec.model_dump(mode="json"),
+            train=plan.model_dump(mode="json"),
+            gpu=hw.model_dump(mode="json"),
+            steps=steps,
+            backend=backend.value,
+            fit=False,
+        )
+        from headroom.api import store
+        from headroom.api.runs import Supervisor
+        from headroom.api.settings import Settings
+        from headroom.records import open_store
+
+        sessions = open_store()
+        with sessions() as session:
+            row, _ = store.add_run(session, body)
+        settings = Settings(run_device=where)
+        run = Supervisor(sessions, settings).run_now(row.id)
+    out = {
+        "run": {
+            "id": run.id,
+            "uid": run.uid,
+            "status": run.status,
+            "backend": run.backend,
+            "device": run.device,
+            "exit_code": run.exit_code,
+            "reason": run.reason,
+            "log_path": run.log_path,
+        },
+        "plan": run.plan["train"],
+        "probes": probes,
+    }
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        typer.echo(
+            f"run {run.id} ({run.uid}) {run.status}: {run.reason}; log {run.log_path or '-'}"
+        )
+    if run.status == "succeeded":
+        raise typer.Exit(ExitCode.OK)
+    if run.status == "cancelled":
+        raise typer.Exit(ExitCode.CANCELLED)
+    # the trainer's own exit code says whether the device ran out of memory
+    if run.exit_code == ExitCode.OUT_OF_MEMORY:
+        raise typer.Exit(ExitCode.OUT_OF_MEMORY)
+    raise typer.Exit(ExitCode.RUN_FAILED)

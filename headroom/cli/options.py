@@ -1,0 +1,118 @@
+"""The options the commands share, and the specs they name loaded once.
+
+Each alias is a typed ``Annotated`` option so that every command spells ``--gpu``, ``--train``,
+``--set`` ... with the same help text; ``load_specs`` turns them into the planner's validated
+model, training and hardware specs (a ``planner.HeadroomError`` on a user mistake).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from headroom import planner
+from headroom.planner.io import apply_overrides, read_file
+
+__all__ = [
+    "FormatOpt",
+    "GpuOpt",
+    "HostOpt",
+    "MarginOpt",
+    "MaxProbesOpt",
+    "ModelArg",
+    "NodeOpt",
+    "ProbeDevice",
+    "ProbeDeviceOpt",
+    "ProbeOpt",
+    "RecordOpt",
+    "SetOpt",
+    "TextOrJson",
+    "TrainOpt",
+    "load_specs",
+    "train_dict",
+]
+
+
+class TextOrJson(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class ProbeDevice(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+ModelArg = Annotated[str, typer.Argument(help="Preset name, model JSON/YAML, or config.json.")]
+TrainOpt = Annotated[
+    Path | None, typer.Option("--train", help="Training spec (JSON or YAML).", dir_okay=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a training key, e.g. --set offload.mode=optimizer."),
+]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset name or hardware file.")]
+HostOpt = Annotated[
+    str | None, typer.Option("--host-memory", help="Host RAM of the node, e.g. 1.5TiB.")
+]
+NodeOpt = Annotated[
+    int | None, typer.Option("--gpus-per-node", min=1, help="GPUs sharing the host RAM.")
+]
+FormatOpt = Annotated[TextOrJson, typer.Option("--format", help="Output format.")]
+MarginOpt = Annotated[
+    float | None,
+    typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
+]
+ProbeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--probe",
+        help="Confirm the plan by running it into step 2 on the bundled trainer; step down on "
+        "out-of-memory.",
+    ),
+]
+ProbeDeviceOpt = Annotated[
+    ProbeDevice,
+    typer.Option(
+        "--probe-device",
+        help="Where probes run: cuda, or cpu under a simulated device of the GPU's memory.",
+    ),
+]
+MaxProbesOpt = Annotated[
+    int, typer.Option("--max-probes", min=1, max=20, help="Probes before giving up.")
+]
+RecordOpt = Annotated[
+    bool,
+    typer.Option("--record/--no-record", help="Store each probe as a calibration record."),
+]
+
+
+def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any]:
+    """The training spec's raw dict: ``--train``'s file (or nothing) with ``--set`` applied."""
+    data: Any = read_file(train_file) if train_file is not None else {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise planner.InputFormatError(f"{train_file}: expected a JSON/YAML object")
+    return apply_overrides(data, assignments)
+
+
+def load_specs(
+    model: str,
+    train: Path | None,
+    set_: list[str] | None,
+    gpu: str,
+    host_memory: str | None,
+    gpus_per_node: int | None,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
+    """The model, training and hardware specs the shared options name, validated."""
+    spec = planner.load_model(model)
+    train_spec = planner.load_train(train_dict(train, set_ or []))
+    hw = planner.load_hardware(
+        gpu, host_memory=host_memory, gpus_per_node=gpus_per_node, host_memory_field="--host-memory"
+    )
+    return spec, train_spec, hw

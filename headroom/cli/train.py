@@ -1,0 +1,134 @@
+"""``headroom train``: the bundled trainer on synthetic tokens, with its memory probe's report.
+
+This is the process every launch and probe starts (``headroom train ... --report FILE``); its
+exit code ``ExitCode.OUT_OF_MEMORY`` tells the launcher the device ran out of memory. torch is
+imported inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from headroom import planner
+from headroom.cli.exits import ExitCode, fail, user_errors
+from headroom.cli.options import ModelArg, SetOpt, TrainOpt, train_dict
+from headroom.planner.units import parse_size
+
+
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DType(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+def train_command(
+    model: ModelArg,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 10,
+    device: Annotated[Device, typer.Option("--device", help="Where to compute.")] = Device.cpu,
+    dtype: Annotated[DType, typer.Option("--dtype", help="Working precision.")] = DType.float32,
+    seed: Annotated[int, typer.Option("--seed", help="Weights and data seed.")] = 0,
+    reference: Annotated[
+        bool, typer.Option("--reference", help="Plain PyTorch AdamW, whatever the placement.")
+    ] = False,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write the JSON report here.", dir_okay=False)
+    ] = None,
+    memory_cap: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-cap",
+            help="Device memory to allow, e.g. 48MiB: on CUDA the allocator's per-process "
+            "fraction; on a CPU a simulated device that runs out of memory past it.",
+        ),
+    ] = None,
+) -> None:
+    """Train with the bundled trainer on synthetic tokens; exit 3 on out-of-memory."""
+    with user_errors():
+        spec = planner.load_model(model)
+        train_spec = planner.load_train(train_dict(train, set_ or []))
+        cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
+        from headroom.runtime.support import (
+            WORKING,
+            check_memory_holds,
+            check_supported,
+            runtime_precision,
+        )
+
+        check_supported(spec)
+        runtime_precision(train_spec, WORKING[dtype.value])
+    import contextlib
+
+    import torch
+
+    from headroom.runtime.cap import DeviceCap
+    from headroom.runtime.model import kv_layout
+    from headroom.runtime.probe import MemoryProbe
+    from headroom.runtime.trainer import RunConfig, train_model
+
+    if device is Device.cuda and not torch.cuda.is_available():
+        raise fail("--device: cuda is not available on this machine; allowed here: cpu")
+    torch_device = torch.device(device.value)
+    total = (
+        torch.cuda.get_device_properties(torch_device).total_memory if device is Device.cuda else 0
+    )
+    with user_errors():
+        check_memory_holds(spec, total)
+    cap: DeviceCap | None = None
+    if cap_bytes is not None and device is Device.cuda:
+        if cap_bytes > total:
+            raise fail(f"--memory-cap: {cap_bytes} bytes is more than the device's {total}")
+        torch.cuda.set_per_process_memory_fraction(cap_bytes / total, torch_device)
+    elif cap_bytes is not None:
+        cap = DeviceCap(cap_bytes)
+    probe = MemoryProbe(torch_device, cap)
+    cfg = RunConfig(
+        steps=steps,
+        device=device.value,
+        dtype=getattr(torch, dtype.value),
+        seed=seed,
+        reference=reference,
+    )
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "train": train_spec.model_dump(mode="json"),
+        "device": device.value,
+        "dtype": dtype.value,
+        "seed": seed,
+    }
+    code = ExitCode.OK
+    if cap_bytes is not None:
+        out["memory_cap_bytes"] = cap_bytes
+    try:
+        with cap if cap is not None else contextlib.nullcontext():
+            result = train_model(spec, train_spec, cfg, on_phase=probe)
+        out.update(
+            losses=result.losses,
+            steps=result.steps,
+            tokens_per_second=result.tokens_per_second,
+            placement=result.placement,
+            attention_kv=kv_layout(spec, torch_device, cfg.dtype),
+        )
+    except torch.OutOfMemoryError as exc:
+        code = ExitCode.OUT_OF_MEMORY
+        out.update(oom={**probe.failing_phase(), "message": str(exc).splitlines()[0]})
+    out["memory"] = probe.report()
+    text = json.dumps(out, indent=2)
+    if report is not None:
+        report.write_text(text + "\n")
+    typer.echo(text)
+    if code is ExitCode.OUT_OF_MEMORY:
+        typer.echo(
+            f"error: out of memory in {out['oom']['phase']}, step {out['oom']['step']}", err=True
+        )
+    raise typer.Exit(code)
