@@ -3,8 +3,9 @@
 #   docker build -t headroom-api .
 #   docker run --rm -p 8000:8000 -e HEADROOM_TOKEN=... headroom-api      # SQLite in /app/data
 #
-# Settings are HEADROOM_* environment variables (api/settings.py). torch is not needed by the
-# API and is not installed. One worker by default; HEADROOM_WORKERS=N runs N (the database is
+# Settings are HEADROOM_* environment variables (api/settings.py). The image installs the
+# package with its service extra (headroom[service]); torch is not needed by the API and is not
+# installed. One worker by default; HEADROOM_WORKERS=N runs N (the database is
 # migrated once before they start; uvloop is installed, see docs/PERFORMANCE.md).
 
 # ---- build: install the package and its dependencies into a virtual environment
@@ -20,7 +21,7 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # .dockerignore lets in only pyproject.toml, README.md and the package folders
 COPY . .
-RUN pip install . && pip check
+RUN pip install ".[service]" && pip check
 
 # ---- runtime: the virtual environment, a non-root user, nothing else
 FROM python:3.11-slim

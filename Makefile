@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" numpy
+	# dev pulls every extra (service, runtime, calibration, hf) and the test tools
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 

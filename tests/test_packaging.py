@@ -1,0 +1,177 @@
+"""``pip install headroom`` without extras: the gate and the estimator, and nothing else.
+
+Builds the wheel from a copy of the sources, installs it with its base dependencies only into a
+fresh virtual environment (no system site packages), and checks that the web, database and torch
+packages are absent there, that ``headroom gate`` and ``headroom estimate`` still give their exit
+codes, and that the wheel adds one top-level package, ``headroom``, so it cannot shadow another
+distribution's ``api`` or ``runtime``. The base dependencies come from the package index pip is
+configured with: when it cannot be reached the test fails, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: what the wheel is built from (pyproject's package folders, linked under headroom/)
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "headroom",
+    "planner",
+    "runtime",
+    "calibration",
+    "api",
+    "migrations",
+)
+#: what the extras add, none of it installed by the base dependencies
+EXTRAS_ONLY = (
+    "fastapi",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "pydantic_settings",
+    "torch",
+    "numpy",
+    "matplotlib",
+    "transformers",
+)
+#: the top-level folders the project keeps, shipped only as headroom.<name>
+NOT_TOP_LEVEL = ("api", "runtime", "migrations", "planner", "calibration")
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without what would lead the venv's interpreter back to this checkout."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTHON") and k not in ("VIRTUAL_ENV", "PIP_USER")
+    }
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _build_wheel(tmp: Path) -> Path:
+    """The wheel, built from a copy so the checkout gets no build/ or egg-info."""
+    src = tmp / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.db")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    out = tmp / "wheel"
+    # this interpreter's setuptools builds it (no isolated build environment to download)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    proc = _run([*pip_wheel, "-w", str(out), str(src)], cwd=tmp)
+    assert proc.returncode == 0, f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}"
+    (wheel,) = out.glob("headroom-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def slim(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the wheel, the bin/ folder of a venv that has it installed with no extras)."""
+    tmp = tmp_path_factory.mktemp("slim")
+    wheel = _build_wheel(tmp)
+    env_dir = tmp / "venv"
+    # no pip inside: this interpreter's pip installs into it (--python), which saves ensurepip
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    proc = _run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", str(wheel)],
+        cwd=tmp,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            "installing the wheel's base dependencies failed; is the package index pip is "
+            f"configured with reachable?\n{proc.stdout}\n{proc.stderr}",
+            pytrace=False,
+        )
+    return wheel, env_dir / "bin"
+
+
+def test_the_wheel_ships_one_top_level_package(slim: tuple[Path, Path]) -> None:
+    wheel, _ = slim
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+        assert zf.read(top_level).decode().split() == ["headroom"]
+    assert {n.split("/")[0] for n in names} == {"headroom", top_level.split("/")[0]}
+    for name in NOT_TOP_LEVEL:
+        assert f"headroom/{name}/__init__.py" in names  # shipped, under headroom
+
+
+def test_the_base_install_leaves_the_extras_out(slim: tuple[Path, Path]) -> None:
+    _, bin_dir = slim
+    probe = (
+        "import importlib.util, json, headroom; print(json.dumps({'headroom': headroom.__file__, "
+        f"'found': [m for m in {(*EXTRAS_ONLY, *NOT_TOP_LEVEL)!r} "
+        "if importlib.util.find_spec(m) is not None]}))"
+    )
+    proc = _run([str(bin_dir / "python"), "-I", "-c", probe], cwd=bin_dir)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["found"] == []
+    assert Path(out["headroom"]).is_relative_to(bin_dir.parent)  # not this checkout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "decision"),
+    [
+        (["gate", "tiny-dense", "--gpu", "H100-80GB", "--format", "json"], 0, "fits"),
+        (["gate", "llama-3-70b", "--gpu", "RTX-4090", "--format", "json"], 1, "oom"),
+        (["gate", "tiny-dense", "--require-calibration", "--format", "json"], 3, "undecided"),
+    ],
+)
+def test_gate_runs_without_the_extras(
+    slim: tuple[Path, Path], args: list[str], code: int, decision: str
+) -> None:
+    _, bin_dir = slim
+    proc = _run([str(bin_dir / "headroom"), *args], cwd=bin_dir.parent, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert json.loads(proc.stdout)["decision"] == decision
+
+
+def test_estimate_and_fit_run_without_the_extras(slim: tuple[Path, Path]) -> None:
+    _, bin_dir = slim
+    headroom = str(bin_dir / "headroom")
+    train = bin_dir.parent / "train.yaml"  # a YAML spec: pyyaml is a base dependency
+    train.write_text("micro_batch_size: 2\nrecompute: full\n")
+    proc = _run(
+        [headroom, "estimate", "llama-3-8b", "--train", str(train), "--format", "json"],
+        cwd=bin_dir.parent,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model"]["name"] == "llama-3-8b"
+    proc = _run([headroom, "estimate", "tiny-dense"], cwd=bin_dir.parent, timeout=120)
+    assert proc.returncode == 0 and "tiny-dense" in proc.stdout, proc.stderr
+    proc = _run(
+        [headroom, "estimate", "tiny-dense", "--set", "micro_batch_size=0"],
+        cwd=bin_dir.parent,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: train.micro_batch_size")
+    proc = _run(
+        [headroom, "fit", "deepseek-v3", "--gpu", "RTX-3090", "--host-memory", "64GiB"],
+        cwd=bin_dir.parent,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "no candidate fits" in proc.stdout, proc.stderr
