@@ -175,3 +175,21 @@ def test_estimate_and_fit_run_without_the_extras(slim: tuple[Path, Path]) -> Non
         timeout=120,
     )
     assert proc.returncode == 1 and "no candidate fits" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "extra"),
+    [
+        (["serve", "--port", "1"], "pip install 'headroom[service]'"),
+        (["calibrate", "report"], "pip install 'headroom[calibration]'"),
+        (["train", "tiny-dense"], "install the torch build your machine needs"),
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_it(
+    slim: tuple[Path, Path], args: list[str], extra: str
+) -> None:
+    _, bin_dir = slim
+    proc = _run([str(bin_dir / "headroom"), *args], cwd=bin_dir.parent, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and extra in proc.stderr
+    assert "Traceback" not in proc.stderr

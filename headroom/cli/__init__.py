@@ -25,7 +25,7 @@ import typer
 from headroom import planner
 from headroom.cli.calibrate import calibrate_app
 from headroom.cli.estimate import estimate_command
-from headroom.cli.exits import ExitCode
+from headroom.cli.exits import ExitCode, missing_extra
 from headroom.cli.fit import fit_command
 from headroom.cli.gate import gate_command
 from headroom.cli.launch import launch_command
@@ -59,4 +59,10 @@ def main() -> None:
         app()
     except planner.HeadroomError as exc:  # pragma: no cover - commands catch their own
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(ExitCode.INVALID_INPUT)
+    except ModuleNotFoundError as exc:  # an extra the command needs is not installed
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        typer.echo(f"error: {message}", err=True)
         sys.exit(ExitCode.INVALID_INPUT)

@@ -20,7 +20,7 @@ import typer
 
 from headroom import planner
 
-__all__ = ["ExitCode", "fail", "user_errors"]
+__all__ = ["EXTRA_OF", "ExitCode", "fail", "missing_extra", "user_errors"]
 
 
 class ExitCode(IntEnum):
@@ -61,3 +61,34 @@ def user_errors(
         yield
     except errors as exc:
         raise fail(str(exc), code) from None
+
+
+#: the extra that installs each optional package a command may import when it runs
+EXTRA_OF: dict[str, str] = {
+    "alembic": "service",
+    "fastapi": "service",
+    "httptools": "service",
+    "prometheus_fastapi_instrumentator": "service",
+    "psycopg": "service",
+    "pydantic_settings": "service",
+    "pynvml": "service",
+    "sqlalchemy": "service",
+    "uvicorn": "service",
+    "matplotlib": "calibration",
+    "numpy": "calibration",
+    "transformers": "hf",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """What to install for a command whose optional package is absent (None: not one of ours)."""
+    package = (exc.name or "").partition(".")[0]
+    if package == "torch":
+        return (
+            "this command runs PyTorch, which is not installed: install the torch build your "
+            "machine needs (e.g. pip install torch), then pip install 'headroom[runtime]'"
+        )
+    extra = EXTRA_OF.get(package)
+    if extra is None:
+        return None
+    return f"this command needs {package}, which is not installed: pip install 'headroom[{extra}]'"
