@@ -1,1 +1,55 @@
-"""Headroom calibration package (see shared design)."""
+"""Headroom's calibration: measure what training really holds, compare it with the estimate per
+bucket, and fit the planner's coefficients to the measurements.
+
+Exported here (no torch, numpy or matplotlib needed to import them):
+
+- the designs the shipped coefficients are traced from (``calibration.design``, data in
+  ``calibration/designs/*.json``) and the typed trace records and files
+  (``calibration.trace_records``, data in ``calibration/data/*-traces.json``);
+- the trust rule (``calibration.trust``).
+
+Import by module: ``calibration.compare.compare`` (a budget against a measurement) and
+``calibration.attribute.attribute`` (a probed run's snapshots by what holds them), whose
+functions share their modules' names, and, because they need the ``calibration`` extra or torch,
+``calibration.regression`` (the least-squares regression of the coefficients, numpy),
+``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.fit`` rewrites
+them), ``calibration.refit`` (``headroom calibrate fit``), ``calibration.report``,
+``calibration.trace`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers).
+"""
+
+from headroom.calibration.design import (
+    Configuration,
+    Design,
+    DesignRun,
+    DesignShape,
+    configurations,
+    deepseek_cut,
+    load_design,
+)
+from headroom.calibration.trace_records import (
+    TracePeak,
+    TraceRecord,
+    TracesFile,
+    fitted_records,
+    load_traces,
+    traces_path,
+)
+from headroom.calibration.trust import assess, assess_records
+
+__all__ = [
+    "Configuration",
+    "Design",
+    "DesignRun",
+    "DesignShape",
+    "TracePeak",
+    "TraceRecord",
+    "TracesFile",
+    "assess",
+    "assess_records",
+    "configurations",
+    "deepseek_cut",
+    "fitted_records",
+    "load_design",
+    "load_traces",
+    "traces_path",
+]

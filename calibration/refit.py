@@ -1,6 +1,6 @@
 """``headroom calibrate fit``: refit coefficient sets from the committed traces and the store.
 
-Activation terms are fitted (``calibration.fit``) per profile from every trace that says what
+Activation terms are fitted (``calibration.regression``) per profile from every trace that says what
 was live at the end of a steady-state forward: the committed ones
 (``calibration/data/<profile>-traces.json``, those not held out) and the store's ``trace``
 records of that profile (``headroom calibrate trace --record``). They give a generic set
@@ -19,24 +19,19 @@ import statistics
 from typing import Any
 
 from headroom import planner
-from headroom.calibration.fit import (
-    FITTED,
-    fit_coefficients,
-    fitting_records,
-    load_traces,
-    peak_errors,
-)
+from headroom.calibration.regression import FITTED, fit_coefficients, peak_errors
+from headroom.calibration.trace_records import TraceRecord, fitted_records, load_traces
 
 #: fewer traces than this fit nothing
 MIN_TRACES = 3
 
 
-def committed_records(profile: str) -> list[dict[str, Any]]:
+def committed_records(profile: str) -> list[TraceRecord]:
     """The committed traces of ``profile`` the shipped set is fitted from (none if no file)."""
-    return fitting_records(load_traces(profile))
+    return fitted_records(load_traces(profile))
 
 
-def stored_trace_records(rows: list[Any], profile: str) -> list[dict[str, Any]]:
+def stored_trace_records(rows: list[Any], profile: str) -> list[TraceRecord]:
     """Calibration rows (``api.db.Calibration``) of ``profile`` that a fit can use."""
     out = []
     for row in rows:
@@ -44,13 +39,13 @@ def stored_trace_records(rows: list[Any], profile: str) -> list[dict[str, Any]]:
         if row.source != "trace" or row.activation_profile != profile or transient is None:
             continue
         out.append(
-            {
-                "uid": row.uid,
-                "model": row.spec["model"],
-                "train": row.spec["train"],
-                "forward_transient_bytes": int(transient),
-                "peak_bytes": int(row.measured_peak_bytes),
-            }
+            TraceRecord(
+                uid=row.uid,
+                model=planner.ModelSpec.model_validate(row.spec["model"]),
+                train=planner.TrainSpec.model_validate(row.spec["train"]),
+                forward_transient_bytes=int(transient),
+                peak_bytes=int(row.measured_peak_bytes),
+            )
         )
     return out
 
@@ -78,7 +73,7 @@ def contexts(rows: list[Any]) -> dict[str, tuple[int, int]]:
     return {gpu: (max(c), len(c)) for gpu, c in sorted(sizes.items())}
 
 
-def _errors(records: list[dict[str, Any]], coeffs: planner.Coefficients) -> dict[str, float]:
+def _errors(records: list[TraceRecord], coeffs: planner.Coefficients) -> dict[str, float]:
     errors = [abs(e) for e in peak_errors(records, coeffs)]
     return {"max": max(errors), "median": statistics.median(errors)}
 
@@ -107,7 +102,7 @@ def refit(
     generic = fit_coefficients(records, profile, source=source)
     fitted_from: dict[str, Any] = {
         "committed": len(base),
-        "calibrations": [r["uid"] for r in stored],
+        "calibrations": [r.uid for r in stored],
     }
     sets = [(generic, fitted_from)]
     overheads, context = allocator_overheads(rows), contexts(rows)

@@ -9,13 +9,14 @@ memory: the one error the estimator must not make.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from headroom import planner
-from headroom.calibration.fit import ABOUT, TRACE_DEVICE, traces_path
+from headroom.calibration.regression import TRACE_DEVICE
+from headroom.calibration.shipped import ABOUT
+from headroom.calibration.trace_records import TracesFile, traces_path
 
 #: the committed traces, per implementation
 COMMITTED = tuple(traces_path(profile) for profile in ABOUT)
@@ -24,23 +25,24 @@ BUCKETS = ("params", "grads", "optimizer_states")
 
 def committed_points() -> list[dict[str, Any]]:
     """The committed traces against today's estimate of their profile."""
-    records = [r for path in COMMITTED for r in json.loads(path.read_text())["records"]]
+    records = [
+        r for path in COMMITTED for r in TracesFile.model_validate_json(path.read_text()).records
+    ]
     out = []
     for r in records:
-        model = planner.ModelSpec.model_validate(r["model"])
-        train = planner.TrainSpec.model_validate(r["train"])
-        budget = planner.estimate(model, train, TRACE_DEVICE)
+        budget = planner.estimate(r.model, r.train, TRACE_DEVICE)
         row = budget.gpu.phases[budget.peak_phase].buckets
+        buckets: dict[str, tuple[int, int]] = {}
+        if r.peak is not None:
+            buckets["params"] = (row["params"] + row["master_params"], r.peak.params)
+            buckets["optimizer_states"] = (row["optimizer_states"], r.peak.optimizer_states)
         out.append(
             {
                 "source": "trace (committed)",
-                "model": model.name,
+                "model": r.model.name,
                 "predicted_peak_bytes": budget.gpu_peak_bytes,
-                "measured_peak_bytes": r["peak_bytes"],
-                "buckets": {
-                    "params": (row["params"] + row["master_params"], r["peak"]["params"]),
-                    "optimizer_states": (row["optimizer_states"], r["peak"]["optimizer_states"]),
-                },
+                "measured_peak_bytes": r.peak_bytes,
+                "buckets": buckets,
                 "false_fit": False,
             }
         )

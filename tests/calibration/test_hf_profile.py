@@ -15,9 +15,11 @@ from headroom_process import run_headroom
 
 from headroom import planner
 from headroom.calibration import hf
-from headroom.calibration.collect import deepseek_cut
-from headroom.calibration.fit import FITTED, fit_coefficients, peak_errors, shipped_entry
+from headroom.calibration.design import deepseek_cut
+from headroom.calibration.regression import FITTED, fit_coefficients, peak_errors
+from headroom.calibration.shipped import shipped_entry
 from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
+from headroom.calibration.trace_records import TraceRecord, TracesFile
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
@@ -25,12 +27,12 @@ FAMILIES = {"llama", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3"
 
 
 @pytest.fixture(scope="module")
-def records() -> list[dict[str, Any]]:
-    return json.loads(RECORDS.read_text())["records"]  # type: ignore[no-any-return]
+def records() -> list[TraceRecord]:
+    return list(TracesFile.model_validate_json(RECORDS.read_text()).records)
 
 
-def _family(record: dict[str, Any]) -> str:
-    return hf.config_for(planner.ModelSpec.model_validate(record["model"]))["model_type"]
+def _family(record: TraceRecord) -> str:
+    return str(hf.config_for(record.model)["model_type"])
 
 
 @pytest.mark.parametrize(
@@ -145,21 +147,19 @@ def test_narrow_values_trace_the_gpus_memory_efficient_kernel() -> None:
 
 
 def test_held_out_configs_of_each_family_are_predicted_within_five_percent(
-    records: list[dict[str, Any]],
+    records: list[TraceRecord],
 ) -> None:
-    fit = [r for r in records if not r["held_out"]]
-    held_out = [r for r in records if r["held_out"]]
+    fit = [r for r in records if not r.held_out]
+    held_out = [r for r in records if r.held_out]
     # whole shapes are held out: none of their widths is in the fit
-    fitted_shapes = {(r["model"]["hidden_size"], r["model"]["vocab_size"]) for r in fit}
-    assert all(
-        (r["model"]["hidden_size"], r["model"]["vocab_size"]) not in fitted_shapes for r in held_out
-    )
+    fitted_shapes = {(r.model.hidden_size, r.model.vocab_size) for r in fit}
+    assert all((r.model.hidden_size, r.model.vocab_size) not in fitted_shapes for r in held_out)
     assert {_family(r) for r in held_out} >= FAMILIES
     coeffs = fit_coefficients(fit, "hf")
     errors = peak_errors(held_out, coeffs)
     assert max(abs(e) for e in errors) <= 0.05, errors
     # the full-width published models (two-layer cuts) are among them
-    names = {r["model"]["name"] for r in held_out}
+    names = {r.model.name for r in held_out}
     assert {
         "llama-3-8b",
         "mixtral-8x7b",
@@ -183,14 +183,13 @@ def test_the_shipped_hf_coefficients_are_the_fit_of_the_committed_records() -> N
 
 @pytest.mark.parametrize("name", ["llama-3-8b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"])
 def test_committed_records_are_what_tracing_gives_today(
-    records: list[dict[str, Any]], name: str
+    records: list[TraceRecord], name: str
 ) -> None:
-    (record,) = [r for r in records if r["model"]["name"] == name]
-    model = planner.ModelSpec.model_validate(record["model"])
-    train = planner.TrainSpec.model_validate(record["train"])
-    measured = trace(model, train, impl="hf")
+    (record,) = [r for r in records if r.model.name == name]
+    measured = trace(record.model, record.train, impl="hf")
+    assert record.peak is not None
     assert measured["mode"] == "fake"
-    assert measured["peak"] == record["peak"]
+    assert measured["peak"] == record.peak.model_dump()
 
 
 def test_params_and_optimizer_state_trace_to_the_byte() -> None:

@@ -53,7 +53,7 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
     slot-wide fp32 tensor (eager autograd held two more than 16-bit routing, 42 MB here)."""
     import math
 
-    from headroom.calibration.collect import PURE_BF16
+    from headroom.calibration.design import PURE_BF16
     from headroom.calibration.trace import layer_backward_peak, trace
     from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
 
@@ -93,7 +93,7 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
 
 
 def test_the_trainer_scales_by_routing_weights_in_the_slabs_the_runtime_profile_counts() -> None:
-    from headroom.calibration.fit import STRUCTURAL
+    from headroom.calibration.regression import STRUCTURAL
     from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS
 
     runtime = default_coefficients("runtime")
@@ -162,12 +162,14 @@ def test_fp32_routing_products_are_held_before_the_routed_experts_gradients() ->
     experts' outputs: the fp32 products' gradients exist, of the layer's own gradients only the
     shared experts'. Counting a share of the routed experts' gradients there too over-predicted
     the traced peak by 3.3 %."""
-    from headroom.calibration.collect import HF_MLA_SHAPES, PURE_BF16
-    from headroom.calibration.fit import TRACE_DEVICE
+    from headroom.calibration.design import PURE_BF16, load_design
+    from headroom.calibration.regression import TRACE_DEVICE
     from headroom.calibration.trace import trace
     from headroom.planner.hf import from_hf_config
 
-    model = from_hf_config({**HF_MLA_SHAPES[0][0], "_name_or_path": "mla-moe"})
+    config = load_design("hf").shape("hf-trace-mla-0").hf_config
+    assert config is not None
+    model = from_hf_config({**config, "_name_or_path": "mla-moe"})
     assert model.moe is not None and model.moe.routing_weights_fp32
     train = planner.TrainSpec.model_validate(
         {

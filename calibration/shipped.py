@@ -1,0 +1,73 @@
+"""The shipped ``runtime`` and ``hf`` coefficient sets: regressed onto the committed traces
+(the records not held out) and written into ``planner/data/coefficients.json``.
+
+Run: ``python -m headroom.calibration.shipped`` (or its documented alias,
+``python -m headroom.calibration.fit``). The other sets in the file are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from headroom.calibration.regression import FITTED, STRUCTURAL, fit_coefficients
+from headroom.calibration.trace_records import load_traces, traces_path
+
+#: the planner's coefficients file, which ships the sets
+SHIPPED = Path(str(resources.files("headroom.planner") / "data" / "coefficients.json"))
+#: the implementation each profile with committed traces describes
+ABOUT = {
+    "runtime": "Headroom's trainer",
+    "hf": "transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, "
+    "deepseek_v3; SDPA as on a GPU, grouped_mm experts)",
+}
+
+
+def shipped_entry(profile: str) -> dict[str, Any]:
+    """The shipped set of ``profile`` as ``coefficients.json`` holds it, regressed onto its
+    committed traces (not held out)."""
+    traces = load_traces(profile)
+    if traces is None:
+        raise FileNotFoundError(traces_path(profile))
+    fitted = traces.fitted()
+    c = fit_coefficients(fitted, profile)
+    versions = f"torch {traces.torch}" + (
+        f", transformers {traces.transformers}" if traces.transformers is not None else ""
+    )
+    return {
+        "profile": profile,
+        "calibrated": True,
+        "source": f"activation terms fitted to {len(fitted)} CPU traces of {ABOUT[profile]} "
+        f"(calibration/data/{traces_path(profile).name}, {versions}; {traces.command}); "
+        "allocator and context from the GPU preset",
+        "num_records": len(fitted),
+        **{name: round(getattr(c, name), 6) for name in FITTED},
+        **STRUCTURAL[profile],
+    }
+
+
+def shipped_text() -> tuple[str, list[dict[str, Any]]]:
+    """``planner/data/coefficients.json`` with its ``runtime`` and ``hf`` sets regressed again
+    onto the committed traces (the others as they are), and its entries."""
+    data = json.loads(SHIPPED.read_text())
+    entries = [
+        shipped_entry(p) if p in ABOUT else e for e in data["coefficients"] for p in [e["profile"]]
+    ]
+    lines = ",\n".join(f"    {json.dumps(e)}" for e in entries)
+    about = json.dumps(data["about"])
+    return f'{{\n  "about": {about},\n  "coefficients": [\n{lines}\n  ]\n}}\n', entries
+
+
+def main() -> None:
+    """Regress the shipped ``runtime`` and ``hf`` sets onto the committed traces and write
+    them into ``planner/data/coefficients.json``."""
+    text, entries = shipped_text()
+    SHIPPED.write_text(text)
+    for e in entries:
+        print(e["profile"], {k: e[k] for k in FITTED if k in e})
+
+
+if __name__ == "__main__":
+    main()
