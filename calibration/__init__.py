@@ -12,7 +12,7 @@ Import by module: ``calibration.compare.compare`` (a budget against a measuremen
 ``calibration.attribute.attribute`` (a probed run's snapshots by what holds them), whose
 functions share their modules' names, and, because they need the ``calibration`` extra or torch,
 ``calibration.regression`` (the least-squares regression of the coefficients, numpy),
-``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.fit`` rewrites
+``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.shipped`` rewrites
 them), ``calibration.refit`` (``headroom calibrate fit``), ``calibration.report``,
 ``calibration.trace`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers).
 """

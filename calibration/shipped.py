@@ -1,8 +1,7 @@
 """The shipped ``runtime`` and ``hf`` coefficient sets: regressed onto the committed traces
 (the records not held out) and written into ``planner/data/coefficients.json``.
 
-Run: ``python -m headroom.calibration.shipped`` (or its documented alias,
-``python -m headroom.calibration.fit``). The other sets in the file are kept as they are.
+Run: ``python -m headroom.calibration.shipped``. The other sets in the file are kept as they are.
 """
 
 from __future__ import annotations

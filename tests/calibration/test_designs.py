@@ -60,7 +60,7 @@ def test_the_typed_records_write_the_committed_files() -> None:
 
 
 def test_the_shipped_coefficients_are_regressed_again_to_the_byte() -> None:
-    """What ``python -m headroom.calibration.fit`` writes is the committed coefficients file."""
+    """What ``python -m headroom.calibration.shipped`` writes is the committed coefficients file."""
     from headroom.calibration.shipped import SHIPPED, shipped_text
 
     text, _ = shipped_text()
