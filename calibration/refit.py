@@ -37,7 +37,7 @@ def committed_records(profile: str) -> list[dict[str, Any]]:
 
 
 def stored_trace_records(rows: list[Any], profile: str) -> list[dict[str, Any]]:
-    """Calibration rows (``api.db.Calibration``) of ``profile`` that a fit can use."""
+    """Calibration rows (``headroom.store.Calibration``) of ``profile`` that a fit can use."""
     out = []
     for row in rows:
         transient = (row.measured or {}).get("forward_transient_bytes")

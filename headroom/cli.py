@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from headroom import planner
-from headroom.launcher import EXIT_OOM
+from headroom.launch.backends import EXIT_OOM
 from headroom.planner.io import apply_overrides, read_file
 from headroom.planner.units import parse_size
 
@@ -110,10 +110,14 @@ def estimate(
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
         coeffs = None
         if calibrated:
-            from headroom.records import calibrated_for
+            from headroom.calibration.stored import calibrated_for
+            from headroom.store import open_store
 
             try:
-                coeffs = calibrated_for(train_spec.activation_profile, hw)
+                with open_store()() as session:
+                    coeffs = calibrated_for(
+                        session=session, profile=train_spec.activation_profile, hw=hw
+                    )
             except planner.NotCalibrated as exc:
                 raise _fail(str(exc), 3) from None
         budget = planner.estimate(spec, train_spec, hw, coeffs)
@@ -267,11 +271,12 @@ def _autofit(
     max_probes: int,
     record: bool,
 ) -> Any:
-    from headroom.autofit import autofit, subprocess_prober
+    from headroom.launch.ladder import autofit, subprocess_prober
 
     recorder = None
     if record:
-        from headroom.records import open_store, probe_recorder
+        from headroom.launch.recording import probe_recorder
+        from headroom.store import open_store
 
         recorder = probe_recorder(open_store(), spec, hw)
     prober = subprocess_prober(model, hw, device)
@@ -413,7 +418,9 @@ def launch(
     """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
-    from headroom.api.schemas import RunIn
+    from headroom import launch as launching
+    from headroom.api.settings import Settings
+    from headroom.store import open_store
 
     try:
         spec, train_spec, hw = _load(model, train, set_, gpu, host_memory, gpus_per_node)
@@ -427,32 +434,23 @@ def launch(
             probes = [p.model_dump(mode="json") for p in auto.probes]
             if not auto.fits or auto.plan is None:
                 raise _refuse(auto.reason, format, {"probes": probes})
-            plan = planner.TrainSpec.model_validate(auto.plan)
+            plan = launching.RunPlan.of_fit(spec, auto.fit, hw, auto.confirmed)
         elif fit_plan:
-            result = planner.fit(spec, train_spec, hw, margin_pct=margin)
-            if not result.fits or result.plan is None:
-                raise _refuse(result.reason, format, {})
-            plan = planner.TrainSpec.model_validate(result.plan)
+            try:
+                plan = launching.plan_run(
+                    model=spec, train=train_spec, hw=hw, fit=True, margin_pct=margin
+                )
+            except launching.NoPlanFits as exc:
+                raise _refuse(exc.reason, format, {}) from None
         else:
-            plan = train_spec
-        body = RunIn(
-            model=spec.model_dump(mode="json"),
-            train=plan.model_dump(mode="json"),
-            gpu=hw.model_dump(mode="json"),
-            steps=steps,
-            backend=backend.value,
-            fit=False,
-        )
-        from headroom.api import store
-        from headroom.api.runs import Supervisor
-        from headroom.api.settings import Settings
-        from headroom.records import open_store
-
+            plan = launching.RunPlan.estimated(spec, train_spec, hw)
         sessions = open_store()
         with sessions() as session:
-            row, _ = store.add_run(session, body)
+            row, _ = launching.queue_run(
+                session=session, plan=plan, steps=steps, backend=backend.value, gate=True
+            )
         settings = Settings(run_device=where)
-        run = Supervisor(sessions, settings).run_now(row.id)
+        run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
     out = {
@@ -584,6 +582,7 @@ def train(
 
     import torch
 
+    from headroom.planner.report import OutOfMemoryAt, TrainerReport
     from headroom.runtime.cap import DeviceCap
     from headroom.runtime.model import kv_layout
     from headroom.runtime.probe import MemoryProbe
@@ -614,38 +613,30 @@ def train(
         seed=seed,
         reference=reference,
     )
-    out: dict[str, Any] = {
-        "model": spec.name,
-        "train": train_spec.model_dump(mode="json"),
-        "device": device.value,
-        "dtype": dtype.value,
-        "seed": seed,
-    }
+    out = TrainerReport(
+        model=spec.name, train=train_spec, device=device.value, dtype=dtype.value, seed=seed
+    )
     code = 0
     if cap_bytes is not None:
-        out["memory_cap_bytes"] = cap_bytes
+        out.memory_cap_bytes = cap_bytes
     try:
         with cap if cap is not None else contextlib.nullcontext():
             result = train_model(spec, train_spec, cfg, on_phase=probe)
-        out.update(
-            losses=result.losses,
-            steps=result.steps,
-            tokens_per_second=result.tokens_per_second,
-            placement=result.placement,
-            attention_kv=kv_layout(spec, torch_device, cfg.dtype),
-        )
+        out.losses = result.losses
+        out.steps = result.steps
+        out.tokens_per_second = result.tokens_per_second
+        out.placement = result.placement
+        out.attention_kv = kv_layout(spec, torch_device, cfg.dtype)
     except torch.OutOfMemoryError as exc:
         code = EXIT_OOM
-        out.update(oom={**probe.failing_phase(), "message": str(exc).splitlines()[0]})
-    out["memory"] = probe.report()
-    text = json.dumps(out, indent=2)
+        out.oom = OutOfMemoryAt(**probe.failing_phase(), message=str(exc).splitlines()[0])
+    out.memory = probe.report()
+    text = json.dumps(out.dump(), indent=2)
     if report is not None:
         report.write_text(text + "\n")
     typer.echo(text)
-    if code:
-        typer.echo(
-            f"error: out of memory in {out['oom']['phase']}, step {out['oom']['step']}", err=True
-        )
+    if out.oom is not None:
+        typer.echo(f"error: out of memory in {out.oom.phase}, step {out.oom.step}", err=True)
     raise typer.Exit(code)
 
 
@@ -660,8 +651,8 @@ def serve(
 
     import uvicorn
 
-    from headroom.api.migrate import upgrade
     from headroom.api.settings import Settings
+    from headroom.store import upgrade
 
     settings = Settings()
     if settings.migrate:
@@ -754,21 +745,21 @@ def calibrate_trace(
     if record:
         import uuid
 
-        from headroom.api.schemas import Measured
-        from headroom.api.store import record_calibration
-        from headroom.records import open_store
+        from headroom.calibration.stored import record_measurement
+        from headroom.planner.measurement import Measurement
+        from headroom.store import open_store
 
         peak = measured["peak"]
         uid = f"trace-{uuid.uuid4().hex}"
         with open_store()() as session:
-            record_calibration(
-                session,
-                uid,
-                spec,
-                train_spec,
-                hw,
-                budget,
-                Measured(
+            record_measurement(
+                session=session,
+                uid=uid,
+                model=spec,
+                train=train_spec,
+                hw=hw,
+                budget=budget,
+                measured=Measurement(
                     allocated_bytes=max(peak["total"], 1),
                     buckets={
                         "params": peak["params"],
@@ -777,9 +768,9 @@ def calibrate_trace(
                     },
                     forward_transient_bytes=steady_forward_transient(measured),
                 ),
-                "trace",
-                f"{impl.value} trace ({measured['mode']} tensors, torch {measured['torch']}); "
-                f"transient bytes at the peak: {peak['transient']}",
+                source="trace",
+                notes=f"{impl.value} trace ({measured['mode']} tensors, torch "
+                f"{measured['torch']}); transient bytes at the peak: {peak['transient']}",
             )
         out["calibration_uid"] = uid
     if format is TextOrJson.json:
@@ -848,9 +839,10 @@ def calibrate_run(
             )
     except planner.HeadroomError as exc:
         raise _fail(str(exc)) from None
-    from headroom.autofit import subprocess_prober
-    from headroom.launcher import EXIT_OOM
-    from headroom.records import open_store, probe_recorder
+    from headroom.launch.backends import EXIT_OOM
+    from headroom.launch.ladder import subprocess_prober
+    from headroom.launch.recording import probe_recorder
+    from headroom.store import open_store
 
     budget = planner.estimate(spec, run_spec, hw)
     outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec)
@@ -898,12 +890,8 @@ def calibrate_fit(
 ) -> None:
     """Refit coefficient sets from the committed traces and the store's records and store them
     as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
-    from sqlalchemy import select
-
-    from headroom.api.db import Calibration
-    from headroom.api.store import save_coefficient_set
     from headroom.calibration.refit import committed_records, refit
-    from headroom.records import open_store
+    from headroom.store import all_calibrations, open_store, save_coefficient_set
 
     known = planner.profiles()
     for name in profile or []:
@@ -911,7 +899,7 @@ def calibrate_fit(
             raise _fail(f"--profile: unknown profile {name!r}; allowed: {', '.join(known)}")
     sessions = open_store()
     with sessions() as session:
-        rows = list(session.scalars(select(Calibration).order_by(Calibration.id)))
+        rows = all_calibrations(session=session)
     wanted = profile or [
         p
         for p in known
@@ -927,7 +915,10 @@ def calibrate_fit(
             continue
         with sessions() as session:
             summary["stored"] = [
-                {"id": save_coefficient_set(session, c, src).id, "device": c.device}
+                {
+                    "id": save_coefficient_set(session=session, coeffs=c, fitted_from=src).id,
+                    "device": c.device,
+                }
                 for c, src in sets
             ]
         results.append(summary)
@@ -974,14 +965,11 @@ def calibrate_report(
 ) -> None:
     """Per-bucket median, p95 and max error of the estimate over the committed traces and the
     store's calibration records, and the false-fit count."""
-    from sqlalchemy import select
-
-    from headroom.api.db import Calibration
     from headroom.calibration.report import committed_points, plot, store_points, summarise
-    from headroom.records import open_store
+    from headroom.store import all_calibrations, open_store
 
     with open_store()() as session:
-        rows = list(session.scalars(select(Calibration).order_by(Calibration.id)))
+        rows = all_calibrations(session=session)
     points = committed_points() + store_points(rows)
     summary = summarise(points)
     if png is not None:
