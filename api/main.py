@@ -1,7 +1,8 @@
 """The Headroom service: the planner, the store and the page over HTTP under ``/api/v1``.
 
 Errors are RFC 9457 problem+json, never a traceback; a predicted OOM is a 200 with
-``fits: false``. No arithmetic lives here: routes call the planner, calibration and the store.
+``fits: false``. No arithmetic lives here: routes call the planner, calibration, the store and
+the launch layer.
 """
 
 from __future__ import annotations
