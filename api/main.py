@@ -1,7 +1,8 @@
 """The Headroom service: the planner, the store and the page over HTTP under ``/api/v1``.
 
 Errors are RFC 9457 problem+json, never a traceback; a predicted OOM is a 200 with
-``fits: false``. No arithmetic lives here: routes call the planner, calibration and the store.
+``fits: false``. No arithmetic lives here: routes call the planner, calibration, the store and
+the launch layer.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from headroom import planner
-from headroom.api import migrate
-from headroom.api.db import make_engine, make_sessionmaker
+from headroom import planner, store
 from headroom.api.metrics import Metrics
 from headroom.api.problems import document_validation_problems, problem, responses
 from headroom.api.routes import page, planning, records
-from headroom.api.runs import Supervisor
 from headroom.api.security import AuthError
 from headroom.api.settings import Settings
+from headroom.launch import Supervisor
 
 PREFIX = "/api/v1"
 log = logging.getLogger("headroom.api")
@@ -100,12 +99,12 @@ def _field(loc: tuple[Any, ...]) -> str:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application for ``settings`` (default: from the environment)."""
     settings = settings or Settings()
-    engine = make_engine(settings.database_url)
+    engine = store.make_engine(settings.database_url)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate:
-            migrate.upgrade(settings.database_url)
+            store.upgrade(settings.database_url)
         supervisor = None
         if settings.launch_runs:
             supervisor = app.state.supervisor = Supervisor(app.state.sessionmaker, settings)
@@ -126,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.sessionmaker = store.make_sessionmaker(engine)
     app.state.metrics = metrics = Metrics()
 
     @app.exception_handler(planner.HeadroomError)
@@ -173,10 +172,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get(f"{PREFIX}/readyz", tags=["health"], responses=responses(503))
     def readyz() -> JSONResponse:
         """The database is reachable and migrated to the latest revision."""
-        head = migrate.head_revision()
+        head = store.head_revision()
         try:
             with engine.connect() as connection:
-                current = migrate.revision_of(connection)  # reads alembic_version: reachable
+                current = store.revision_of(connection)  # reads alembic_version: reachable
         except Exception as exc:  # any driver error means not ready
             return problem(503, f"database unreachable: {type(exc).__name__}", title="Not ready")
         if current != head:

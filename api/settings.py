@@ -6,18 +6,14 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from headroom.store import StoreSettings
 
 
-class Settings(BaseSettings):
-    """Everything the service reads from its environment (prefix ``HEADROOM_``)."""
+class Settings(StoreSettings):
+    """Everything the service reads from its environment (prefix ``HEADROOM_``): the store's
+    ``database_url`` and the service's own settings."""
 
-    model_config = SettingsConfigDict(env_prefix="HEADROOM_", extra="ignore")
-
-    database_url: str = Field(
-        default="sqlite:///headroom.db",
-        description="SQLAlchemy URL: SQLite (the embedded default) or postgresql+psycopg://…",
-    )
     token: SecretStr | None = Field(
         default=None,
         description="Bearer token for mutating endpoints; without one they are refused.",

@@ -113,8 +113,9 @@ def probe_on_gpu(
     """Probe one configuration on this machine's CUDA device and store its record, as
     ``headroom calibrate run --gpu-probe`` does (one PyTorch process per configuration; the
     CPU ``device`` is for tests)."""
-    from headroom.autofit import subprocess_prober
-    from headroom.records import open_store, probe_recorder
+    from headroom.launch.ladder import subprocess_prober
+    from headroom.launch.recording import probe_recorder
+    from headroom.store import open_store
 
     spec, plan, hw = (
         planner.load_model(model),

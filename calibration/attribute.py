@@ -16,42 +16,49 @@ driver's free and total memory. Their differences say:
 - ``context_bytes``: memory the device used beyond the allocator's reservation (CUDA context,
   and anything else on the card), where the probe read both at one moment.
 
-Pure arithmetic over the snapshots: no torch, usable on stored reports.
+Pure arithmetic over the snapshots (``planner.report.PhaseSnapshot``): no torch, usable on
+stored reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from headroom.planner.report import PhaseSnapshot
 
 
-def _at(phases: Sequence[dict[str, Any]], phase: str, step: int) -> dict[str, Any] | None:
-    return next((p for p in phases if p["phase"] == phase and p["step"] == step), None)
+def _at(phases: Sequence[PhaseSnapshot], phase: str, step: int) -> PhaseSnapshot | None:
+    return next((p for p in phases if p.phase == phase and p.step == step), None)
 
 
-def attribute(phases: Sequence[dict[str, Any]]) -> dict[str, int]:
+def attribute(phases: Sequence[PhaseSnapshot]) -> dict[str, int]:
     """What the snapshots of one run attribute (module docstring); keys only where measured."""
     out: dict[str, int] = {}
     placed = _at(phases, "placement", 0)
     if placed is not None:
-        out["resident_bytes"] = int(placed["allocated_bytes"])
+        out["resident_bytes"] = placed.allocated_bytes
         stepped = _at(phases, "optimizer", 1)
         if stepped is not None:
-            out["optimizer_state_bytes"] = int(stepped["allocated_bytes"]) - out["resident_bytes"]
+            out["optimizer_state_bytes"] = stepped.allocated_bytes - out["resident_bytes"]
     # the last forward, and what was allocated when it started (the snapshot before it)
     for i in range(len(phases) - 1, 0, -1):
-        if phases[i]["phase"] == "forward":
-            before = int(phases[i - 1]["allocated_bytes"])
-            out["forward_transient_bytes"] = int(phases[i]["allocated_bytes"]) - before
-            out["forward_peak_bytes"] = int(phases[i]["allocated_peak_bytes"]) - before
+        if phases[i].phase == "forward":
+            before = phases[i - 1].allocated_bytes
+            out["forward_transient_bytes"] = phases[i].allocated_bytes - before
+            out["forward_peak_bytes"] = phases[i].allocated_peak_bytes - before
             break
-    reserved = [p["reserved_peak_bytes"] for p in phases if "reserved_peak_bytes" in p]
+    reserved = [p.reserved_peak_bytes for p in phases if p.reserved_peak_bytes is not None]
     if reserved:
-        allocated = max(int(p["allocated_peak_bytes"]) for p in phases)
-        out["allocator_overhead_bytes"] = max(int(max(reserved)) - allocated, 0)
-    moments = [p for p in phases if "reserved_bytes" in p and "device_total_bytes" in p]
+        allocated = max(p.allocated_peak_bytes for p in phases)
+        out["allocator_overhead_bytes"] = max(max(reserved) - allocated, 0)
+    moments = [
+        (p.device_total_bytes - p.device_free_bytes, p.reserved_bytes)
+        for p in phases
+        if p.reserved_bytes is not None
+        and p.device_total_bytes is not None
+        and p.device_free_bytes is not None
+    ]
     if moments:
-        last = moments[-1]
-        used = int(last["device_total_bytes"]) - int(last["device_free_bytes"])
-        out["context_bytes"] = max(used - int(last["reserved_bytes"]), 0)
+        used, reserved_now = moments[-1]
+        out["context_bytes"] = max(used - reserved_now, 0)
     return out

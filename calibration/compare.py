@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headroom.planner.budget import Budget
+from headroom.planner.budget import Budget, BudgetModel
 
 NOT_ALLOCATED = ("cuda_context", "allocator_overhead")
 
@@ -19,7 +19,7 @@ def _relative(predicted: int, measured: int) -> float:
 
 
 def compare(
-    budget: Budget,
+    budget: Budget | BudgetModel,
     allocated_bytes: int,
     reserved_bytes: int | None = None,
     phase: str | None = None,

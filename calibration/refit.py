@@ -32,7 +32,7 @@ def committed_records(profile: str) -> list[TraceRecord]:
 
 
 def stored_trace_records(rows: list[Any], profile: str) -> list[TraceRecord]:
-    """Calibration rows (``api.db.Calibration``) of ``profile`` that a fit can use."""
+    """Calibration rows (``headroom.store.Calibration``) of ``profile`` that a fit can use."""
     out = []
     for row in rows:
         transient = (row.measured or {}).get("forward_transient_bytes")

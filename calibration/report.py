@@ -50,7 +50,7 @@ def committed_points() -> list[dict[str, Any]]:
 
 
 def store_points(rows: list[Any]) -> list[dict[str, Any]]:
-    """Calibration records (``api.db.Calibration`` rows) as report points."""
+    """Calibration records (``headroom.store.Calibration`` rows) as report points."""
     out = []
     for row in rows:
         comparison = row.predicted.get("comparison", {})

@@ -1,14 +1,14 @@
-"""Alembic environment: the URL comes from the caller (``api.migrate``) or HEADROOM_DATABASE_URL."""
+"""Alembic environment: the URL comes from the caller (``headroom.store.migrate``) or from
+HEADROOM_DATABASE_URL; the tables are the store's (``headroom.store.Base``)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from headroom.api.db import Base, make_engine
-from headroom.api.settings import Settings
+from headroom.store import Base, StoreSettings, make_engine
 
 config = context.config
-url = config.get_main_option("sqlalchemy.url") or Settings().database_url
+url = config.get_main_option("sqlalchemy.url") or StoreSettings().database_url
 
 
 def run_offline() -> None:

@@ -23,8 +23,10 @@ from headroom.planner.fit import FitResult, fit
 from headroom.planner.gate import Verdict, gate
 from headroom.planner.hardware import Hardware, gpu, gpu_names
 from headroom.planner.io import load_hardware, load_model, load_train, model_names
+from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 from headroom.planner.params import ParamCount, count_params
+from headroom.planner.report import TrainerReport
 from headroom.planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
 from headroom.planner.units import format_bytes, parse_size
 
@@ -42,6 +44,7 @@ __all__ = [
     "InputFormatError",
     "Knobs",
     "MLASpec",
+    "Measurement",
     "MoESpec",
     "ModelSpec",
     "NotCalibrated",
@@ -52,6 +55,7 @@ __all__ = [
     "Recompute",
     "SpecError",
     "TrainSpec",
+    "TrainerReport",
     "UnknownPresetError",
     "Verdict",
     "calibrated_coefficients",

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from headroom.planner.report import MemoryReport
 from headroom.runtime.cap import DeviceCap
 from headroom.runtime.streams import locked_host_bytes
 
@@ -91,7 +92,11 @@ class MemoryProbe:
             return {"phase": "forward or optimizer", "step": step, "after": phase}
         return {"phase": "forward", "step": step + 1, "after": phase}
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> MemoryReport:
+        """What the probe saw, as the trainer's report keeps it."""
+        return MemoryReport.model_validate(self._report())
+
+    def _report(self) -> dict[str, Any]:
         if not self.cuda:
             out: dict[str, Any] = {
                 "available": False,

@@ -1,25 +1,33 @@
-"""What the bundled trainer can train, decided without importing torch (the service asks)."""
+"""What the bundled trainer can train: the planner's rules (``planner.trainable``), and the
+check that a model's states fit this machine at all, which only the trainer process makes."""
 
 from __future__ import annotations
 
 import os
-from typing import Literal
 
 from headroom.planner.errors import SpecError
 from headroom.planner.model import ModelSpec
-from headroom.planner.train import Precision, TrainSpec
+from headroom.planner.trainable import (
+    TORCH_DTYPE,
+    WORKING,
+    Working,
+    check_supported,
+    runtime_precision,
+    runtime_train,
+    working_precision,
+)
 
-Working = Literal["fp32", "bf16"]
-TORCH_DTYPE: dict[Working, str] = {"fp32": "float32", "bf16": "bfloat16"}  # headroom train --dtype
-WORKING: dict[str, Working] = {name: w for w, name in TORCH_DTYPE.items()}  # --dtype -> working
-
-
-def check_supported(spec: ModelSpec) -> None:
-    """The runtime trains the decoder family (GQA or multi-head latent attention, dense or
-    MoE); dropout models are estimate-only."""
-    if spec.dropout:
-        raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
-
+__all__ = [
+    "LEAST_STATE_BYTES",
+    "TORCH_DTYPE",
+    "WORKING",
+    "Working",
+    "check_memory_holds",
+    "check_supported",
+    "runtime_precision",
+    "runtime_train",
+    "working_precision",
+]
 
 #: the fewest bytes per parameter any AdamW run keeps: 16-bit weights and gradients, fp32 moments
 LEAST_STATE_BYTES = 12
@@ -42,52 +50,3 @@ def check_memory_holds(spec: ModelSpec, device_bytes: int = 0) -> None:
             f"than this machine's {format_bytes(ram + device_bytes)} of {where}",
             field="model",
         )
-
-
-def working_precision(train: TrainSpec) -> Working:
-    """The working precision a launch trains ``train`` in (``headroom train --dtype``): fp32
-    weights stay fp32; 16-bit weights train in bf16 (fp16 has the same bytes and would need
-    loss scaling, which the trainer does not do)."""
-    return "fp32" if train.precision.params == "fp32" else "bf16"
-
-
-def runtime_precision(train: TrainSpec, working: Working) -> Precision:
-    """The precision of every state tensor the trainer keeps when it trains ``train`` with
-    ``working`` weights, which is the spec's where the trainer can honour it:
-
-    - ``params``: the working precision (``--dtype``);
-    - ``grads``: autograd's gradients are the working precision; ``fp32`` with 16-bit weights
-      adds an fp32 accumulator per parameter (the planner's 20 B/param case);
-    - ``master``: a separate fp32 copy, or none (the optimizer then updates the weights);
-      resident fp32 weights are their own master, whatever the spec says;
-    - ``optimizer_states``: the AdamW moments in fp32, bf16 or fp16 (kept rounded, computed in
-      fp32).
-
-    Raises ``SpecError`` naming ``precision.master`` where the spec asks for what the trainer
-    does not keep: a 16-bit master copy, or offloading without an fp32 master."""
-    p = train.precision
-    offloading = train.offload.mode != "none"
-    # fp32 weights on the device are their own master copy; offloaded, the host keeps one
-    master = "none" if working == "fp32" and not offloading else p.master
-    if master not in ("fp32", "none"):
-        raise SpecError(
-            f"precision.master: the bundled trainer keeps an fp32 master copy or none, got "
-            f"{p.master}; allowed: fp32, none",
-            field="precision.master",
-        )
-    if master == "none" and offloading:
-        raise SpecError(
-            f"precision.master: offload.mode={train.offload.mode} updates the offloaded state "
-            "against an fp32 master copy in host RAM; allowed with offloading: fp32",
-            field="precision.master",
-        )
-    grads = "fp32" if working == "fp32" or p.grads == "fp32" else working
-    return Precision(
-        params=working, grads=grads, master=master, optimizer_states=p.optimizer_states
-    )
-
-
-def runtime_train(train: TrainSpec, working: Working) -> TrainSpec:
-    """``train`` with the precision the trainer keeps (what the planner should be given to
-    predict the run)."""
-    return train.model_copy(update={"precision": runtime_precision(train, working)})

@@ -32,6 +32,8 @@ SOURCES = (
     "calibration",
     "api",
     "migrations",
+    "store",
+    "launch",
 )
 #: what the extras add, none of it installed by the base dependencies
 EXTRAS_ONLY = (
@@ -47,7 +49,7 @@ EXTRAS_ONLY = (
     "transformers",
 )
 #: the top-level folders the project keeps, shipped only as headroom.<name>
-NOT_TOP_LEVEL = ("api", "runtime", "migrations", "planner", "calibration")
+NOT_TOP_LEVEL = ("api", "runtime", "migrations", "planner", "calibration", "store", "launch")
 
 
 def _clean_env() -> dict[str, str]:

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request, Response
 
 from headroom import planner
 from headroom.api.deps import MetricsDep
-from headroom.api.gpus import local_gpus
 from headroom.api.metrics import Metrics
 from headroom.api.problems import responses
 from headroom.api.schemas import EstimateRequest, FitRequest, GateRequest
+from headroom.launch.devices import local_gpus
 
 router = APIRouter(tags=["planning"])
 

@@ -1,14 +1,18 @@
-"""Calibration records, coefficient sets and runs. Writes need the bearer token."""
+"""Calibration records, coefficient sets and runs. Writes need the bearer token.
+
+Request bodies become domain objects here (validated specs, a ``Measurement``); calibration,
+the launch layer and the store do the rest.
+"""
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
-from headroom.api import runs, store
-from headroom.api.db import Calibration, Run
+from headroom import launch, planner, store
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
 from headroom.api.problems import responses
 from headroom.api.schemas import (
@@ -20,6 +24,9 @@ from headroom.api.schemas import (
     RunOut,
 )
 from headroom.api.security import require_token
+from headroom.calibration.stored import record_measurement
+from headroom.planner.measurement import Measurement
+from headroom.store import Calibration, Run
 
 router = APIRouter()
 
@@ -27,6 +34,15 @@ router = APIRouter()
 class NotFound(Exception):
     def __init__(self, what: str, row_id: int) -> None:
         super().__init__(f"{what} {row_id} does not exist")
+
+
+def _specs(
+    body: CalibrationIn | RunIn,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
+    """The body's model, training spec and GPU, validated by the planner."""
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    return model, train, planner.load_hardware(body.gpu)
 
 
 def _calibration(row: Calibration) -> CalibrationOut:
@@ -59,7 +75,9 @@ def list_calibrations(
     model: str | None = Query(default=None, max_length=200, pattern=NO_NUL),
     gpu: str | None = Query(default=None, max_length=100, pattern=NO_NUL),
 ) -> dict[str, Any]:
-    rows, total = store.list_rows(db, Calibration, limit, offset, model_name=model, gpu_name=gpu)
+    rows, total = store.list_rows(
+        session=db, table=Calibration, limit=limit, offset=offset, model_name=model, gpu_name=gpu
+    )
     return {"items": [_calibration(r) for r in rows], "total": total}
 
 
@@ -75,7 +93,20 @@ def add_calibration(
     body: CalibrationIn, db: SessionDep, metrics: MetricsDep, response: Response
 ) -> CalibrationOut:
     """Store a measurement with the estimate it is compared against (idempotent on ``uid``)."""
-    row, created = store.add_calibration(db, body)
+    uid = body.uid or uuid.uuid4().hex
+    row, created = store.calibration_by_uid(session=db, uid=uid), False
+    if row is None:
+        model, train, hw = _specs(body)
+        row, created = record_measurement(
+            session=db,
+            uid=uid,
+            model=model,
+            train=train,
+            hw=hw,
+            measured=Measurement.model_validate(body.measured.model_dump()),
+            source=body.source,
+            notes=body.notes,
+        )
     if created:
         metrics.calibrations.inc()
     else:
@@ -90,7 +121,7 @@ def add_calibration(
     responses=responses(404),
 )
 def get_calibration(calibration_id: RowId, db: SessionDep) -> CalibrationOut:
-    row = store.get_row(db, Calibration, calibration_id)
+    row = store.get_row(session=db, table=Calibration, row_id=calibration_id)
     if row is None:
         raise NotFound("calibration", calibration_id)
     return _calibration(row)
@@ -99,7 +130,7 @@ def get_calibration(calibration_id: RowId, db: SessionDep) -> CalibrationOut:
 @router.get("/coefficients", tags=["calibration"], response_model=list[CoefficientSetOut])
 def coefficients(db: SessionDep) -> list[dict[str, Any]]:
     """Shipped coefficient sets per activation profile, and the fitted ones in the store."""
-    return store.coefficient_sets(db)
+    return store.coefficient_sets(session=db)
 
 
 @router.post(
@@ -111,8 +142,25 @@ def coefficients(db: SessionDep) -> list[dict[str, Any]]:
     responses={200: {"description": "Already stored under this uid"}, **responses(401, 413, 422)},
 )
 def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
-    """Queue a run of the bundled trainer (validated by the planner first)."""
-    row, created = store.add_run(db, body)
+    """Queue a run of the bundled trainer (validated by the planner first).
+
+    With ``fit`` (the default) the ladder chooses the plan; without it the given spec must be
+    predicted to fit, as the CI gate would decide. Either way nothing that is predicted to run
+    out of memory is queued: the refusal is a 422 naming the field."""
+    uid = body.uid or uuid.uuid4().hex
+    row, created = store.run_by_uid(session=db, uid=uid), False
+    if row is None:
+        model, train, hw = _specs(body)
+        plan = launch.plan_run(model=model, train=train, hw=hw, fit=body.fit)
+        row, created = launch.queue_run(
+            session=db,
+            plan=plan,
+            steps=body.steps,
+            backend=body.backend,
+            gate=not body.fit,
+            probe=body.probe,
+            uid=uid,
+        )
     if not created:
         response.status_code = 200
     return _run(row)
@@ -125,13 +173,13 @@ def list_runs(
     offset: int = Offset,
     status: str | None = Query(default=None, max_length=16, pattern=NO_NUL),
 ) -> dict[str, Any]:
-    rows, total = store.list_rows(db, Run, limit, offset, status=status)
+    rows, total = store.list_rows(session=db, table=Run, limit=limit, offset=offset, status=status)
     return {"items": [_run(r) for r in rows], "total": total}
 
 
 @router.get("/runs/{run_id}", tags=["runs"], response_model=RunOut, responses=responses(404))
 def get_run(run_id: RowId, db: SessionDep) -> RunOut:
-    row = store.get_row(db, Run, run_id)
+    row = store.get_row(session=db, table=Run, row_id=run_id)
     if row is None:
         raise NotFound("run", run_id)
     return _run(row)
@@ -145,7 +193,7 @@ def get_run(run_id: RowId, db: SessionDep) -> RunOut:
 )
 def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
     """The run's captured output (empty until it starts)."""
-    row = store.get_row(db, Run, run_id)
+    row = store.get_row(session=db, table=Run, row_id=run_id)
     if row is None:
         raise NotFound("run", run_id)
     if not row.log_path:
@@ -165,7 +213,7 @@ def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
     responses=responses(401, 404),
 )
 def cancel_run(run_id: RowId, db: SessionDep) -> RunOut:
-    row = store.get_row(db, Run, run_id)
+    row = store.get_row(session=db, table=Run, row_id=run_id)
     if row is None:
         raise NotFound("run", run_id)
-    return _run(runs.cancel(db, row))
+    return _run(launch.cancel(db, row))

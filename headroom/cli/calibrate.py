@@ -31,7 +31,7 @@ from headroom.planner.io import read_file
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
-    from headroom.api.db import Calibration
+    from headroom.store import Calibration
 
 calibrate_app = typer.Typer(
     help="Measure memory and compare it with the estimate, per bucket.", no_args_is_help=True
@@ -39,15 +39,11 @@ calibrate_app = typer.Typer(
 
 
 def _calibration_rows(sessions: sessionmaker[Session]) -> list[Calibration]:
-    """Every calibration record in the store, oldest first.
-
-    The one query the command line runs itself: it belongs behind a store function."""
-    from sqlalchemy import select
-
-    from headroom.api.db import Calibration
+    """Every calibration record in the store, oldest first."""
+    from headroom.store import all_calibrations
 
     with sessions() as session:
-        return list(session.scalars(select(Calibration).order_by(Calibration.id)))
+        return all_calibrations(session=session)
 
 
 class Impl(StrEnum):
@@ -115,21 +111,21 @@ def trace_command(
     if record:
         import uuid
 
-        from headroom.api.schemas import Measured
-        from headroom.api.store import record_calibration
-        from headroom.records import open_store
+        from headroom.calibration.stored import record_measurement
+        from headroom.planner.measurement import Measurement
+        from headroom.store import open_store
 
         peak = measured["peak"]
         uid = f"trace-{uuid.uuid4().hex}"
         with open_store()() as session:
-            record_calibration(
-                session,
-                uid,
-                spec,
-                train_spec,
-                hw,
-                budget,
-                Measured(
+            record_measurement(
+                session=session,
+                uid=uid,
+                model=spec,
+                train=train_spec,
+                hw=hw,
+                budget=budget,
+                measured=Measurement(
                     allocated_bytes=max(peak["total"], 1),
                     buckets={
                         "params": peak["params"],
@@ -138,9 +134,9 @@ def trace_command(
                     },
                     forward_transient_bytes=steady_forward_transient(measured),
                 ),
-                "trace",
-                f"{impl.value} trace ({measured['mode']} tensors, torch {measured['torch']}); "
-                f"transient bytes at the peak: {peak['transient']}",
+                source="trace",
+                notes=f"{impl.value} trace ({measured['mode']} tensors, torch "
+                f"{measured['torch']}); transient bytes at the peak: {peak['transient']}",
             )
         out["calibration_uid"] = uid
     if format is TextOrJson.json:
@@ -207,8 +203,9 @@ def run_command(
                 "headroom calibrate trace",
                 field="--gpu-probe",
             )
-    from headroom.autofit import subprocess_prober
-    from headroom.records import open_store, probe_recorder
+    from headroom.launch.ladder import subprocess_prober
+    from headroom.launch.recording import probe_recorder
+    from headroom.store import open_store
 
     budget = planner.estimate(spec, run_spec, hw)
     outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec)
@@ -256,9 +253,8 @@ def fit_command(
 ) -> None:
     """Refit coefficient sets from the committed traces and the store's records and store them
     as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
-    from headroom.api.store import save_coefficient_set
     from headroom.calibration.refit import committed_records, refit
-    from headroom.records import open_store
+    from headroom.store import open_store, save_coefficient_set
 
     known = planner.profiles()
     for name in profile or []:
@@ -281,7 +277,10 @@ def fit_command(
             continue
         with sessions() as session:
             summary["stored"] = [
-                {"id": save_coefficient_set(session, c, src).id, "device": c.device}
+                {
+                    "id": save_coefficient_set(session=session, coeffs=c, fitted_from=src).id,
+                    "device": c.device,
+                }
                 for c, src in sets
             ]
         results.append(summary)
@@ -329,7 +328,7 @@ def report_command(
     """Per-bucket median, p95 and max error of the estimate over the committed traces and the
     store's calibration records, and the false-fit count."""
     from headroom.calibration.report import committed_points, plot, store_points, summarise
-    from headroom.records import open_store
+    from headroom.store import open_store
 
     points = committed_points() + store_points(_calibration_rows(open_store()))
     summary = summarise(points)

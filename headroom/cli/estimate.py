@@ -48,10 +48,16 @@ def estimate_command(
         coeffs = None
         if calibrated:
             # the store (SQLAlchemy) only when asked for: the plain estimate needs no database
-            from headroom.records import calibrated_for
+            from headroom.calibration.stored import calibrated_for
+            from headroom.store import open_store
 
-            with user_errors(ExitCode.UNDECIDED, (planner.NotCalibrated,)):
-                coeffs = calibrated_for(train_spec.activation_profile, hw)
+            with (
+                user_errors(ExitCode.UNDECIDED, (planner.NotCalibrated,)),
+                open_store()() as session,
+            ):
+                coeffs = calibrated_for(
+                    session=session, profile=train_spec.activation_profile, hw=hw
+                )
         budget = planner.estimate(spec, train_spec, hw, coeffs)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
     if format is TextOrJson.json:

@@ -33,7 +33,7 @@ from headroom.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from headroom.autofit import AutoFitResult
+    from headroom.launch.ladder import AutoFitResult
 
 
 def resolve_device(choice: ProbeDevice) -> str:
@@ -61,11 +61,12 @@ def run_autofit(
     record: bool,
 ) -> AutoFitResult:
     """The probe ladder on the bundled trainer, each probe stored when ``record``."""
-    from headroom.autofit import autofit, subprocess_prober
+    from headroom.launch.ladder import autofit, subprocess_prober
 
     recorder = None
     if record:
-        from headroom.records import open_store, probe_recorder
+        from headroom.launch.recording import probe_recorder
+        from headroom.store import open_store
 
         recorder = probe_recorder(open_store(), spec, hw)
     prober = subprocess_prober(model, hw, device)

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import typer
 
-from headroom import planner
 from headroom.cli.exits import ExitCode, user_errors
 from headroom.cli.fit import resolve_device, run_autofit
 from headroom.cli.options import (
@@ -76,7 +75,9 @@ def launch_command(
     """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
-    from headroom.api.schemas import RunIn
+    from headroom import launch as launching
+    from headroom.api.settings import Settings
+    from headroom.store import open_store
 
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
@@ -90,32 +91,23 @@ def launch_command(
             probes = [p.model_dump(mode="json") for p in auto.probes]
             if not auto.fits or auto.plan is None:
                 raise _refuse(auto.reason, format, {"probes": probes})
-            plan = planner.TrainSpec.model_validate(auto.plan)
+            plan = launching.RunPlan.of_fit(spec, auto.fit, hw, auto.confirmed)
         elif fit_plan:
-            result = planner.fit(spec, train_spec, hw, margin_pct=margin)
-            if not result.fits or result.plan is None:
-                raise _refuse(result.reason, format, {})
-            plan = planner.TrainSpec.model_validate(result.plan)
+            try:
+                plan = launching.plan_run(
+                    model=spec, train=train_spec, hw=hw, fit=True, margin_pct=margin
+                )
+            except launching.NoPlanFits as exc:
+                raise _refuse(exc.reason, format, {}) from None
         else:
-            plan = train_spec
-        body = RunIn(
-            model=spec.model_dump(mode="json"),
-            train=plan.model_dump(mode="json"),
-            gpu=hw.model_dump(mode="json"),
-            steps=steps,
-            backend=backend.value,
-            fit=False,
-        )
-        from headroom.api import store
-        from headroom.api.runs import Supervisor
-        from headroom.api.settings import Settings
-        from headroom.records import open_store
-
+            plan = launching.RunPlan.estimated(spec, train_spec, hw)
         sessions = open_store()
         with sessions() as session:
-            row, _ = store.add_run(session, body)
+            row, _ = launching.queue_run(
+                session=session, plan=plan, steps=steps, backend=backend.value, gate=True
+            )
         settings = Settings(run_device=where)
-        run = Supervisor(sessions, settings).run_now(row.id)
+        run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
     out = {
         "run": {
             "id": run.id,

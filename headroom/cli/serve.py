@@ -21,8 +21,8 @@ def serve_command(
 
     import uvicorn
 
-    from headroom.api.migrate import upgrade
     from headroom.api.settings import Settings
+    from headroom.store import upgrade
 
     settings = Settings()
     if settings.migrate:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -71,6 +71,7 @@ def train_command(
 
     import torch
 
+    from headroom.planner.report import OutOfMemoryAt, TrainerReport
     from headroom.runtime.cap import DeviceCap
     from headroom.runtime.model import kv_layout
     from headroom.runtime.probe import MemoryProbe
@@ -99,36 +100,28 @@ def train_command(
         seed=seed,
         reference=reference,
     )
-    out: dict[str, Any] = {
-        "model": spec.name,
-        "train": train_spec.model_dump(mode="json"),
-        "device": device.value,
-        "dtype": dtype.value,
-        "seed": seed,
-    }
+    out = TrainerReport(
+        model=spec.name, train=train_spec, device=device.value, dtype=dtype.value, seed=seed
+    )
     code = ExitCode.OK
     if cap_bytes is not None:
-        out["memory_cap_bytes"] = cap_bytes
+        out.memory_cap_bytes = cap_bytes
     try:
         with cap if cap is not None else contextlib.nullcontext():
             result = train_model(spec, train_spec, cfg, on_phase=probe)
-        out.update(
-            losses=result.losses,
-            steps=result.steps,
-            tokens_per_second=result.tokens_per_second,
-            placement=result.placement,
-            attention_kv=kv_layout(spec, torch_device, cfg.dtype),
-        )
+        out.losses = result.losses
+        out.steps = result.steps
+        out.tokens_per_second = result.tokens_per_second
+        out.placement = result.placement
+        out.attention_kv = kv_layout(spec, torch_device, cfg.dtype)
     except torch.OutOfMemoryError as exc:
         code = ExitCode.OUT_OF_MEMORY
-        out.update(oom={**probe.failing_phase(), "message": str(exc).splitlines()[0]})
-    out["memory"] = probe.report()
-    text = json.dumps(out, indent=2)
+        out.oom = OutOfMemoryAt(**probe.failing_phase(), message=str(exc).splitlines()[0])
+    out.memory = probe.report()
+    text = json.dumps(out.dump(), indent=2)
     if report is not None:
         report.write_text(text + "\n")
     typer.echo(text)
-    if code is ExitCode.OUT_OF_MEMORY:
-        typer.echo(
-            f"error: out of memory in {out['oom']['phase']}, step {out['oom']['step']}", err=True
-        )
+    if out.oom is not None:
+        typer.echo(f"error: out of memory in {out.oom.phase}, step {out.oom.step}", err=True)
     raise typer.Exit(code)

@@ -19,10 +19,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner
-from headroom.api.db import Run
 from headroom.api.main import create_app
-from headroom.api.runs import Supervisor, this_process
 from headroom.api.settings import Settings
+from headroom.launch import Supervisor
+from headroom.launch.supervisor import this_process
+from headroom.store import Run
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -137,8 +138,7 @@ def test_nothing_predicted_to_oom_is_queued(client: TestClient) -> None:
 
 
 def _sessions(settings: Settings) -> sessionmaker[Session]:
-    from headroom.api.db import make_engine, make_sessionmaker
-    from headroom.api.migrate import upgrade
+    from headroom.store import make_engine, make_sessionmaker, upgrade
 
     upgrade(settings.database_url)
     return make_sessionmaker(make_engine(settings.database_url))

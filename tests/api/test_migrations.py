@@ -9,8 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select
 
-from headroom.api import migrate
-from headroom.api.db import Base, Calibration, make_engine, make_sessionmaker
+from headroom.store import Base, Calibration, make_engine, make_sessionmaker, migrate
 
 TABLES = set(Base.metadata.tables)
 

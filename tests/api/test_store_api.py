@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from headroom import planner
 from headroom.api.main import create_app
-from headroom.api.migrate import head_revision
 from headroom.api.settings import Settings
+from headroom.store import head_revision
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -3,7 +3,6 @@ CUDA fields' arithmetic."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from headroom_process import run_headroom
 
 from headroom import planner
 from headroom.calibration.attribute import attribute
+from headroom.planner.report import PhaseSnapshot, read_report
 from headroom.runtime.model import DecoderLM
 
 
@@ -32,8 +32,9 @@ def test_a_probed_run_attributes_resident_and_optimizer_state_to_the_byte(
         str(report),
     )
     assert proc.returncode == 0, proc.stderr
-    phases = json.loads(report.read_text())["memory"]["simulated"]["phases"]
-    out = attribute(phases)
+    memory = read_report(report).memory
+    assert memory is not None and memory.simulated is not None
+    out = attribute(memory.simulated.phases)
     model = planner.load_model("tiny-dense")
     n = planner.count_params(model).total
     with torch.device("meta"):
@@ -47,19 +48,17 @@ def test_a_probed_run_attributes_resident_and_optimizer_state_to_the_byte(
 def test_cuda_snapshots_give_allocator_overhead_and_context() -> None:
     gib = 2**30
 
-    def snap(
-        phase: str, step: int, allocated: int, peak: int, reserved: int
-    ) -> dict[str, int | str]:
-        return {
-            "phase": phase,
-            "step": step,
-            "allocated_bytes": allocated * gib,
-            "allocated_peak_bytes": peak * gib,
-            "reserved_bytes": reserved * gib,
-            "reserved_peak_bytes": reserved * gib,
-            "device_total_bytes": 141 * gib,
-            "device_free_bytes": (141 - reserved - 1) * gib,  # 1 GiB outside the allocator
-        }
+    def snap(phase: str, step: int, allocated: int, peak: int, reserved: int) -> PhaseSnapshot:
+        return PhaseSnapshot(
+            phase=phase,
+            step=step,
+            allocated_bytes=allocated * gib,
+            allocated_peak_bytes=peak * gib,
+            reserved_bytes=reserved * gib,
+            reserved_peak_bytes=reserved * gib,
+            device_total_bytes=141 * gib,
+            device_free_bytes=(141 - reserved - 1) * gib,  # 1 GiB outside the allocator
+        )
 
     phases = [
         snap("placement", 0, 10, 10, 12),

@@ -115,8 +115,7 @@ def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli
     assert cli("calibrate", "fit", "--profile", "runtime").exit_code == 0
     from sqlalchemy import select
 
-    from headroom.api.db import CoefficientSet
-    from headroom.records import open_store
+    from headroom.store import CoefficientSet, open_store
 
     with open_store()() as session:
         rows = list(session.scalars(select(CoefficientSet).order_by(CoefficientSet.id)))
@@ -124,27 +123,31 @@ def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli
 
 
 def test_gpu_records_with_reserved_bytes_fit_a_device_set(cli: Any) -> None:
-    from headroom.api.schemas import CalibrationIn
-    from headroom.api.store import add_calibration
-    from headroom.records import open_store
+    from headroom import planner
+    from headroom.calibration.stored import record_measurement
+    from headroom.planner.measurement import Measurement
+    from headroom.store import open_store
 
+    model = planner.load_model("tiny-dense")
+    train = planner.load_train({"activation_profile": "runtime"})
+    hw = planner.load_hardware("H200-141GB")
     before = cli("estimate", "tiny-dense", "--gpu", "H200-141GB", *RUNTIME_BF16, "--format", "json")
     with open_store()() as session:
         for allocated, reserved, context in [(100, 110, 500), (200, 230, 530), (400, 420, None)]:
-            body = CalibrationIn.model_validate(
-                {
-                    "model": "tiny-dense",
-                    "train": {"activation_profile": "runtime"},
-                    "gpu": "H200-141GB",
-                    "source": "runtime",
-                    "measured": {
-                        "allocated_bytes": allocated * 2**20,
-                        "reserved_bytes": reserved * 2**20,
-                        "buckets": None if context is None else {"cuda_context": context * 2**20},
-                    },
-                }
+            measured = Measurement(
+                allocated_bytes=allocated * 2**20,
+                reserved_bytes=reserved * 2**20,
+                buckets=None if context is None else {"cuda_context": context * 2**20},
             )
-            add_calibration(session, body)
+            record_measurement(
+                session=session,
+                uid=f"gpu-{allocated}",
+                model=model,
+                train=train,
+                hw=hw,
+                measured=measured,
+                source="runtime",
+            )
     result = cli("calibrate", "fit", "--profile", "runtime", "--format", "json")
     assert result.exit_code == 0, result.output
     (fitted,) = json.loads(result.stdout)["fitted"]

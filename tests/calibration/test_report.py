@@ -11,9 +11,9 @@ import pytest
 from headroom_process import run_headroom
 
 from headroom import planner
-from headroom.api.schemas import Measured
-from headroom.api.store import record_calibration
-from headroom.records import open_store
+from headroom.calibration.stored import record_measurement
+from headroom.planner.measurement import Measurement
+from headroom.store import open_store
 
 
 def test_report_counts_false_fits_and_draws(
@@ -30,19 +30,26 @@ def test_report_counts_false_fits_and_draws(
     peak = budget.gpu_peak_bytes
     with sessions() as session:
         # a probe predicted to fit that ran out of memory: a false fit
-        record_calibration(
-            session,
-            "probe-oom",
-            model,
-            train,
-            hw,
-            budget,
-            Measured(allocated_bytes=2 * peak),
-            "probe",
-            "out of memory: the measured bytes are a lower bound",
+        record_measurement(
+            session=session,
+            uid="probe-oom",
+            model=model,
+            train=train,
+            hw=hw,
+            budget=budget,
+            measured=Measurement(allocated_bytes=2 * peak),
+            source="probe",
+            notes="out of memory: the measured bytes are a lower bound",
         )
-        record_calibration(
-            session, "probe-ok", model, train, hw, budget, Measured(allocated_bytes=peak), "probe"
+        record_measurement(
+            session=session,
+            uid="probe-ok",
+            model=model,
+            train=train,
+            hw=hw,
+            budget=budget,
+            measured=Measurement(allocated_bytes=peak),
+            source="probe",
         )
     png = tmp_path / "report.png"
     args = ["calibrate", "report", "--png", str(png), "--format", "json"]

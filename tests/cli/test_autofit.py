@@ -12,10 +12,10 @@ from headroom_process import run_headroom
 from sqlalchemy import select
 
 from headroom import planner
-from headroom.api.db import Calibration
-from headroom.autofit import autofit, subprocess_prober, widened_margin
+from headroom.launch.ladder import autofit, subprocess_prober, widened_margin
+from headroom.launch.recording import probe_recorder
 from headroom.planner.fit import _plan, candidate_key, candidates, ladder_keys
-from headroom.records import open_store, probe_recorder
+from headroom.store import Calibration, open_store
 
 #: a device of 8 MiB with no context or allocator slack: the CPU probes' simulated card
 SIM_GPU = {
@@ -140,8 +140,8 @@ def test_fit_probe_refuses_a_model_the_runtime_cannot_build(tmp_path: Path) -> N
 def test_a_cuda_probe_records_its_context_for_calibrate_fit(store_url: str) -> None:
     """A GPU run's attribution (reserved bytes, what the device used beyond them) becomes the
     record's reserved bytes and ``cuda_context`` bucket, which ``calibrate fit`` reads."""
-    from headroom.autofit import ProbeOutcome
     from headroom.calibration.refit import allocator_overheads, contexts
+    from headroom.launch.ladder import ProbeOutcome
 
     hw = planner.load_hardware("H200-141GB")
     spec = planner.load_model("tiny-dense")

@@ -10,7 +10,7 @@ import pytest
 import headroom.cli
 from headroom import planner
 from headroom.cli import ExitCode
-from headroom.launcher import EXIT_OOM as TRAINER_EXIT_OOM
+from headroom.launch.backends import EXIT_OOM as TRAINER_EXIT_OOM
 
 
 def test_all_is_sorted_and_public() -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from headroom_process import run_headroom
 
+from headroom.planner.report import TrainerReport
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return run_headroom("train", *args, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
@@ -20,6 +22,7 @@ def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
     assert ref.returncode == 0, ref.stderr
     report = json.loads((tmp_path / "ref.json").read_text())
     assert report == json.loads(ref.stdout)
+    assert TrainerReport.model_validate(report).dump() == report  # one typed model, same keys
     assert len(report["losses"]) == report["steps"] == 3
     assert report["tokens_per_second"] > 0
     assert report["placement"]["mode"] == "none"

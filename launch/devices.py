@@ -1,8 +1,12 @@
-"""This host's GPUs through NVML (nvidia-ml-py, imported as ``pynvml``)."""
+"""This host's devices: its GPUs through NVML (nvidia-ml-py, imported as ``pynvml``), where a
+run trains, and the host RAM a CPU run may use."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
 def local_gpus() -> dict[str, Any]:
@@ -35,3 +39,21 @@ def local_gpus() -> dict[str, Any]:
         return {"gpus": [], "reason": f"NVML error: {exc}"}
     finally:
         pynvml.nvmlShutdown()
+
+
+def resolve_device(choice: DeviceChoice | str) -> str:
+    """``cpu`` or ``cuda``: ``auto`` is cuda when NVML sees a GPU."""
+    if choice != "auto":
+        return choice
+    return "cuda" if local_gpus()["gpus"] else "cpu"
+
+
+def host_ram_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

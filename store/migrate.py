@@ -1,4 +1,5 @@
-"""Database migrations, programmatically: upgrade to head, downgrade, and check the revision."""
+"""Database migrations, programmatically: upgrade to head, downgrade, check the revision, and
+open a store migrated to the latest revision."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
+from sqlalchemy.orm import Session, sessionmaker
 
-from headroom.api.db import make_engine
+from headroom.store.engine import StoreSettings, make_engine, make_sessionmaker
 
 SCRIPT_LOCATION = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -46,3 +48,11 @@ def current_revision(url: str) -> str | None:
             return revision_of(connection)
     finally:
         engine.dispose()
+
+
+def open_store(url: str | None = None) -> sessionmaker[Session]:
+    """A sessionmaker on ``url`` (default: the configured ``HEADROOM_DATABASE_URL``), the
+    database upgraded to the latest revision first."""
+    url = url or StoreSettings().database_url
+    upgrade(url)
+    return make_sessionmaker(make_engine(url))

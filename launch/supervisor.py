@@ -1,13 +1,14 @@
-"""The run lifecycle: queued → running → succeeded | failed | cancelled, persisted at each step.
+"""The run supervisor: launch queued runs, watch them, record how they ended.
 
-A ``Supervisor`` (one per service process, a thread) claims queued runs with an atomic update,
-so several workers never start the same run; writes each run's validated specs into its own
-directory; starts ``headroom train`` through the run's launcher backend in a new process group;
-and records how it ended: the exit code and a reason read from the trainer's report (which
-phase ran out of memory) or from the signal that killed it. Cancelling ends the whole process
-group. Runs that a stopped service left ``running`` are reconciled when a supervisor starts:
-a trainer still alive is stopped, and the run ends as failed with the reason, or as succeeded
-if its report shows it finished.
+A ``Supervisor`` (one per service process, a thread; or ``run_now`` in the foreground for
+``headroom launch``) claims queued runs (``transitions.claim``), so several workers never
+start the same run; writes each run's validated specs into its own directory; starts
+``headroom train`` through the run's launcher backend in a new process group; and records how
+it ended (``transitions.finish``): the exit code and a reason read from the trainer's report
+(which phase ran out of memory) or from the signal that killed it. Cancelling ends the whole
+process group. Runs that a stopped service left ``running`` are reconciled when a supervisor
+starts: a trainer still alive is stopped, and the run ends as failed with the reason, or as
+succeeded if its report shows it finished.
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner
-from headroom.api.db import Run, utcnow
-from headroom.api.settings import Settings
-from headroom.launcher import (
+from headroom.launch import transitions
+from headroom.launch.backends import (
     EXIT_OOM,
     describe_exit,
     end_process_group,
@@ -35,9 +35,26 @@ from headroom.launcher import (
     process_cmdline,
     process_start_ticks,
 )
-from headroom.runtime.support import TORCH_DTYPE, working_precision
+from headroom.launch.devices import host_ram_available, resolve_device
+from headroom.launch.plan import RunPlan
+from headroom.planner.report import TrainerReport, read_report
+from headroom.planner.trainable import TORCH_DTYPE, working_precision
+from headroom.store import Run
 
 log = logging.getLogger("headroom.runs")
+
+
+class SupervisorSettings(Protocol):
+    """What a supervisor reads of its settings (the service's ``Settings`` has them)."""
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def run_device(self) -> str: ...
+
+    @property
+    def max_running(self) -> int: ...
 
 
 def this_process() -> str:
@@ -60,20 +77,24 @@ def owner_alive(owner: str | None) -> bool | None:
     return str(process_start_ticks(pid)) == ticks
 
 
-def run_dir(settings: Settings, run: Run) -> Path:
+def run_dir(settings: SupervisorSettings, run: Run) -> Path:
     return Path(settings.run_dir).resolve() / run.uid
 
 
-def report_of(run: Run) -> dict[str, Any]:
-    """The trainer's JSON report, if it wrote one."""
+def report_of(run: Run) -> TrainerReport:
+    """The trainer's report, if it wrote one (an empty report if not)."""
     if not run.log_path:
-        return {}
-    path = Path(run.log_path).parent / "report.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return TrainerReport()
+    return read_report(Path(run.log_path).parent / "report.json")
+
+
+def plan_of(run: Run) -> RunPlan:
+    """The specs a stored run trains, validated once (not estimated)."""
+    return RunPlan(
+        model=planner.ModelSpec.model_validate(run.plan["model"]),
+        train=planner.TrainSpec.model_validate(run.plan["train"]),
+        hw=planner.Hardware.model_validate(run.plan["hardware"]),
+    )
 
 
 def _ours(run: Run) -> bool:
@@ -81,32 +102,15 @@ def _ours(run: Run) -> bool:
     return bool(run.pid) and run.uid in process_cmdline(run.pid or 0)
 
 
-def _finish(session: Session, run_id: int, status: str, reason: str, exit_code: int | None) -> bool:
-    """Move a running run to its end state; False if it was no longer running (cancelled)."""
-    result = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status == "running")
-        .values(
-            status=status,
-            reason=reason,
-            exit_code=exit_code,
-            finished_at=utcnow(),
-            updated_at=utcnow(),
-        )
-    )
-    session.commit()
-    return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
 def ending(run: Run, code: int) -> tuple[str, str]:
     """(status, reason) of a trainer that exited with ``code``."""
     report = report_of(run)
     if code == 0:
-        return "succeeded", f"completed {len(report.get('losses', []))} step(s)"
+        return "succeeded", f"completed {report.completed_steps} step(s)"
     reason = describe_exit(code)
-    oom = report.get("oom")
-    if code == EXIT_OOM and isinstance(oom, dict):
-        reason = f"out of memory in {oom.get('phase')}, step {oom.get('step')} (exit {EXIT_OOM})"
+    if code == EXIT_OOM and report.oom is not None:
+        oom = report.oom
+        reason = f"out of memory in {oom.phase}, step {oom.step} (exit {EXIT_OOM})"
     elif code > 0 and run.log_path:
         try:
             lines = Path(run.log_path).read_text(errors="replace").strip().splitlines()
@@ -117,32 +121,11 @@ def ending(run: Run, code: int) -> tuple[str, str]:
     return "failed", reason
 
 
-def host_ram_available() -> int | None:
-    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def resolve_device(settings: Settings) -> str:
-    if settings.run_device != "auto":
-        return settings.run_device
-    from headroom.api.gpus import local_gpus
-
-    return "cuda" if local_gpus()["gpus"] else "cpu"
-
-
-def write_specs(run: Run, directory: Path) -> list[str]:
+def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
     """Write the run's validated specs into its directory; the trainer's arguments."""
     directory.mkdir(parents=True, exist_ok=True)
-    model = planner.ModelSpec.model_validate(run.plan["model"])
-    train = planner.TrainSpec.model_validate(run.plan["train"])
-    (directory / "model.json").write_text(json.dumps(model.model_dump(mode="json")))
-    (directory / "train.json").write_text(json.dumps(train.model_dump(mode="json")))
+    (directory / "model.json").write_text(json.dumps(plan.model.model_dump(mode="json")))
+    (directory / "train.json").write_text(json.dumps(plan.train.model_dump(mode="json")))
     device = run.device or "cpu"
     args = [
         str(directory / "model.json"),
@@ -153,25 +136,21 @@ def write_specs(run: Run, directory: Path) -> list[str]:
         "--device",
         device,
         "--dtype",
-        TORCH_DTYPE[working_precision(train)],
+        TORCH_DTYPE[working_precision(plan.train)],
         "--report",
         str(directory / "report.json"),
     ]
     if device == "cpu":  # the planned card's memory, on a simulated device
-        hw = planner.Hardware.model_validate(run.plan["hardware"])
-        args += ["--memory-cap", str(hw.memory_bytes - hw.cuda_context_bytes)]
+        args += ["--memory-cap", str(plan.hw.memory_bytes - plan.hw.cuda_context_bytes)]
     return args
 
 
-def cpu_refusal(run: Run) -> str | None:
+def cpu_refusal(plan: RunPlan, run: Run) -> str | None:
     """Why a CPU run would exhaust this host's RAM (None: it will not)."""
     if (run.device or "cpu") != "cpu":
         return None
-    model = planner.ModelSpec.model_validate(run.plan["model"])
-    train = planner.TrainSpec.model_validate(run.plan["train"])
-    hw = planner.Hardware.model_validate(run.plan["hardware"])
-    budget = planner.estimate(model, train, hw)
-    needed = budget.gpu_peak_bytes - hw.cuda_context_bytes + budget.host_peak_bytes
+    predicted = plan.predicted()
+    needed = predicted.gpu_peak_bytes - plan.hw.cuda_context_bytes + predicted.host_peak_bytes
     available = host_ram_available()
     if available is not None and needed > 0.8 * available:
         return (
@@ -184,7 +163,7 @@ def cpu_refusal(run: Run) -> str | None:
 class Supervisor:
     """Launches queued runs and watches them (see the module docstring)."""
 
-    def __init__(self, sessions: sessionmaker[Session], settings: Settings) -> None:
+    def __init__(self, sessions: sessionmaker[Session], settings: SupervisorSettings) -> None:
         self.sessions = sessions
         self.settings = settings
         self.owner = this_process()
@@ -210,12 +189,12 @@ class Supervisor:
             proc.wait()
             logfile.close()
             with self.sessions() as session:
-                _finish(
+                transitions.finish(
                     session,
                     run_id,
-                    "failed",
-                    "stopped: the service shut down while it ran",
-                    proc.returncode,
+                    status="failed",
+                    reason="stopped: the service shut down while it ran",
+                    exit_code=proc.returncode,
                 )
             del self.children[run_id]
 
@@ -250,16 +229,16 @@ class Supervisor:
                 if run is None:
                     continue
                 status, reason = ending(run, code)
-                if not _finish(session, run_id, status, reason, code):
+                if not transitions.finish(
+                    session, run_id, status=status, reason=reason, exit_code=code
+                ):
                     run.exit_code = code  # cancelled meanwhile: keep how the trainer ended
                     session.commit()
 
     # -- starting ---------------------------------------------------------------------------
     def _start_next(self) -> bool:
         with self.sessions() as session:
-            run_id = session.scalar(
-                select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1)
-            )
+            run_id = transitions.next_queued(session)
             if run_id is None:
                 return False
             if not self._claim(session, run_id):
@@ -273,107 +252,85 @@ class Supervisor:
     def _claim(self, session: Session, run_id: int) -> bool:
         """queued → running, owned by this process; False if another claimed it first."""
         if self.device is None:
-            self.device = resolve_device(self.settings)
-        claimed = session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status == "queued")
-            .values(
-                status="running",
-                owner=self.owner,
-                device=self.device,
-                started_at=utcnow(),
-                updated_at=utcnow(),
-                reason="starting",
-            )
-        )
-        session.commit()
-        return bool(claimed.rowcount)  # type: ignore[attr-defined]
+            self.device = resolve_device(self.settings.run_device)
+        return transitions.claim(session, run_id, owner=self.owner, device=self.device)
 
-    def launch(self, session: Session, run: Run) -> None:
-        """Start a claimed run's trainer (or end the run with the reason it cannot start)."""
+    def _fail(self, session: Session, run: Run, reason: str) -> None:
+        transitions.finish(session, run.id, status="failed", reason=reason, exit_code=None)
+
+    def launch(self, session: Session, run: Run, plan: RunPlan | None = None) -> None:
+        """Start a claimed run's trainer (or end the run with the reason it cannot start);
+        ``plan`` is the run's, where the caller has it validated already."""
         try:
-            refusal = cpu_refusal(run)
+            plan = plan or plan_of(run)
+            refusal = cpu_refusal(plan, run)
             if refusal is not None:
-                _finish(session, run.id, "failed", refusal, None)
+                self._fail(session, run, refusal)
                 return
             directory = run_dir(self.settings, run)
-            args = write_specs(run, directory)
+            args = write_specs(plan, run, directory)
             if run.plan.get("probe") and not run.plan.get("probes"):
-                refusal = self.probe(session, run, directory)
-                if refusal is not None:
-                    _finish(session, run.id, "failed", refusal, None)
+                confirmed = self.probe(session, run, plan, directory)
+                if confirmed is None:
                     return
-                args = write_specs(run, directory)
+                plan = confirmed
+                args = write_specs(plan, run, directory)
             backend = launcher(run.backend)
             log_path = directory / "log.txt"
             logfile = open(log_path, "ab")  # noqa: SIM115 - closed when the child is reaped
         except (OSError, ValueError, planner.HeadroomError) as exc:
-            _finish(session, run.id, "failed", f"could not start: {exc}", None)
+            self._fail(session, run, f"could not start: {exc}")
             return
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        train = planner.TrainSpec.model_validate(run.plan["train"])
-        if train.expandable_segments:
+        if plan.train.expandable_segments:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         try:
             proc = backend.start(args, logfile, directory, env)
         except OSError as exc:
             logfile.close()
-            _finish(session, run.id, "failed", f"could not start: {exc}", None)
+            self._fail(session, run, f"could not start: {exc}")
             return
         self.children[run.id] = (proc, logfile)
-        started = session.execute(
-            update(Run)
-            .where(Run.id == run.id, Run.status == "running")
-            .values(
-                pid=proc.pid,
-                log_path=str(log_path),
-                reason=f"running: pid {proc.pid} ({backend.name})",
-                updated_at=utcnow(),
-            )
+        started = transitions.note_started(
+            session, run.id, pid=proc.pid, log_path=str(log_path), backend=backend.name
         )
-        session.commit()
-        if not started.rowcount:  # type: ignore[attr-defined]
+        if not started:
             end_process_group(proc.pid)  # cancelled between the claim and the start
 
-    def probe(self, session: Session, run: Run, directory: Path) -> str | None:
-        """Confirm the run's plan with probes (``headroom.autofit``), each recorded as a
-        calibration; the confirmed plan replaces the run's. Why not, if none was confirmed."""
-        from headroom.autofit import autofit, subprocess_prober
-        from headroom.records import probe_recorder
+    def probe(self, session: Session, run: Run, plan: RunPlan, directory: Path) -> RunPlan | None:
+        """Confirm the run's plan with probes (``launch.ladder``), each recorded as a
+        calibration; the confirmed plan replaces the run's (None: none was confirmed, and the
+        run has failed saying why)."""
+        from headroom.launch.ladder import autofit, subprocess_prober
+        from headroom.launch.recording import probe_recorder
 
-        model = planner.ModelSpec.model_validate(run.plan["model"])
-        train = planner.TrainSpec.model_validate(run.plan["train"])
-        hw = planner.Hardware.model_validate(run.plan["hardware"])
-        session.execute(
-            update(Run).where(Run.id == run.id).values(reason="probing", updated_at=utcnow())
-        )
-        session.commit()
+        transitions.note_probing(session, run.id)
         result = autofit(
-            model,
-            train,
-            hw,
-            subprocess_prober(str(directory / "model.json"), hw, run.device or "cpu"),
-            record=probe_recorder(self.sessions, model, hw),
+            plan.model,
+            plan.train,
+            plan.hw,
+            subprocess_prober(str(directory / "model.json"), plan.hw, run.device or "cpu"),
+            record=probe_recorder(self.sessions, plan.model, plan.hw),
         )
-        probes = [p.model_dump(mode="json") for p in result.probes]
-        plan = {**run.plan, "probes": probes}
+        stored = {**run.plan, "probes": [p.model_dump(mode="json") for p in result.probes]}
         if result.fits and result.plan is not None:
-            plan["train"] = result.plan
-        session.execute(update(Run).where(Run.id == run.id).values(plan=plan))
-        session.commit()
-        session.refresh(run)
-        return None if result.fits else f"no plan confirmed by probes: {result.reason}"
+            stored["train"] = result.plan
+        transitions.record_probes(session, run, stored)
+        if not result.fits:
+            self._fail(session, run, f"no plan confirmed by probes: {result.reason}")
+            return None
+        return RunPlan.of_fit(plan.model, result.fit, plan.hw, result.confirmed)
 
-    def run_now(self, run_id: int, poll_s: float = 0.2) -> Run:
-        """Claim, start and wait for one queued run in the foreground (``headroom launch``);
-        an interrupt cancels it, ending its process group."""
+    def run_now(self, run_id: int, plan: RunPlan | None = None, poll_s: float = 0.2) -> Run:
+        """Claim, start and wait for one queued run in the foreground (``headroom launch``),
+        ``plan`` being its validated plan; an interrupt cancels it, ending its process group."""
         with self.sessions() as session:
             claimed = self._claim(session, run_id)
             run = session.get(Run, run_id)
             assert run is not None
             if claimed:
                 session.refresh(run)
-                self.launch(session, run)
+                self.launch(session, run, plan)
         try:
             while run_id in self.children:
                 self.stop.wait(poll_s)
@@ -405,10 +362,10 @@ class Supervisor:
                 if alive:
                     end_process_group(run.pid or 0)
                 report = report_of(run)
-                if not alive and report.get("losses") and "oom" not in report:
+                if not alive and report.losses and report.oom is None:
                     status, reason = (
                         "succeeded",
-                        f"completed {len(report['losses'])} step(s) while its service was down",
+                        f"completed {report.completed_steps} step(s) while its service was down",
                     )
                 else:
                     status = "failed"
@@ -418,29 +375,17 @@ class Supervisor:
                         else "orphaned: the service supervising it stopped and the trainer is "
                         "gone; its exit status was lost"
                     )
-                ended += _finish(session, run.id, status, reason, None)
+                ended += transitions.finish(
+                    session, run.id, status=status, reason=reason, exit_code=None
+                )
         return ended
 
 
 def cancel(session: Session, run: Run, end_group: bool = True) -> Run:
     """Cancel a queued or running run; a running one's whole process group is ended (in the
     background; ``end_group=False`` leaves that to a caller that owns the process)."""
-    if run.status not in ("queued", "running"):
-        return run
     was_running = run.status == "running"
-    session.execute(
-        update(Run)
-        .where(Run.id == run.id, Run.status == run.status)
-        .values(
-            status="cancelled",
-            reason="cancelled by request",
-            finished_at=utcnow(),
-            updated_at=utcnow(),
-        )
-    )
-    session.commit()
-    session.refresh(run)
-    if end_group and was_running and run.status == "cancelled" and _ours(run):
+    if transitions.cancel(session, run) and end_group and was_running and _ours(run):
         threading.Thread(
             target=end_process_group, args=(run.pid,), name="headroom-cancel", daemon=True
         ).start()

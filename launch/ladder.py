@@ -24,9 +24,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from headroom import planner
-from headroom.launcher import EXIT_OOM
+from headroom.calibration.attribute import attribute
+from headroom.launch.backends import EXIT_OOM
 from headroom.planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
-from headroom.runtime.support import TORCH_DTYPE, working_precision
+from headroom.planner.report import OutOfMemoryAt, TrainerReport, read_report
+from headroom.planner.trainable import TORCH_DTYPE, working_precision
 
 #: percentage points a failed probe adds to the margin beyond the error it proved
 MARGIN_STEP_PCT = 5.0
@@ -43,7 +45,7 @@ class ProbeOutcome(BaseModel):
         default=None, description="Allocated peak the run reached (a lower bound after an OOM)."
     )
     peak_phase: str | None = None
-    oom_at: dict[str, Any] | None = None
+    oom_at: OutOfMemoryAt | None = None
     message: str = ""
     reserved_peak_bytes: int | None = Field(
         default=None, description="The allocator's reserved peak (CUDA only)."
@@ -75,10 +77,19 @@ class AutoFitResult(BaseModel):
     probes: list[ProbeRecord]
     margin_pct: float = Field(description="The margin the confirmed plan was chosen with.")
     reason: str
+    confirmed: planner.TrainSpec | None = Field(
+        default=None,
+        exclude=True,
+        description="The confirmed plan as the validated spec the probe ran (not serialised: "
+        "``plan`` is its JSON).",
+    )
 
 
 Prober = Callable[[planner.TrainSpec], ProbeOutcome]
-Recorder = Callable[[planner.TrainSpec, planner.Budget, ProbeOutcome], str | None]
+#: stores a probe of a plan with the ladder's estimate of it; the record's uid, if stored
+Recorder = Callable[
+    [planner.TrainSpec, planner.Budget | planner.BudgetModel, ProbeOutcome], str | None
+]
 
 
 def probe_cap_bytes(hw: planner.Hardware) -> int:
@@ -132,7 +143,7 @@ def subprocess_prober(
                     message=f"probe timed out after {timeout_s:g} s",
                 )
             seconds = time.perf_counter() - start
-            report = json.loads(report_file.read_text()) if report_file.exists() else {}
+            report = read_report(report_file)
         return outcome_of(proc.returncode, report, seconds, proc.stderr)
 
     return probe
@@ -146,37 +157,26 @@ def planner_phase(phase: str, step: int) -> str | None:
     return "optimizer" if phase == "optimizer" else None
 
 
-def outcome_of(code: int, report: dict[str, Any], seconds: float, stderr: str) -> ProbeOutcome:
-    """A probe's outcome from ``headroom train``'s exit code and JSON report."""
-    memory = report.get("memory", {})
-    measured = peak_phase = None
-    if memory.get("available"):
-        phases = memory.get("phases", [])
-        measured = memory.get("allocated_peak_bytes")
-    else:
-        sim = memory.get("simulated") or {}
-        phases = sim.get("phases", [])
-        measured = sim.get("allocated_peak_bytes")
-        failed = sim.get("failed_request")
-        if failed:  # the run needed at least what it held plus what it asked for
-            measured = max(measured or 0, failed["live_bytes"] + failed["requested_bytes"])
+def outcome_of(code: int, report: TrainerReport, seconds: float, stderr: str) -> ProbeOutcome:
+    """A probe's outcome from ``headroom train``'s exit code and report."""
+    memory = report.memory
+    phases = memory.measured_phases if memory is not None else []
+    measured = memory.measured_peak_bytes if memory is not None else None
+    peak_phase = None
     if phases:
-        top = max(phases, key=lambda p: p["allocated_peak_bytes"])
-        peak_phase = planner_phase(top["phase"], top["step"])
-    oom = code == EXIT_OOM
+        top = max(phases, key=lambda p: p.allocated_peak_bytes)
+        peak_phase = planner_phase(top.phase, top.step)
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    from headroom.calibration.attribute import attribute
-
     return ProbeOutcome(
-        reserved_peak_bytes=memory.get("reserved_peak_bytes") or None,
+        reserved_peak_bytes=(memory.reserved_peak_bytes if memory is not None else None) or None,
         attribution=attribute(phases) if code == 0 and phases else {},
         exit_code=code,
         ok=code == 0,
-        oom=oom,
+        oom=code == EXIT_OOM,
         seconds=seconds,
         measured_peak_bytes=measured or None,
         peak_phase=peak_phase,
-        oom_at=report.get("oom"),
+        oom_at=report.oom,
         message=lines[-1] if lines and code else "",
     )
 
@@ -209,14 +209,15 @@ def autofit(
     probes: list[ProbeRecord] = []
     result = planner.fit(model, train, hw, coeffs, margin_pct=margin)
 
-    def done(reason: str, confirmed: bool = False) -> AutoFitResult:
+    def done(reason: str, confirmed: planner.TrainSpec | None = None) -> AutoFitResult:
         return AutoFitResult(
-            fits=confirmed,
-            plan=result.plan if confirmed else None,
+            fits=confirmed is not None,
+            plan=result.plan if confirmed is not None else None,
             fit=result,
             probes=probes,
             margin_pct=margin,
             reason=reason,
+            confirmed=confirmed,
         )
 
     for attempt in range(1, max_probes + 1):
@@ -228,20 +229,20 @@ def autofit(
             )
         plan = planner.TrainSpec.model_validate(result.plan)
         outcome = prober(plan)
-        budget = planner.estimate(model, plan, hw, coeffs)
+        budget = result.budget  # the ladder's estimate of this plan, under ``coeffs``
         uid = record(plan, budget, outcome) if record is not None else None
         probes.append(
             ProbeRecord(
                 attempt=attempt,
                 changes=changed_keys(train, ladder_keys(plan)),
                 margin_pct=margin,
-                predicted_peak_bytes=budget.gpu_peak_bytes,
+                predicted_peak_bytes=budget.gpu.peak_bytes,
                 outcome=outcome,
                 calibration_uid=uid,
             )
         )
         if outcome.ok:
-            return done(f"probe {attempt} ran the plan into step 2 within the card", True)
+            return done(f"probe {attempt} ran the plan into step 2 within the card", plan)
         if not outcome.oom:
             return done(
                 f"probe {attempt} failed for a reason other than memory "
@@ -249,7 +250,7 @@ def autofit(
             )
         tried.add(candidate_key(ladder_keys(plan)))
         margin = widened_margin(
-            margin, budget.gpu_peak_bytes, hw.memory_bytes, _with_context(outcome, hw)
+            margin, budget.gpu.peak_bytes, hw.memory_bytes, _with_context(outcome, hw)
         )
         result = planner.fit(model, train, hw, coeffs, margin_pct=margin, exclude=tried)
     return done(f"{max_probes} probe(s) ran out of memory; no plan confirmed")

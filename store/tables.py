@@ -1,4 +1,4 @@
-"""The store's tables (SQLAlchemy 2) and engine set-up for SQLite and PostgreSQL.
+"""The store's tables (SQLAlchemy 2): calibration records, coefficient sets and runs.
 
 Schema changes go through Alembic (``migrations/``); ``Base.metadata`` is what the migrations
 are checked against. Constraint names follow one convention so both databases agree.
@@ -14,16 +14,13 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
-    Engine,
     Float,
     Integer,
     MetaData,
     String,
     Text,
-    create_engine,
-    event,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -33,11 +30,19 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
+#: a run's states; ``headroom.launch.transitions`` moves a run between them
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    """SQLite returns naive datetimes; every stored time is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 class Base(DeclarativeBase):
@@ -106,27 +111,3 @@ class Run(Base):
     device: Mapped[str | None] = mapped_column(String(16), nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-
-
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, full sync and a busy timeout for writers."""
-    if url.startswith("sqlite"):
-        engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
-        )
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
-
-
-def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
-    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,45 @@
+"""Headroom's launch layer: how a plan becomes a run of the bundled trainer, and what it did.
+
+- ``plan``: a run's validated specs and their estimate (``RunPlan``, ``plan_run``), stored as
+  a queued run (``queue_run``);
+- ``transitions``: every change of a run's state, named (claim, finish, cancel, ...);
+- ``supervisor``: the ``Supervisor`` that claims queued runs, starts and watches them, and
+  reconciles the runs a stopped service left running;
+- ``backends``: the ``Launcher`` protocol and its ``local`` and ``torchrun`` backends;
+- ``ladder``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
+- ``recording``: each probe kept as a calibration record;
+- ``devices``: this host's GPUs and RAM.
+
+The command line and the service both call it. It imports the planner, the store and
+calibration, never the runtime (it starts the trainer as a process), the service or the CLI.
+"""
+
+from headroom.launch.backends import BACKENDS, EXIT_OOM, Launcher, describe_exit, launcher
+from headroom.launch.devices import local_gpus, resolve_device
+from headroom.launch.ladder import AutoFitResult, ProbeOutcome, ProbeRecord, autofit
+from headroom.launch.plan import NoPlanFits, Prediction, RunPlan, plan_run, queue_run
+from headroom.launch.recording import probe_recorder
+from headroom.launch.supervisor import Supervisor, cancel, report_of
+
+__all__ = [
+    "BACKENDS",
+    "EXIT_OOM",
+    "AutoFitResult",
+    "Launcher",
+    "NoPlanFits",
+    "Prediction",
+    "ProbeOutcome",
+    "ProbeRecord",
+    "RunPlan",
+    "Supervisor",
+    "autofit",
+    "cancel",
+    "describe_exit",
+    "launcher",
+    "local_gpus",
+    "plan_run",
+    "probe_recorder",
+    "queue_run",
+    "report_of",
+    "resolve_device",
+]

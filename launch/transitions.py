@@ -1,0 +1,109 @@
+"""Every change of a run's state, each a named function and an atomic compare-and-set::
+
+    queued ──claim──► running ──finish──► succeeded | failed
+       │                 │
+       └────cancel───────┴──────────────► cancelled
+
+``queue_run`` (``launch.plan``) writes a run ``queued``. Each transition updates the row only
+if it is still in the state the transition leaves, so two supervisors, a cancel and a finish
+racing each other leave one winner and the others see ``False``. ``note_started`` and
+``note_probing`` change what a running run says, not its state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from headroom.store import Run, utcnow
+
+#: the states a run can be cancelled from
+CANCELLABLE = ("queued", "running")
+
+
+def _changed(session: Session, run_id: int, state: str, /, **values: Any) -> bool:
+    """Update run ``run_id`` with ``values`` if it is in ``state``; whether it was."""
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == state)
+        .values(**values, updated_at=utcnow())
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def next_queued(session: Session) -> int | None:
+    """The oldest queued run's id (None: nothing is queued)."""
+    return session.scalar(select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1))
+
+
+def claim(session: Session, run_id: int, *, owner: str, device: str) -> bool:
+    """queued → running, owned by ``owner`` on ``device``; False if another claimed it first."""
+    return _changed(
+        session,
+        run_id,
+        "queued",
+        status="running",
+        owner=owner,
+        device=device,
+        started_at=utcnow(),
+        reason="starting",
+    )
+
+
+def note_probing(session: Session, run_id: int) -> None:
+    """A running run is being probed before it starts."""
+    _changed(session, run_id, "running", reason="probing")
+
+
+def note_started(session: Session, run_id: int, *, pid: int, log_path: str, backend: str) -> bool:
+    """A running run's trainer started as ``pid``; False if it was cancelled meanwhile."""
+    return _changed(
+        session,
+        run_id,
+        "running",
+        pid=pid,
+        log_path=log_path,
+        reason=f"running: pid {pid} ({backend})",
+    )
+
+
+def finish(
+    session: Session, run_id: int, *, status: str, reason: str, exit_code: int | None
+) -> bool:
+    """running → ``status`` (succeeded or failed); False if it was no longer running."""
+    assert status in ("succeeded", "failed"), status
+    return _changed(
+        session,
+        run_id,
+        "running",
+        status=status,
+        reason=reason,
+        exit_code=exit_code,
+        finished_at=utcnow(),
+    )
+
+
+def cancel(session: Session, run: Run) -> bool:
+    """queued or running → cancelled; False if it had already ended (or just did)."""
+    if run.status not in CANCELLABLE:
+        return False
+    cancelled = _changed(
+        session,
+        run.id,
+        run.status,
+        status="cancelled",
+        reason="cancelled by request",
+        finished_at=utcnow(),
+    )
+    session.refresh(run)
+    return cancelled
+
+
+def record_probes(session: Session, run: Run, plan: dict[str, Any]) -> None:
+    """Keep the probes made of a run, and the plan they confirmed, as the run's plan."""
+    session.execute(update(Run).where(Run.id == run.id).values(plan=plan))
+    session.commit()
+    session.refresh(run)

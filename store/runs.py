@@ -1,0 +1,62 @@
+"""Runs as the store keeps them: a new run is written ``queued`` with its plan.
+
+Every later change of a run's state is a named transition of ``headroom.launch.transitions``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from headroom import planner
+from headroom.store.calibrations import spec_dump
+from headroom.store.rows import by_uid, insert_once
+from headroom.store.tables import Run
+
+
+def run_by_uid(*, session: Session, uid: str) -> Run | None:
+    return by_uid(session=session, table=Run, uid=uid)
+
+
+def add_run(
+    *,
+    session: Session,
+    uid: str,
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hw: planner.Hardware,
+    predicted_fits: bool,
+    predicted_peak_bytes: int,
+    steps: int,
+    backend: str,
+    probe: bool,
+    fitted: planner.FitResult | None = None,
+) -> tuple[Run, bool]:
+    """Store a planned run as ``queued``: the specs it trains, what their estimate predicted
+    and, where the ladder chose the plan, what it weighed; (run, created): a uid stored
+    concurrently returns that run."""
+    plan: dict[str, Any] = {
+        **spec_dump(model=model, train=train, hw=hw),
+        "predicted_fits": predicted_fits,
+        "predicted_peak_bytes": predicted_peak_bytes,
+        "probe": probe,
+    }
+    if fitted is not None:
+        plan["fit"] = {
+            "predicted_step_seconds": fitted.predicted_step_seconds,
+            "candidates_considered": fitted.candidates_considered,
+            "candidates_fitting": fitted.candidates_fitting,
+            "reason": fitted.reason,
+        }
+    run = Run(
+        uid=uid,
+        status="queued",
+        backend=backend,
+        model_name=model.name,
+        gpu_name=hw.name,
+        plan=plan,
+        steps=steps,
+        reason="queued",
+    )
+    return insert_once(session=session, row=run)
