@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
-
 from pydantic import Field, SecretStr, field_validator
 
-from headroom.store import StoreSettings
+from headroom.launch import LaunchSettings
 
 
-class Settings(StoreSettings):
+class Settings(LaunchSettings):
     """Everything the service reads from its environment (prefix ``HEADROOM_``): the store's
-    ``database_url`` and the service's own settings."""
+    ``database_url``, the launch layer's ``run_dir``, ``run_device`` and ``max_running``, and the
+    service's own settings."""
 
     token: SecretStr | None = Field(
         default=None,
@@ -22,15 +20,8 @@ class Settings(StoreSettings):
         default=1_048_576, ge=1024, description="Largest accepted request body (413 above)."
     )
     max_list: int = Field(default=500, ge=1, description="Most rows one list request returns.")
-    run_dir: Path = Field(default=Path("runs"), description="Where launched runs keep their logs.")
     launch_runs: bool = Field(
         default=True, description="Supervise queued runs: launch, watch, finish, reconcile."
-    )
-    run_device: Literal["auto", "cpu", "cuda"] = Field(
-        default="auto", description="Where launched runs train (auto: cuda when NVML sees one)."
-    )
-    max_running: int = Field(
-        default=1, ge=1, le=64, description="Runs one service process trains at a time."
     )
     migrate: bool = Field(
         default=True, description="Upgrade the database to the latest migration on start."

@@ -113,7 +113,7 @@ def probe_on_gpu(
     """Probe one configuration on this machine's CUDA device and store its record, as
     ``headroom calibrate run --gpu-probe`` does (one PyTorch process per configuration; the
     CPU ``device`` is for tests)."""
-    from headroom.launch.ladder import subprocess_prober
+    from headroom.launch.probing import subprocess_prober
     from headroom.launch.recording import probe_recorder
     from headroom.store import open_store
 

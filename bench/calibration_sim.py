@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from headroom import planner
-from headroom.calibration.compare import NOT_ALLOCATED
+from headroom.calibration.comparison import NOT_ALLOCATED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibration_gpu import DENSE, MOE, grid

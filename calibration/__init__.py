@@ -6,17 +6,19 @@ Exported here (no torch, numpy or matplotlib needed to import them):
 - the designs the shipped coefficients are traced from (``calibration.design``, data in
   ``calibration/designs/*.json``) and the typed trace records and files
   (``calibration.trace_records``, data in ``calibration/data/*-traces.json``);
+- ``compare`` (``calibration.comparison``: a budget against a measurement, per bucket) and
+  ``attribute`` (``calibration.attribution``: a probed run's snapshots by what holds them);
 - the trust rule (``calibration.trust``).
 
-Import by module: ``calibration.compare.compare`` (a budget against a measurement) and
-``calibration.attribute.attribute`` (a probed run's snapshots by what holds them), whose
-functions share their modules' names, and, because they need the ``calibration`` extra or torch,
+Import by module, because they need the ``calibration`` extra or torch:
 ``calibration.regression`` (the least-squares regression of the coefficients, numpy),
 ``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.shipped`` rewrites
 them), ``calibration.refit`` (``headroom calibrate fit``), ``calibration.report``,
-``calibration.trace`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers).
+``calibration.tracing`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers).
 """
 
+from headroom.calibration.attribution import attribute
+from headroom.calibration.comparison import compare
 from headroom.calibration.design import (
     Configuration,
     Design,
@@ -46,6 +48,8 @@ __all__ = [
     "TracesFile",
     "assess",
     "assess_records",
+    "attribute",
+    "compare",
     "configurations",
     "deepseek_cut",
     "fitted_records",

@@ -29,8 +29,8 @@ import torch
 
 from headroom import planner
 from headroom.calibration.design import IMPLS, configurations
-from headroom.calibration.trace import layer_backward_peak, steady_forward_transient, trace
 from headroom.calibration.trace_records import TracePeak, TraceRecord, TracesFile, traces_path
+from headroom.calibration.tracing import layer_backward_peak, steady_forward_transient, trace
 
 
 def record(
@@ -64,7 +64,7 @@ def main() -> None:
 
         transformers_version = transformers.__version__
     traces = TracesFile(
-        about=f"Traced training steps ({args.impl} implementation, calibration/trace.py); "
+        about=f"Traced training steps ({args.impl} implementation, calibration/tracing.py); "
         f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
         command=f"python -m headroom.calibration.collect --impl {args.impl}",
         torch=torch.__version__,

@@ -78,7 +78,7 @@ def _errors(records: list[TraceRecord], coeffs: planner.Coefficients) -> dict[st
     return {"max": max(errors), "median": statistics.median(errors)}
 
 
-def refit(
+def refit_profile(
     rows: list[Any], profile: str, committed: bool = True
 ) -> tuple[list[tuple[planner.Coefficients, dict[str, Any]]], dict[str, Any]]:
     """The sets to store for ``profile`` with what each was fitted from, and a summary.

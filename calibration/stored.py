@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from headroom import planner, store
-from headroom.calibration.compare import compare
+from headroom.calibration.comparison import compare
 from headroom.calibration.trust import RECENT, assess_records
 from headroom.planner.measurement import Measurement
 

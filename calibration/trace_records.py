@@ -20,7 +20,7 @@ from headroom import planner
 
 
 class TracePeak(BaseModel):
-    """A trace's bytes per tracker category at its peak (``calibration.trace``)."""
+    """A trace's bytes per tracker category at its peak (``calibration.tracing``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headroom import planner
-from headroom.calibration.compare import compare
+from headroom.calibration.comparison import compare
 
 #: recent predictions within this relative error make a set trusted
 WITHIN = 0.05

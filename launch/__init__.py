@@ -6,9 +6,11 @@
 - ``supervisor``: the ``Supervisor`` that claims queued runs, starts and watches them, and
   reconciles the runs a stopped service left running;
 - ``backends``: the ``Launcher`` protocol and its ``local`` and ``torchrun`` backends;
-- ``ladder``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
+- ``probing``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
 - ``recording``: each probe kept as a calibration record;
-- ``devices``: this host's GPUs and RAM.
+- ``devices``: this host's GPUs and RAM;
+- ``settings``: ``LaunchSettings``, where runs go (``HEADROOM_RUN_DIR``, ``HEADROOM_RUN_DEVICE``,
+  ``HEADROOM_MAX_RUNNING``) on top of the store's ``HEADROOM_DATABASE_URL``.
 
 The command line and the service both call it. It imports the planner, the store and
 calibration, never the runtime (it starts the trainer as a process), the service or the CLI.
@@ -16,15 +18,17 @@ calibration, never the runtime (it starts the trainer as a process), the service
 
 from headroom.launch.backends import BACKENDS, EXIT_OOM, Launcher, describe_exit, launcher
 from headroom.launch.devices import local_gpus, resolve_device
-from headroom.launch.ladder import AutoFitResult, ProbeOutcome, ProbeRecord, autofit
 from headroom.launch.plan import NoPlanFits, Prediction, RunPlan, plan_run, queue_run
+from headroom.launch.probing import AutoFitResult, ProbeOutcome, ProbeRecord, autofit
 from headroom.launch.recording import probe_recorder
+from headroom.launch.settings import LaunchSettings
 from headroom.launch.supervisor import Supervisor, cancel, report_of
 
 __all__ = [
     "BACKENDS",
     "EXIT_OOM",
     "AutoFitResult",
+    "LaunchSettings",
     "Launcher",
     "NoPlanFits",
     "Prediction",

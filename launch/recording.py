@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner
 from headroom.calibration.stored import record_measurement
-from headroom.launch.ladder import ProbeOutcome, Recorder
+from headroom.launch.probing import ProbeOutcome, Recorder
 from headroom.planner.measurement import Measurement
 
 

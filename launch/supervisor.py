@@ -298,10 +298,10 @@ class Supervisor:
             end_process_group(proc.pid)  # cancelled between the claim and the start
 
     def probe(self, session: Session, run: Run, plan: RunPlan, directory: Path) -> RunPlan | None:
-        """Confirm the run's plan with probes (``launch.ladder``), each recorded as a
+        """Confirm the run's plan with probes (``launch.probing``), each recorded as a
         calibration; the confirmed plan replaces the run's (None: none was confirmed, and the
         run has failed saying why)."""
-        from headroom.launch.ladder import autofit, subprocess_prober
+        from headroom.launch.probing import autofit, subprocess_prober
         from headroom.launch.recording import probe_recorder
 
         transitions.note_probing(session, run.id)

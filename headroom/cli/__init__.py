@@ -23,15 +23,8 @@ import sys
 import typer
 
 from headroom import planner
-from headroom.cli.calibrate import calibrate_app
-from headroom.cli.estimate import estimate_command
-from headroom.cli.exits import ExitCode, missing_extra
-from headroom.cli.fit import fit_command
-from headroom.cli.gate import gate_command
-from headroom.cli.launch import launch_command
-from headroom.cli.presets import presets_command
-from headroom.cli.serve import serve_command
-from headroom.cli.train import train_command
+from headroom.cli import calibrate, estimate, exits, fit, gate, launch, presets, serve, train
+from headroom.cli.exits import ExitCode
 
 __all__ = ["ExitCode", "app", "main"]
 
@@ -43,14 +36,14 @@ app = typer.Typer(
     add_completion=False,
 )
 # the order of registration is the order of `headroom --help`
-app.command("estimate")(estimate_command)
-app.command("gate")(gate_command)
-app.command("fit")(fit_command)
-app.command("launch")(launch_command)
-app.command("presets")(presets_command)
-app.command("train")(train_command)
-app.command("serve")(serve_command)
-app.add_typer(calibrate_app, name="calibrate")
+app.command("estimate")(estimate.estimate_command)
+app.command("gate")(gate.gate_command)
+app.command("fit")(fit.fit_command)
+app.command("launch")(launch.launch_command)
+app.command("presets")(presets.presets_command)
+app.command("train")(train.train_command)
+app.command("serve")(serve.serve_command)
+app.add_typer(calibrate.calibrate_app, name="calibrate")
 
 
 def main() -> None:
@@ -61,7 +54,7 @@ def main() -> None:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(ExitCode.INVALID_INPUT)
     except ModuleNotFoundError as exc:  # an extra the command needs is not installed
-        message = missing_extra(exc)
+        message = exits.missing_extra(exc)
         if message is None:
             raise
         typer.echo(f"error: {message}", err=True)

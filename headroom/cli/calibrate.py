@@ -83,7 +83,7 @@ def trace_command(
     config = None
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
-        from headroom.calibration.trace import check_traceable
+        from headroom.calibration.tracing import check_traceable
 
         check_traceable(train_spec)
         if impl is Impl.hf:
@@ -93,10 +93,10 @@ def trace_command(
             config = _hf_config(model) or hf.config_for(spec)
             hf.spec_of(config)  # one of the architectures it builds
         else:
-            from headroom.runtime.support import check_supported
+            from headroom.planner.trainable import check_supported
 
             check_supported(spec)
-    from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
+    from headroom.calibration.tracing import compare_trace, steady_forward_transient, trace
 
     budget = planner.estimate(spec, train_spec, hw)
     with user_errors():  # a config transformers cannot build
@@ -184,7 +184,7 @@ def run_command(
     (source ``runtime``) with the estimate it is compared against. Exit 3 on out-of-memory."""
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
-        from headroom.runtime.support import check_supported, runtime_train, working_precision
+        from headroom.planner.trainable import check_supported, runtime_train, working_precision
 
         check_supported(spec)
         # the planner predicts the state the trainer keeps (fp32 weights: fp32 gradients)
@@ -203,7 +203,7 @@ def run_command(
                 "headroom calibrate trace",
                 field="--gpu-probe",
             )
-    from headroom.launch.ladder import subprocess_prober
+    from headroom.launch.probing import subprocess_prober
     from headroom.launch.recording import probe_recorder
     from headroom.store import open_store
 
@@ -253,7 +253,7 @@ def fit_command(
 ) -> None:
     """Refit coefficient sets from the committed traces and the store's records and store them
     as the active sets (``estimate --calibrated`` uses them); earlier sets stay, inactive."""
-    from headroom.calibration.refit import committed_records, refit
+    from headroom.calibration.refit import committed_records, refit_profile
     from headroom.store import open_store, save_coefficient_set
 
     known = planner.profiles()
@@ -271,7 +271,7 @@ def fit_command(
     results, skipped = [], []
     for name in wanted:
         try:
-            sets, summary = refit(rows, name, committed)
+            sets, summary = refit_profile(rows, name, committed)
         except planner.SpecError as exc:
             skipped.append({"profile": name, "reason": str(exc)})
             continue

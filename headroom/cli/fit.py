@@ -33,7 +33,7 @@ from headroom.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from headroom.launch.ladder import AutoFitResult
+    from headroom.launch.probing import AutoFitResult
 
 
 def resolve_device(choice: ProbeDevice) -> str:
@@ -61,7 +61,7 @@ def run_autofit(
     record: bool,
 ) -> AutoFitResult:
     """The probe ladder on the bundled trainer, each probe stored when ``record``."""
-    from headroom.launch.ladder import autofit, subprocess_prober
+    from headroom.launch.probing import autofit, subprocess_prober
 
     recorder = None
     if record:
@@ -133,7 +133,7 @@ def fit_command(
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
         if probe:
-            from headroom.runtime.support import check_supported
+            from headroom.planner.trainable import check_supported
 
             check_supported(spec)
             auto = run_autofit(

@@ -76,12 +76,11 @@ def launch_command(
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
     from headroom import launch as launching
-    from headroom.api.settings import Settings
     from headroom.store import open_store
 
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
-        from headroom.runtime.support import check_supported
+        from headroom.planner.trainable import check_supported
 
         check_supported(spec)
         where = resolve_device(device)
@@ -106,7 +105,7 @@ def launch_command(
             row, _ = launching.queue_run(
                 session=session, plan=plan, steps=steps, backend=backend.value, gate=True
             )
-        settings = Settings(run_device=where)
+        settings = launching.LaunchSettings(run_device=where)
         run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
     out = {
         "run": {

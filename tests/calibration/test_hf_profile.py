@@ -18,8 +18,8 @@ from headroom.calibration import hf
 from headroom.calibration.design import deepseek_cut
 from headroom.calibration.regression import FITTED, fit_coefficients, peak_errors
 from headroom.calibration.shipped import shipped_entry
-from headroom.calibration.trace import compare_trace, steady_forward_transient, trace
 from headroom.calibration.trace_records import TraceRecord, TracesFile
+from headroom.calibration.tracing import compare_trace, steady_forward_transient, trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
@@ -78,7 +78,7 @@ def _sdpa_calls(impl: str, model: planner.ModelSpec, train: planner.TrainSpec) -
 
     import torch.nn.functional as F
 
-    from headroom.calibration import trace as trace_module
+    from headroom.calibration import tracing as trace_module
 
     calls: list[tuple] = []
     original = F.scaled_dot_product_attention
@@ -129,7 +129,7 @@ def test_narrow_values_trace_the_gpus_memory_efficient_kernel() -> None:
     trace keeps what the GPU does: its activations do not grow with the sequence squared."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from headroom.calibration.trace import gpu_attention_kernels
+    from headroom.calibration.tracing import gpu_attention_kernels
 
     def saved_bytes(seq: int) -> int:
         sizes: list[int] = []

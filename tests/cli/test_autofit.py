@@ -12,7 +12,7 @@ from headroom_process import run_headroom
 from sqlalchemy import select
 
 from headroom import planner
-from headroom.launch.ladder import autofit, subprocess_prober, widened_margin
+from headroom.launch.probing import autofit, subprocess_prober, widened_margin
 from headroom.launch.recording import probe_recorder
 from headroom.planner.fit import _plan, candidate_key, candidates, ladder_keys
 from headroom.store import Calibration, open_store
@@ -141,7 +141,7 @@ def test_a_cuda_probe_records_its_context_for_calibrate_fit(store_url: str) -> N
     """A GPU run's attribution (reserved bytes, what the device used beyond them) becomes the
     record's reserved bytes and ``cuda_context`` bucket, which ``calibrate fit`` reads."""
     from headroom.calibration.refit import allocator_overheads, contexts
-    from headroom.launch.ladder import ProbeOutcome
+    from headroom.launch.probing import ProbeOutcome
 
     hw = planner.load_hardware("H200-141GB")
     spec = planner.load_model("tiny-dense")

@@ -71,7 +71,7 @@ def test_latent_attention_keeps_its_values_and_not_the_whole_up_projection() -> 
     kernel choice."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from headroom.calibration.trace import gpu_attention_kernels
+    from headroom.calibration.tracing import gpu_attention_kernels
     from headroom.runtime.model import LatentAttention, rope_dim
 
     spec = planner.load_model("tiny-mla")

@@ -54,7 +54,7 @@ def test_the_bundled_trainer_holds_what_the_planner_counts_for_fp32_routing_weig
     import math
 
     from headroom.calibration.design import PURE_BF16
-    from headroom.calibration.trace import layer_backward_peak, trace
+    from headroom.calibration.tracing import layer_backward_peak, trace
     from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
 
     spec = planner.ModelSpec.model_validate(
@@ -164,7 +164,7 @@ def test_fp32_routing_products_are_held_before_the_routed_experts_gradients() ->
     the traced peak by 3.3 %."""
     from headroom.calibration.design import PURE_BF16, load_design
     from headroom.calibration.regression import TRACE_DEVICE
-    from headroom.calibration.trace import trace
+    from headroom.calibration.tracing import trace
     from headroom.planner.hf import from_hf_config
 
     config = load_design("hf").shape("hf-trace-mla-0").hf_config

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from headroom import planner
-from headroom.calibration.attribute import attribute
+from headroom.calibration.attribution import attribute
 from headroom.launch.backends import EXIT_OOM
 from headroom.planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
 from headroom.planner.report import OutOfMemoryAt, TrainerReport, read_report
@@ -52,7 +52,7 @@ class ProbeOutcome(BaseModel):
     )
     attribution: dict[str, int] = Field(
         default_factory=dict,
-        description="The probe's phase deltas by what holds them (calibration.attribute), "
+        description="The probe's phase deltas by what holds them (calibration.attribution), "
         "for a run that completed.",
     )
 

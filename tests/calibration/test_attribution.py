@@ -10,7 +10,7 @@ import torch
 from headroom_process import run_headroom
 
 from headroom import planner
-from headroom.calibration.attribute import attribute
+from headroom.calibration.attribution import attribute
 from headroom.planner.report import PhaseSnapshot, read_report
 from headroom.runtime.model import DecoderLM
 

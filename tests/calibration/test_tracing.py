@@ -11,7 +11,7 @@ import torch
 from headroom_process import run_headroom
 
 from headroom import planner
-from headroom.calibration.trace import (
+from headroom.calibration.tracing import (
     compare_trace,
     layer_backward_peak,
     steady_forward_transient,

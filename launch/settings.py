@@ -1,0 +1,27 @@
+"""Where launched runs go and how many run at once: ``HEADROOM_*`` environment variables.
+
+``LaunchSettings`` extends the store's (``HEADROOM_DATABASE_URL``) with what a ``Supervisor``
+reads; the service's ``Settings`` extends it in turn, and ``headroom launch`` uses it directly,
+so launching from the command line needs no web stack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from headroom.store import StoreSettings
+
+
+class LaunchSettings(StoreSettings):
+    """The store's settings and the launch layer's (prefix ``HEADROOM_``)."""
+
+    run_dir: Path = Field(default=Path("runs"), description="Where launched runs keep their logs.")
+    run_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where launched runs train (auto: cuda when NVML sees one)."
+    )
+    max_running: int = Field(
+        default=1, ge=1, le=64, description="Runs one service process trains at a time."
+    )
