@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from headroom import planner
 from headroom.launcher import EXIT_OOM
-from headroom.planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
+from headroom.planner.ladder import FitResult, candidate_key, changed_keys, ladder_keys
 from headroom.runtime.support import TORCH_DTYPE, working_precision
 
 #: percentage points a failed probe adds to the margin beyond the error it proved

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from headroom.planner.coefficients import Coefficients
-from headroom.planner.estimate import Knobs, StageTerms
+from headroom.planner.estimator import Knobs, StageTerms
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import count_params
@@ -73,26 +73,28 @@ class StepModel:
         """Predicted time of one optimizer step of a rank holding ``stage_numel`` parameters,
         ``offloaded_numel`` of them updated on the host (optimizer offload)."""
         tokens_rank = kn.micro_batch * self.seq_len * kn.grad_accum // self.cp
-        streaming = kn.offload == "streaming"
+        streaming = kn.offload_mode == "streaming"
         flops_per_token = self.flops_base
         if streaming or kn.checkpoint_every is not None:
             flops_per_token += self.flops_recompute
         elif kn.selective:
             flops_per_token += self.flops_selective
         compute = flops_per_token * tokens_rank / (kn.tp * kn.pp) / self.flops_per_s
-        grad_bytes = 2 if kn.bg <= 2 else 4
+        grad_bytes = 2 if kn.grad_bytes <= 2 else 4
         if streaming:
-            transferred = kn.grad_accum * stage_numel * (2 * kn.bp + grad_bytes)
+            transferred = kn.grad_accum * stage_numel * (2 * kn.param_bytes + grad_bytes)
             updated_on_cpu = stage_numel
         else:
-            transferred = offloaded_numel * (kn.bp + grad_bytes)
+            transferred = offloaded_numel * (kn.param_bytes + grad_bytes)
             updated_on_cpu = offloaded_numel
         transfer = transferred / self.link
         cpu = updated_on_cpu / self.cpu_rate
         if streaming:
             per_micro = compute / kn.grad_accum
             forward = per_micro * self.flops_recompute / flops_per_token
-            step = streaming_step_seconds(compute, transfer, cpu, per_micro, forward, kn.clip)
+            step = streaming_step_seconds(
+                compute, transfer, cpu, per_micro, forward, kn.clips_grad_norm
+            )
         else:
             step = compute + max(transfer, cpu)
         tokens = kn.micro_batch * self.seq_len * kn.grad_accum * kn.dp
@@ -103,5 +105,5 @@ def step_time(
     model: ModelSpec, kn: Knobs, hw: Hardware, coeffs: Coefficients, terms: StageTerms
 ) -> StepTime:
     """Predicted time of one optimizer step for the rank described by ``terms``."""
-    numel = terms.sp.dense_numel + terms.sp.expert_numel
-    return StepModel(model, kn.seq_len, kn.cp, hw, coeffs)(kn, numel, terms.offloaded_numel)
+    numel = terms.stage_params.dense_numel + terms.stage_params.expert_numel
+    return StepModel(model, kn.seq_len, kn.cp, hw, coeffs)(kn, numel, terms.states.offloaded_numel)

@@ -22,7 +22,7 @@ from headroom.calibration.fit import (
     shipped_entry,
 )
 from headroom.calibration.trace import trace
-from headroom.planner.estimate import layer_backward_bytes
+from headroom.planner.estimator import layer_backward_bytes
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "runtime-traces.json"
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from headroom import planner
 from headroom.api.db import Calibration
 from headroom.autofit import autofit, subprocess_prober, widened_margin
-from headroom.planner.fit import _plan, candidate_key, candidates, ladder_keys
+from headroom.planner.ladder import _plan, candidate_key, candidates, ladder_keys
 from headroom.records import open_store, probe_recorder
 
 #: a device of 8 MiB with no context or allocator slack: the CPU probes' simulated card

@@ -22,7 +22,9 @@ def _diff(expected: Any, got: Any, path: str = "") -> list[str]:
         return out
     if isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
         return [
-            d for i, (e, g) in enumerate(zip(expected, got)) for d in _diff(e, g, f"{path}[{i}]")
+            d
+            for i, (e, g) in enumerate(zip(expected, got, strict=True))
+            for d in _diff(e, g, f"{path}[{i}]")
         ]
     return [] if expected == got else [f"{path}: {expected!r} -> {got!r}"]
 

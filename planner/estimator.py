@@ -1,0 +1,407 @@
+"""The estimator: per-bucket bytes on the heaviest rank, phase by phase, and the verdict.
+
+A training spec is flattened once into ``Knobs``. Each pipeline stage that can be the heaviest
+(the first and the last) gets two named halves of terms: its persistent ``ModelStates``
+(``planner.states``: placement, precisions, optimizer, offload) and its ``ActivationTerms``
+(``planner.activations``: batch shape, recompute). Each half is memoised by its own inputs
+(``StatesInputs``, ``ActivationInputs``), so a search that varies the batch shape reuses the
+states and one that varies placement reuses the activations. ``planner.phases`` turns a stage's
+terms into allocated bytes per bucket and phase; the reported peak is the largest phase total
+(plus the CUDA context and the allocator's overhead), never the sum of the buckets' separate
+maxima.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from headroom.planner import buckets as b
+from headroom.planner._memo import identity_memo
+from headroom.planner.activations import (
+    ActivationInputs,
+    ActivationTerms,
+    activation_terms,
+    layer_activations,
+)
+from headroom.planner.budget import PHASES, Budget
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.errors import SpecError
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.phases import PhaseRows, phase_rows, phase_totals, stage_layer_backward
+from headroom.planner.stage import StageParams, stage_params
+from headroom.planner.states import ModelStates, StatesInputs, model_states
+from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
+
+
+class Knobs(NamedTuple):
+    """A training spec flattened to the scalars the estimate reads, resolved once per spec.
+
+    A search (the auto-fit ladder) varies these directly with ``_replace`` instead of validating
+    a new ``TrainSpec`` per candidate; ``knobs(train)`` is the only way to make one from a spec.
+    """
+
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    param_bytes: int  # bytes per working parameter (and per activation element)
+    grad_bytes: int  # bytes per gradient, plus the working-precision one when accumulating
+    # in fp32
+    master_bytes: int  # bytes per master parameter (0: none)
+    state_bytes: int  # bytes per optimizer-state element
+    optimizer: str
+    optimizer_impl: str
+    eager_attention: bool
+    ema: str
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+    cp: int
+    sequence_parallel: bool
+    zero_stage: int
+    offload_mode: str  # none | optimizer | streaming
+    offload_fraction: float  # share of the optimizer offloaded (read with mode optimizer)
+    num_buffers: int  # streaming's layer buffers
+    selective: bool  # selective recompute
+    checkpoint_every: int | None  # layers per recomputed block (full recompute: 1)
+    capacity_factor: float | None
+    imbalance: float
+    expandable_segments: bool
+    activation_profile: str
+    clips_grad_norm: bool  # global-norm clipping: streaming's CPU update waits for the norm
+
+
+@identity_memo(4096)
+def knobs(train: TrainSpec) -> Knobs:
+    """The scalars of ``train`` the estimate reads (memoised per spec object)."""
+    parallel, precision, offload = train.parallel, train.precision, train.offload
+    _check(train)
+    param_bytes = BYTES_PER_ELEMENT[precision.params]
+    grad_bytes = BYTES_PER_ELEMENT[precision.grads]
+    if grad_bytes > param_bytes:
+        # fp32 accumulation: autograd still produces working-precision grads, accumulated
+        # into an fp32 buffer (the seeds' 20 B/param case)
+        grad_bytes += param_bytes
+    checkpoint_every = train.checkpoint_every
+    if train.recompute == "full" and checkpoint_every is None:
+        checkpoint_every = 1
+    return Knobs(
+        micro_batch=train.micro_batch_size,
+        seq_len=train.seq_len,
+        grad_accum=train.grad_accum_steps,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        master_bytes=BYTES_PER_ELEMENT[precision.master],
+        state_bytes=BYTES_PER_ELEMENT[precision.optimizer_states],
+        optimizer=train.optimizer,
+        optimizer_impl=train.optimizer_impl,
+        eager_attention=train.attention == "eager",
+        ema=train.ema,
+        dp=parallel.dp,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        ep=parallel.ep,
+        cp=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel,
+        zero_stage=parallel.zero_stage,
+        offload_mode=offload.mode,
+        offload_fraction=offload.fraction,
+        num_buffers=offload.num_buffers,
+        selective=train.recompute == "selective",
+        checkpoint_every=checkpoint_every,
+        capacity_factor=train.moe_capacity_factor,
+        imbalance=train.moe_imbalance,
+        expandable_segments=train.expandable_segments,
+        activation_profile=train.activation_profile,
+        clips_grad_norm=train.max_grad_norm is not None,
+    )
+
+
+def _check(train: TrainSpec) -> None:
+    p = train.parallel
+    if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):
+        raise SpecError(
+            "offload.mode: streaming runs one layer stream per GPU; it needs parallel.tp=1 and "
+            f"parallel.pp=1, got tp={p.tp} pp={p.pp}",
+            field="offload.mode",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTerms:
+    """Every term of one stage's estimate (``explain`` and the Budget's views read these)."""
+
+    stage_params: StageParams
+    """The stage's local parameter facts."""
+    states: ModelStates
+    """Its persistent state."""
+    activations: ActivationTerms
+    """One micro-batch's activation terms."""
+    in_flight: int
+    """Micro-batches whose activations are alive at once (pipeline warm-up)."""
+    checkpoint_every: int | None
+    """Layers per recomputed block (None: no block recompute)."""
+
+    def rows(self, streaming: bool, accumulating: bool) -> PhaseRows:
+        """Allocated bytes per GPU bucket in each phase."""
+        return phase_rows(self.states, self.activations, self.in_flight, streaming, accumulating)
+
+
+class Overheads(NamedTuple):
+    """What the allocator and the CUDA runtime add to the allocated bytes."""
+
+    cuda_context_bytes: int
+    allocator_overhead_fraction: float  # of the allocated bytes
+
+
+def overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> Overheads:
+    """The CUDA context and allocator overhead: the coefficients', else the GPU preset's."""
+    context = coeffs.cuda_context_bytes
+    if context is None:
+        context = hw.cuda_context_bytes
+    if expandable_segments:
+        fraction = coeffs.expandable_segments_overhead_fraction
+    elif coeffs.allocator_overhead_fraction is not None:
+        fraction = coeffs.allocator_overhead_fraction
+    else:
+        fraction = hw.allocator_overhead_fraction
+    return Overheads(context, fraction)
+
+
+def states_inputs(kn: Knobs, coeffs: Coefficients) -> StatesInputs:
+    """The knobs and coefficients ``model_states`` reads (values it ignores normalised, so
+    candidates that differ only there share an entry)."""
+    streaming = kn.offload_mode == "streaming"
+    return StatesInputs(
+        tp=kn.tp,
+        pp=kn.pp,
+        ep=kn.ep,
+        data_parallel=kn.dp * kn.cp,
+        zero_stage=kn.zero_stage,
+        param_bytes=kn.param_bytes,
+        grad_bytes=kn.grad_bytes,
+        master_bytes=kn.master_bytes,
+        state_bytes=kn.state_bytes,
+        optimizer=kn.optimizer,
+        optimizer_impl=kn.optimizer_impl,
+        ema=kn.ema,
+        offload_mode=kn.offload_mode,
+        offload_fraction=kn.offload_fraction if kn.offload_mode == "optimizer" else 0.0,
+        num_buffers=kn.num_buffers if streaming else 0,
+        accumulating=kn.grad_accum > 1,
+        backward_mlp_grads=coeffs.backward_mlp_grads,
+    )
+
+
+def activation_inputs(kn: Knobs) -> ActivationInputs:
+    """The knobs ``activation_terms`` reads."""
+    return ActivationInputs(
+        tp=kn.tp,
+        pp=kn.pp,
+        ep=kn.ep,
+        cp=kn.cp,
+        sequence_parallel=kn.sequence_parallel,
+        micro_batch=kn.micro_batch,
+        seq_len=kn.seq_len,
+        act_bytes=kn.param_bytes,
+        eager_attention=kn.eager_attention,
+        capacity_factor=kn.capacity_factor,
+        imbalance=kn.imbalance,
+        selective=kn.selective,
+        checkpoint_every=kn.checkpoint_every,
+    )
+
+
+# Spec-dependent memo of ``stage_parts``: keyed by the identity of the model (and coefficients)
+# and each half's inputs; the entry keeps the keyed objects alive so an id cannot be reused.
+_CACHE_SIZE = 8192
+_StatesKey = tuple[int, tuple[int, ...], StatesInputs]
+_ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
+_STATES: dict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = {}
+_ACTS: dict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = {}
+
+
+@identity_memo(4096, objects=2)
+def _inputs(kn: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
+    """Both halves' inputs, memoised by the knobs' identity (an estimate's are per spec)."""
+    return states_inputs(kn, coeffs), activation_inputs(kn)
+
+
+def stage_parts(
+    model: ModelSpec, kn: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
+) -> tuple[tuple[ModelStates, ...], tuple[ActivationTerms, ...]]:
+    """Persistent state and activation terms of each of ``stages`` (in order), memoised."""
+    inputs, act_inputs = _inputs(kn, coeffs)
+    key = (id(model), stages, inputs)
+    hit = _STATES.get(key)
+    if hit is None:
+        if len(_STATES) >= _CACHE_SIZE:
+            del _STATES[next(iter(_STATES))]
+        hit = _STATES[key] = (model, tuple(model_states(model, s, inputs) for s in stages))
+    states = hit[1]
+    akey = (id(model), id(coeffs), stages, act_inputs)
+    ahit = _ACTS.get(akey)
+    if ahit is None:
+        if len(_ACTS) >= _CACHE_SIZE:
+            del _ACTS[next(iter(_ACTS))]
+        acts = tuple(activation_terms(model, coeffs, s, act_inputs) for s in stages)
+        ahit = _ACTS[akey] = (model, coeffs, acts)
+    return states, ahit[2]
+
+
+def stage_terms_from_knobs(
+    model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int
+) -> StageTerms:
+    """Every term of ``stage`` under ``kn`` (``evaluate``'s, for its views and ``explain``)."""
+    (states,), (acts,) = stage_parts(model, kn, coeffs, (stage,))
+    return StageTerms(
+        stage_params=stage_params(model, kn.tp, kn.pp, kn.ep, stage),
+        states=states,
+        activations=acts,
+        in_flight=min(kn.pp - stage, kn.grad_accum),
+        checkpoint_every=kn.checkpoint_every,
+    )
+
+
+class StageAllocated(NamedTuple):
+    """One stage's largest phase."""
+
+    allocated_bytes: int  # its allocated bytes (the sum of its row)
+    phase_index: int  # index of the phase in PHASES
+
+
+class Peak(NamedTuple):
+    """The GPU peak over some stages."""
+
+    gpu_bytes: int  # allocated + CUDA context + allocator overhead
+    stage_index: int  # index of the peak stage in the stages asked about
+    phase_index: int  # index of the peak phase in PHASES
+
+
+def stages_allocated(
+    all_states: tuple[ModelStates, ...],
+    all_acts: tuple[ActivationTerms, ...],
+    stages: tuple[int, ...],
+    grad_accum: int,
+    streaming: bool,
+) -> tuple[StageAllocated, ...]:
+    """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
+    pp = stages[-1] + 1
+    accumulating = grad_accum > 1
+    out = []
+    for i, stage in enumerate(stages):
+        in_flight = min(pp - stage, grad_accum)
+        totals = phase_totals(
+            phase_rows(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+        )
+        allocated = max(totals)
+        out.append(StageAllocated(allocated, totals.index(allocated)))
+    return tuple(out)
+
+
+def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
+    """The GPU peak over stages whose largest phases are ``allocated`` (the first of equal
+    stages wins)."""
+    context, fraction = over
+    best, where, index = -1, 0, 0
+    for i, (stage_bytes, phase_index) in enumerate(allocated):
+        total = stage_bytes + context + b.allocator_overhead_bytes(stage_bytes, fraction)
+        if total > best:
+            best, where, index = total, i, phase_index
+    return Peak(best, where, index)
+
+
+def stage_terms(
+    model: ModelSpec,
+    train: TrainSpec,
+    hardware: Hardware,
+    stage: int,
+    coefficients: Coefficients | None = None,
+) -> tuple[StageTerms, Coefficients]:
+    """One stage's terms (``explain`` asks for the estimate's heaviest) and the coefficients."""
+    coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
+    return stage_terms_from_knobs(model, knobs(train), coeffs, stage), coeffs
+
+
+def estimate(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
+    """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
+    return evaluate(model, knobs(train), hardware, coefficients)
+
+
+def evaluate(
+    model: ModelSpec, kn: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
+    """``estimate`` on flattened knobs: what a search calls with ``knobs(train)._replace(...)``.
+
+    Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
+    """
+    coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
+    over = overheads(coeffs, hardware, kn.expandable_segments)
+    pp = kn.pp
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    streaming = kn.offload_mode == "streaming"
+    all_states, all_acts = stage_parts(model, kn, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, kn.grad_accum, streaming)
+    peak_bytes, i, index = gpu_peak(allocated, over)
+    stage, host = stages[i], all_states[i].host
+    capacity = hardware.memory_bytes
+    ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
+    host_peak = sum(host) * ranks
+    host_cap = hardware.host_memory_bytes
+    margin = math.ceil(peak_bytes * coeffs.margin_fraction)
+    fits = peak_bytes + margin <= capacity and (host_cap is None or host_peak <= host_cap)
+    warnings = []
+    if streaming and kn.ema == "gpu":
+        warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
+    if host_cap is None and host_peak:
+        warnings.append("host: no --host-memory given; host RAM was not checked")
+    accumulating = kn.grad_accum > 1
+    return Budget(
+        peak_phase=PHASES[index],
+        fits=fits,
+        stage=stage,
+        margin_bytes=margin,
+        warnings=warnings,
+        gpu_peak_bytes=peak_bytes,
+        host_peak_bytes=host_peak,
+        model=model,
+        hardware_name=hardware.name,
+        capacity=capacity,
+        rows=lambda: stage_terms_from_knobs(model, kn, coeffs, stage).rows(streaming, accumulating),
+        context=over.cuda_context_bytes,
+        allocator_overhead_fraction=over.allocator_overhead_fraction,
+        host=host,
+        ranks=ranks,
+        host_capacity=host_cap,
+        coeffs=coeffs,
+    )
+
+
+def layer_backward_bytes(
+    model: ModelSpec, train: TrainSpec, coefficients: Coefficients | None = None
+) -> int:
+    """Allocated bytes of the first stage at the largest of its backward points in the steady
+    state: the peak while one of its layers' backward runs (calibration compares it with the
+    largest a trace saw inside a decoder layer's backward)."""
+    kn = knobs(train)
+    t = stage_terms_from_knobs(
+        model, kn, coefficients or default_coefficients(kn.activation_profile), 0
+    )
+    s = t.states
+    layer = stage_layer_backward(s, t.activations, t.in_flight)
+    through = sum(layer) if layer is not None else 0
+    return s.params + s.master_params + s.ema + s.transfer_buffers + s.optimizer_states + through
+
+
+def clear_spec_caches() -> None:
+    """Forget every memoised spec-dependent term (model-derived facts stay cached)."""
+    _STATES.clear()
+    _ACTS.clear()
+    knobs.cache_clear()  # type: ignore[attr-defined]
+    _inputs.cache_clear()  # type: ignore[attr-defined]
+    layer_activations.cache_clear()  # type: ignore[attr-defined]
