@@ -31,7 +31,7 @@ from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.phases import PhaseRows, phase_rows, phase_totals, stage_layer_backward
-from headroom.planner.stage import StageParams, stage_params
+from headroom.planner.stage import StageParams
 from headroom.planner.states import ModelStates, StatesInputs, model_states
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
@@ -134,8 +134,6 @@ def _check(train: TrainSpec) -> None:
 class StageTerms:
     """Every term of one stage's estimate (``explain`` and the Budget's views read these)."""
 
-    stage_params: StageParams
-    """The stage's local parameter facts."""
     states: ModelStates
     """Its persistent state."""
     activations: ActivationTerms
@@ -144,10 +142,21 @@ class StageTerms:
     """Micro-batches whose activations are alive at once (pipeline warm-up)."""
     checkpoint_every: int | None
     """Layers per recomputed block (None: no block recompute)."""
+    streaming: bool
+    """Layers stream through the GPU (offload mode streaming)."""
+    accumulating: bool
+    """Gradients accumulate over more than one micro-batch."""
 
-    def rows(self, streaming: bool, accumulating: bool) -> PhaseRows:
-        """Allocated bytes per GPU bucket in each phase."""
-        return phase_rows(self.states, self.activations, self.in_flight, streaming, accumulating)
+    @property
+    def stage_params(self) -> StageParams:
+        """The stage's local parameter facts."""
+        return self.states.stage_params
+
+    def rows(self) -> PhaseRows:
+        """Allocated bytes per GPU bucket in each phase (what the Budget shows)."""
+        return phase_rows(
+            self.states, self.activations, self.in_flight, self.streaming, self.accumulating
+        )
 
 
 class Overheads(NamedTuple):
@@ -258,11 +267,12 @@ def stage_terms_from_knobs(
     """Every term of ``stage`` under ``kn`` (``evaluate``'s, for its views and ``explain``)."""
     (states,), (acts,) = stage_parts(model, kn, coeffs, (stage,))
     return StageTerms(
-        stage_params=stage_params(model, kn.tp, kn.pp, kn.ep, stage),
         states=states,
         activations=acts,
         in_flight=min(kn.pp - stage, kn.grad_accum),
         checkpoint_every=kn.checkpoint_every,
+        streaming=kn.offload_mode == "streaming",
+        accumulating=kn.grad_accum > 1,
     )
 
 
@@ -281,6 +291,7 @@ class Peak(NamedTuple):
     phase_index: int  # index of the peak phase in PHASES
 
 
+@identity_memo(8192, objects=2)
 def stages_allocated(
     all_states: tuple[ModelStates, ...],
     all_acts: tuple[ActivationTerms, ...],
@@ -288,7 +299,11 @@ def stages_allocated(
     grad_accum: int,
     streaming: bool,
 ) -> tuple[StageAllocated, ...]:
-    """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
+    """The largest phase of each of ``stages`` (the last is the pipeline's last stage).
+
+    Memoised by the identity of the terms ``stage_parts`` memoises: a repeated estimate, or a
+    search's candidates that differ only in the allocator's mode, share one entry.
+    """
     pp = stages[-1] + 1
     accumulating = grad_accum > 1
     out = []
@@ -306,6 +321,10 @@ def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
     """The GPU peak over stages whose largest phases are ``allocated`` (the first of equal
     stages wins)."""
     context, fraction = over
+    if len(allocated) == 1:
+        stage_bytes, phase_index = allocated[0]
+        overhead = b.allocator_overhead_bytes(stage_bytes, fraction)
+        return Peak(stage_bytes + context + overhead, 0, phase_index)
     best, where, index = -1, 0, 0
     for i, (stage_bytes, phase_index) in enumerate(allocated):
         total = stage_bytes + context + b.allocator_overhead_bytes(stage_bytes, fraction)
@@ -360,7 +379,6 @@ def evaluate(
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
-    accumulating = kn.grad_accum > 1
     return Budget(
         peak_phase=PHASES[index],
         fits=fits,
@@ -372,7 +390,7 @@ def evaluate(
         model=model,
         hardware_name=hardware.name,
         capacity=capacity,
-        rows=lambda: stage_terms_from_knobs(model, kn, coeffs, stage).rows(streaming, accumulating),
+        rows=lambda: stage_terms_from_knobs(model, kn, coeffs, stage).rows(),
         context=over.cuda_context_bytes,
         allocator_overhead_fraction=over.allocator_overhead_fraction,
         host=host,
@@ -402,6 +420,7 @@ def clear_spec_caches() -> None:
     """Forget every memoised spec-dependent term (model-derived facts stay cached)."""
     _STATES.clear()
     _ACTS.clear()
-    knobs.cache_clear()  # type: ignore[attr-defined]
-    _inputs.cache_clear()  # type: ignore[attr-defined]
-    layer_activations.cache_clear()  # type: ignore[attr-defined]
+    knobs.cache_clear()
+    _inputs.cache_clear()
+    stages_allocated.cache_clear()
+    layer_activations.cache_clear()

@@ -41,8 +41,7 @@ def explain(
     coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
     verdict = evaluate(model, kn, hardware, coeffs)
     t = stage_terms_from_knobs(model, kn, coeffs, verdict.stage)
-    streaming = kn.offload_mode == "streaming"
-    row = t.rows(streaming, kn.grad_accum > 1)[PHASES.index(verdict.peak_phase)]
+    row = t.rows()[PHASES.index(verdict.peak_phase)]
     over = overheads(coeffs, hardware, kn.expandable_segments)
     bytes_of = dict(zip(ROW_BUCKETS, row, strict=True))
     bytes_of["cuda_context"] = over.cuda_context_bytes
@@ -59,7 +58,7 @@ def explain(
         "zero_shards_expert": tuple(states.zero_expert),
     }
     rows: dict[str, tuple[str, dict[str, object], str]] = {}
-    if streaming:
+    if t.streaming:
         rows["params"] = (
             "num_buffers x largest_unit_params x bytes(params)",
             {

@@ -23,7 +23,6 @@ from headroom.planner.budget import BudgetModel
 from headroom.planner.coefficients import Coefficients, default_coefficients
 from headroom.planner.estimator import (
     Knobs,
-    StageAllocated,
     estimate,
     gpu_peak,
     knobs,
@@ -33,7 +32,6 @@ from headroom.planner.estimator import (
 )
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
-from headroom.planner.stage import stage_params
 from headroom.planner.states import ModelStates
 from headroom.planner.steptime import StepModel, StepTime
 from headroom.planner.train import TrainSpec
@@ -266,10 +264,6 @@ def fit(
     rejected_total = considered = excluded = 0
     states_of: dict[tuple[int, int, bool], tuple[ModelStates, ...]] = {}
     acts_of: dict[tuple[int, int], tuple[ActivationTerms, ...]] = {}
-    # the allocator modes share a candidate's phases: only the overheads differ
-    allocated_of: dict[
-        tuple[tuple[int, int, bool], tuple[int, int]], tuple[StageAllocated, ...]
-    ] = {}
     inner_all = [
         ((mb, rc), {**mb[0], **rc[0]}, mb[2] + rc[2], mb[0]["grad_accum"] > 1, m_i, r_i)
         for m_i, mb in enumerate(g.micro)
@@ -299,12 +293,10 @@ def fit(
                         kn = base._replace(**{**inner_values, **outer})
                         all_states, all_acts = stage_parts(model, kn, coeffs, stages)
                         states_of[skey], acts_of[akey] = all_states, all_acts
-                    allocated = allocated_of.get((skey, akey))
-                    if allocated is None:
-                        grad_accum = mb[0]["grad_accum"]
-                        allocated = allocated_of[skey, akey] = stages_allocated(
-                            all_states, all_acts, stages, grad_accum, streaming
-                        )
+                    # memoised: the allocator's modes share a candidate's phases
+                    allocated = stages_allocated(
+                        all_states, all_acts, stages, mb[0]["grad_accum"], streaming
+                    )
                     peak_bytes, where, _ = gpu_peak(allocated, over)
                     host_peak = sum(all_states[where].host) * ranks
                     margin = math.ceil(peak_bytes * margin_fraction)
@@ -328,10 +320,9 @@ def fit(
                         continue
                     if kn is None:
                         kn = base._replace(**{**inner_values, **outer})
-                    sp = stage_params(model, kn.tp, pp, kn.ep, stages[where])
-                    t = price(
-                        kn, sp.dense_numel + sp.expert_numel, all_states[where].offloaded_numel
-                    )
+                    states = all_states[where]
+                    sp = states.stage_params
+                    t = price(kn, sp.dense_numel + sp.expert_numel, states.offloaded_numel)
                     fitting.append(
                         (
                             t.tokens_per_second,

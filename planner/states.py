@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from headroom.planner import buckets as b
 from headroom.planner.model import ModelSpec
-from headroom.planner.stage import PerKind, offloaded_numel, stage_params
+from headroom.planner.stage import PerKind, StageParams, offloaded_numel, stage_params
 
 
 class StatesInputs(NamedTuple):
@@ -70,6 +70,7 @@ class LayerGrads(NamedTuple):
 class ModelStates(NamedTuple):
     """Persistent bytes of one stage's rank and the gradients' timeline through backward."""
 
+    stage_params: StageParams  # the stage's local parameter facts they were computed from
     zero_dense: ZeroShards  # how ZeRO splits the dense tensors' states
     zero_expert: ZeroShards  # the routed experts' (over the expert-data-parallel group)
     offloaded_numel: int  # elements whose optimizer update runs on the host
@@ -154,6 +155,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         numel = dense + expert
         unit_grads = unit * autograd_bytes
         return ModelStates(
+            stage_params=sp,
             zero_dense=zero_dense,
             zero_expert=zero_expert,
             offloaded_numel=local_opt_numel,
@@ -260,6 +262,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         grads_tail = grads_total
     ema_total_gpu = ema_total if ema == "gpu" else 0
     return ModelStates(
+        stage_params=sp,
         zero_dense=zero_dense,
         zero_expert=zero_expert,
         offloaded_numel=offloaded,

@@ -203,14 +203,14 @@ def test_phase_totals_equal_the_rows_the_budget_shows(
     shows must sum to them."""
     kn = knobs(train)
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
-    streaming, accumulating = kn.offload_mode == "streaming", kn.grad_accum > 1
+    streaming = kn.offload_mode == "streaming"
     stages = tuple(range(train.parallel.pp))
     all_states, all_acts = stage_parts(model, kn, coeffs, stages)
     allocated = stages_allocated(all_states, all_acts, stages, kn.grad_accum, streaming)
     for stage in stages:
         t = stage_terms_from_knobs(model, kn, coeffs, stage)
         assert (t.states, t.activations) == (all_states[stage], all_acts[stage])
-        rows = t.rows(streaming, accumulating)
+        rows = t.rows()
         totals = phase_totals(rows)
         assert list(totals) == [sum(row) for row in rows], stage
         largest = max(totals)
