@@ -1,7 +1,7 @@
 """The planner's public surface: ``__all__`` is sorted (as ruff sorts it) and names exactly
-what ``__init__`` exports, no module shares its name with a function it exports (``planner.estimate`` is the
-function; the estimator lives in ``planner.estimator``), and the named terms line up with the
-bucket and phase names the Budget shows."""
+what ``__init__`` exports; no module shares its name with a function it exports
+(``planner.estimate`` is the function, the estimator lives in ``planner.estimator``); and the
+named terms line up with the bucket and phase names the Budget shows."""
 
 from __future__ import annotations
 
