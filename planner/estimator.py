@@ -291,7 +291,6 @@ class Peak(NamedTuple):
     phase_index: int  # index of the peak phase in PHASES
 
 
-@identity_memo(8192, objects=2)
 def stages_allocated(
     all_states: tuple[ModelStates, ...],
     all_acts: tuple[ActivationTerms, ...],
@@ -299,11 +298,7 @@ def stages_allocated(
     grad_accum: int,
     streaming: bool,
 ) -> tuple[StageAllocated, ...]:
-    """The largest phase of each of ``stages`` (the last is the pipeline's last stage).
-
-    Memoised by the identity of the terms ``stage_parts`` memoises: a repeated estimate, or a
-    search's candidates that differ only in the allocator's mode, share one entry.
-    """
+    """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
     pp = stages[-1] + 1
     accumulating = grad_accum > 1
     out = []
@@ -422,5 +417,4 @@ def clear_spec_caches() -> None:
     _ACTS.clear()
     knobs.cache_clear()
     _inputs.cache_clear()
-    stages_allocated.cache_clear()
     layer_activations.cache_clear()

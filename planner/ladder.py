@@ -23,6 +23,7 @@ from headroom.planner.budget import BudgetModel
 from headroom.planner.coefficients import Coefficients, default_coefficients
 from headroom.planner.estimator import (
     Knobs,
+    StageAllocated,
     estimate,
     gpu_peak,
     knobs,
@@ -264,6 +265,9 @@ def fit(
     rejected_total = considered = excluded = 0
     states_of: dict[tuple[int, int, bool], tuple[ModelStates, ...]] = {}
     acts_of: dict[tuple[int, int], tuple[ActivationTerms, ...]] = {}
+    allocated_of: dict[
+        tuple[tuple[int, int, bool], tuple[int, int]], tuple[StageAllocated, ...]
+    ] = {}
     inner_all = [
         ((mb, rc), {**mb[0], **rc[0]}, mb[2] + rc[2], mb[0]["grad_accum"] > 1, m_i, r_i)
         for m_i, mb in enumerate(g.micro)
@@ -293,10 +297,13 @@ def fit(
                         kn = base._replace(**{**inner_values, **outer})
                         all_states, all_acts = stage_parts(model, kn, coeffs, stages)
                         states_of[skey], acts_of[akey] = all_states, all_acts
-                    # memoised: the allocator's modes share a candidate's phases
-                    allocated = stages_allocated(
-                        all_states, all_acts, stages, mb[0]["grad_accum"], streaming
-                    )
+                    # the allocator's modes share a candidate's phases
+                    allocated = allocated_of.get((skey, akey))
+                    if allocated is None:
+                        grad_accum = mb[0]["grad_accum"]
+                        allocated = allocated_of[skey, akey] = stages_allocated(
+                            all_states, all_acts, stages, grad_accum, streaming
+                        )
                     peak_bytes, where, _ = gpu_peak(allocated, over)
                     host_peak = sum(all_states[where].host) * ranks
                     margin = math.ceil(peak_bytes * margin_fraction)
