@@ -180,47 +180,47 @@ def overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> 
     return Overheads(context, fraction)
 
 
-def states_inputs(kn: Knobs, coeffs: Coefficients) -> StatesInputs:
+def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
     """The knobs and coefficients ``model_states`` reads (values it ignores normalised, so
     candidates that differ only there share an entry)."""
-    streaming = kn.offload_mode == "streaming"
+    streaming = settings.offload_mode == "streaming"
     return StatesInputs(
-        tp=kn.tp,
-        pp=kn.pp,
-        ep=kn.ep,
-        data_parallel=kn.dp * kn.cp,
-        zero_stage=kn.zero_stage,
-        param_bytes=kn.param_bytes,
-        grad_bytes=kn.grad_bytes,
-        master_bytes=kn.master_bytes,
-        state_bytes=kn.state_bytes,
-        optimizer=kn.optimizer,
-        optimizer_impl=kn.optimizer_impl,
-        ema=kn.ema,
-        offload_mode=kn.offload_mode,
-        offload_fraction=kn.offload_fraction if kn.offload_mode == "optimizer" else 0.0,
-        num_buffers=kn.num_buffers if streaming else 0,
-        accumulating=kn.grad_accum > 1,
+        tp=settings.tp,
+        pp=settings.pp,
+        ep=settings.ep,
+        data_parallel=settings.dp * settings.cp,
+        zero_stage=settings.zero_stage,
+        param_bytes=settings.param_bytes,
+        grad_bytes=settings.grad_bytes,
+        master_bytes=settings.master_bytes,
+        state_bytes=settings.state_bytes,
+        optimizer=settings.optimizer,
+        optimizer_impl=settings.optimizer_impl,
+        ema=settings.ema,
+        offload_mode=settings.offload_mode,
+        offload_fraction=settings.offload_fraction if settings.offload_mode == "optimizer" else 0.0,
+        num_buffers=settings.num_buffers if streaming else 0,
+        accumulating=settings.grad_accum > 1,
         backward_mlp_grads=coeffs.backward_mlp_grads,
     )
 
 
-def activation_inputs(kn: Knobs) -> ActivationInputs:
+def activation_inputs(settings: Knobs) -> ActivationInputs:
     """The knobs ``activation_terms`` reads."""
     return ActivationInputs(
-        tp=kn.tp,
-        pp=kn.pp,
-        ep=kn.ep,
-        cp=kn.cp,
-        sequence_parallel=kn.sequence_parallel,
-        micro_batch=kn.micro_batch,
-        seq_len=kn.seq_len,
-        act_bytes=kn.param_bytes,
-        eager_attention=kn.eager_attention,
-        capacity_factor=kn.capacity_factor,
-        imbalance=kn.imbalance,
-        selective=kn.selective,
-        checkpoint_every=kn.checkpoint_every,
+        tp=settings.tp,
+        pp=settings.pp,
+        ep=settings.ep,
+        cp=settings.cp,
+        sequence_parallel=settings.sequence_parallel,
+        micro_batch=settings.micro_batch,
+        seq_len=settings.seq_len,
+        act_bytes=settings.param_bytes,
+        eager_attention=settings.eager_attention,
+        capacity_factor=settings.capacity_factor,
+        imbalance=settings.imbalance,
+        selective=settings.selective,
+        checkpoint_every=settings.checkpoint_every,
     )
 
 
@@ -234,16 +234,16 @@ _ACTS: dict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]
 
 
 @identity_memo(4096, objects=2)
-def _inputs(kn: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
+def _inputs(settings: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
     """Both halves' inputs, memoised by the knobs' identity (an estimate's are per spec)."""
-    return states_inputs(kn, coeffs), activation_inputs(kn)
+    return states_inputs(settings, coeffs), activation_inputs(settings)
 
 
 def stage_parts(
-    model: ModelSpec, kn: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
 ) -> tuple[tuple[ModelStates, ...], tuple[ActivationTerms, ...]]:
     """Persistent state and activation terms of each of ``stages`` (in order), memoised."""
-    inputs, act_inputs = _inputs(kn, coeffs)
+    inputs, act_inputs = _inputs(settings, coeffs)
     key = (id(model), stages, inputs)
     hit = _STATES.get(key)
     if hit is None:
@@ -262,17 +262,18 @@ def stage_parts(
 
 
 def stage_terms_from_knobs(
-    model: ModelSpec, kn: Knobs, coeffs: Coefficients, stage: int
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients, stage: int
 ) -> StageTerms:
-    """Every term of ``stage`` under ``kn`` (``evaluate``'s, for its views and ``explain``)."""
-    (states,), (acts,) = stage_parts(model, kn, coeffs, (stage,))
+    """Every term of ``stage`` under ``settings`` (``evaluate``'s, for its views and
+    ``explain``)."""
+    (states,), (acts,) = stage_parts(model, settings, coeffs, (stage,))
     return StageTerms(
         states=states,
         activations=acts,
-        in_flight=min(kn.pp - stage, kn.grad_accum),
-        checkpoint_every=kn.checkpoint_every,
-        streaming=kn.offload_mode == "streaming",
-        accumulating=kn.grad_accum > 1,
+        in_flight=min(settings.pp - stage, settings.grad_accum),
+        checkpoint_every=settings.checkpoint_every,
+        streaming=settings.offload_mode == "streaming",
+        accumulating=settings.grad_accum > 1,
     )
 
 
@@ -348,29 +349,29 @@ def estimate(
 
 
 def evaluate(
-    model: ModelSpec, kn: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
+    model: ModelSpec, settings: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> Budget:
     """``estimate`` on flattened knobs: what a search calls with ``knobs(train)._replace(...)``.
 
     Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
     """
-    coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
-    over = overheads(coeffs, hardware, kn.expandable_segments)
-    pp = kn.pp
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    over = overheads(coeffs, hardware, settings.expandable_segments)
+    pp = settings.pp
     stages = (0, pp - 1) if pp > 1 else (0,)
-    streaming = kn.offload_mode == "streaming"
-    all_states, all_acts = stage_parts(model, kn, coeffs, stages)
-    allocated = stages_allocated(all_states, all_acts, stages, kn.grad_accum, streaming)
+    streaming = settings.offload_mode == "streaming"
+    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
     peak_bytes, i, index = gpu_peak(allocated, over)
     stage, host = stages[i], all_states[i].host
     capacity = hardware.memory_bytes
-    ranks = min(hardware.gpus_per_node, kn.dp * kn.tp * pp * kn.cp)
+    ranks = min(hardware.gpus_per_node, settings.dp * settings.tp * pp * settings.cp)
     host_peak = sum(host) * ranks
     host_cap = hardware.host_memory_bytes
     margin = math.ceil(peak_bytes * coeffs.margin_fraction)
     fits = peak_bytes + margin <= capacity and (host_cap is None or host_peak <= host_cap)
     warnings = []
-    if streaming and kn.ema == "gpu":
+    if streaming and settings.ema == "gpu":
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
@@ -385,7 +386,7 @@ def evaluate(
         model=model,
         hardware_name=hardware.name,
         capacity=capacity,
-        rows=lambda: stage_terms_from_knobs(model, kn, coeffs, stage).rows(),
+        rows=lambda: stage_terms_from_knobs(model, settings, coeffs, stage).rows(),
         context=over.cuda_context_bytes,
         allocator_overhead_fraction=over.allocator_overhead_fraction,
         host=host,
@@ -401,9 +402,9 @@ def layer_backward_bytes(
     """Allocated bytes of the first stage at the largest of its backward points in the steady
     state: the peak while one of its layers' backward runs (calibration compares it with the
     largest a trace saw inside a decoder layer's backward)."""
-    kn = knobs(train)
+    settings = knobs(train)
     t = stage_terms_from_knobs(
-        model, kn, coefficients or default_coefficients(kn.activation_profile), 0
+        model, settings, coefficients or default_coefficients(settings.activation_profile), 0
     )
     s = t.states
     layer = stage_layer_backward(s, t.activations, t.in_flight)

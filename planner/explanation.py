@@ -37,12 +37,12 @@ def explain(
     model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> dict[str, Explanation]:
     """Explain every GPU bucket of the estimate (values at the peak phase)."""
-    kn = knobs(train)
-    coeffs = coefficients or default_coefficients(kn.activation_profile, hardware.name)
-    verdict = evaluate(model, kn, hardware, coeffs)
-    t = stage_terms_from_knobs(model, kn, coeffs, verdict.stage)
+    settings = knobs(train)
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    verdict = evaluate(model, settings, hardware, coeffs)
+    t = stage_terms_from_knobs(model, settings, coeffs, verdict.stage)
     row = t.rows()[PHASES.index(verdict.peak_phase)]
-    over = overheads(coeffs, hardware, kn.expandable_segments)
+    over = overheads(coeffs, hardware, settings.expandable_segments)
     bytes_of = dict(zip(ROW_BUCKETS, row, strict=True))
     bytes_of["cuda_context"] = over.cuda_context_bytes
     bytes_of["allocator_overhead"] = allocator_overhead_bytes(
@@ -53,7 +53,7 @@ def explain(
     common = {"stage": verdict.stage, "peak_phase": verdict.peak_phase}
     local = {"local_dense_params": sp.dense_numel, "local_expert_params": sp.expert_numel}
     zero = {
-        "zero_stage": kn.zero_stage,
+        "zero_stage": settings.zero_stage,
         "zero_shards_dense": tuple(states.zero_dense),
         "zero_shards_expert": tuple(states.zero_expert),
     }
@@ -62,9 +62,9 @@ def explain(
         rows["params"] = (
             "num_buffers x largest_unit_params x bytes(params)",
             {
-                "num_buffers": kn.num_buffers,
+                "num_buffers": settings.num_buffers,
                 "largest_unit_params": sp.max_unit_numel,
-                "bytes_params": kn.param_bytes,
+                "bytes_params": settings.param_bytes,
             },
             "seeds/megatrain-streaming-offload.txt (double-buffered layer streaming)",
         )
@@ -171,7 +171,7 @@ def explain(
         "fraction x allocated at the peak phase",
         {
             "fraction": over.allocator_overhead_fraction,
-            "expandable_segments": kn.expandable_segments,
+            "expandable_segments": settings.expandable_segments,
         },
         "seeds/h200-memory-budget-and-autofit.txt (5-10% of peak)",
     )

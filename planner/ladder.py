@@ -187,8 +187,8 @@ def candidates(model: ModelSpec, train: TrainSpec) -> list[tuple[Knobs, dict[str
             for z in g.zeros:
                 for es in g.segments:
                     for rc in g.recompute[:1] if streaming else g.recompute:
-                        kn, keys, _ = _combine(base, (mb, z, es, rc, pl))
-                        out.append((kn, keys))
+                        settings, keys, _ = _combine(base, (mb, z, es, rc, pl))
+                        out.append((settings, keys))
     return out
 
 
@@ -288,14 +288,14 @@ def fit(
                     if exclude and candidate_key(_combine(base, choices)[1]) in exclude:
                         excluded += 1
                         continue
-                    kn = None
+                    settings = None
                     skey = (p_i, z[0]["zero_stage"], accumulating)
                     all_states = states_of.get(skey)
                     akey = (m_i, -p_i if streaming else r_i)
                     all_acts = acts_of.get(akey)
                     if all_states is None or all_acts is None:
-                        kn = base._replace(**{**inner_values, **outer})
-                        all_states, all_acts = stage_parts(model, kn, coeffs, stages)
+                        settings = base._replace(**{**inner_values, **outer})
+                        all_states, all_acts = stage_parts(model, settings, coeffs, stages)
                         states_of[skey], acts_of[akey] = all_states, all_acts
                     # the allocator's modes share a candidate's phases
                     allocated = allocated_of.get((skey, akey))
@@ -325,11 +325,11 @@ def fit(
                                 )
                             )
                         continue
-                    if kn is None:
-                        kn = base._replace(**{**inner_values, **outer})
+                    if settings is None:
+                        settings = base._replace(**{**inner_values, **outer})
                     states = all_states[where]
                     sp = states.stage_params
-                    t = price(kn, sp.dense_numel + sp.expert_numel, states.offloaded_numel)
+                    t = price(settings, sp.dense_numel + sp.expert_numel, states.offloaded_numel)
                     fitting.append(
                         (
                             t.tokens_per_second,
