@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from headroom import planner
-from headroom.planner.estimate import clear_spec_caches
+from headroom.planner.estimator import clear_spec_caches
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3-8b default": ("llama-3-8b", {}),
@@ -63,16 +63,22 @@ def _best_per_call(fn: Any, seconds: float, n: int = 2000) -> float:
 
 
 def _candidates(kn: planner.Knobs) -> list[planner.Knobs]:
-    fractions = [0.0, 0.25, 0.5, 0.75, 1.0] if kn.offload == "optimizer" else [kn.fraction]
+    fractions = (
+        [0.0, 0.25, 0.5, 0.75, 1.0] if kn.offload_mode == "optimizer" else [kn.offload_fraction]
+    )
     out = []
     for mb, seq, (selective, k), f in itertools.product(
         range(1, 9), (2048, 4096, 8192), RECOMPUTE, fractions
     ):
-        if kn.offload == "streaming" and k is None:
+        if kn.offload_mode == "streaming" and k is None:
             k = kn.checkpoint_every
         out.append(
             kn._replace(
-                micro_batch=mb, seq_len=seq, selective=selective, checkpoint_every=k, fraction=f
+                micro_batch=mb,
+                seq_len=seq,
+                selective=selective,
+                checkpoint_every=k,
+                offload_fraction=f,
             )
         )
     return out

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from headroom import planner
-from headroom.planner.estimate import clear_spec_caches
+from headroom.planner.estimator import clear_spec_caches
 
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama-3-70b tp8 dp8, batch 128/rank": (

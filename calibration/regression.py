@@ -30,7 +30,7 @@ import numpy as np
 from headroom import planner
 from headroom.calibration.trace_records import TraceRecord
 from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS
-from headroom.planner.estimate import layer_backward_bytes
+from headroom.planner.estimator import layer_backward_bytes
 
 #: feature name → the coefficient values that isolate it (all others 0)
 FEATURES: dict[str, dict[str, float]] = {

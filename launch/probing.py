@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from headroom import planner
 from headroom.calibration.attribution import attribute
 from headroom.launch.backends import EXIT_OOM
-from headroom.planner.fit import FitResult, candidate_key, changed_keys, ladder_keys
+from headroom.planner.ladder import FitResult, candidate_key, changed_keys, ladder_keys
 from headroom.planner.report import OutOfMemoryAt, TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
 

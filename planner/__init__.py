@@ -17,18 +17,18 @@ from headroom.planner.coefficients import (
     profiles,
 )
 from headroom.planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
-from headroom.planner.estimate import Knobs, estimate, evaluate, knobs
-from headroom.planner.explain import Explanation, explain
-from headroom.planner.fit import FitResult, fit
-from headroom.planner.gate import Verdict, gate
+from headroom.planner.estimator import Knobs, estimate, evaluate, knobs
+from headroom.planner.explanation import Explanation, explain
 from headroom.planner.hardware import Hardware, gpu, gpu_names
 from headroom.planner.io import load_hardware, load_model, load_train, model_names
+from headroom.planner.ladder import FitResult, fit
 from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 from headroom.planner.params import ParamCount, count_params
 from headroom.planner.report import TrainerReport
 from headroom.planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
 from headroom.planner.units import format_bytes, parse_size
+from headroom.planner.verdict import Verdict, gate
 
 __all__ = [
     "GPU_BUCKETS",

@@ -4,43 +4,60 @@ Frozen pydantic models and large named tuples hash by value, which costs microse
 the estimator sees the same spec objects over and over (a ladder search, a service's parsed
 presets). Arguments that are not plain scalars are keyed by ``id`` and kept alive in the entry,
 so an id cannot be reused while its entry exists. Equal-but-distinct objects simply miss.
-The leading ``objects`` arguments are keyed by identity; the rest must be hashable scalars.
+The leading ``objects`` arguments are keyed by identity; the rest must be hashable scalars,
+passed by position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import ParamSpec, Protocol, TypeVar, cast
 
+P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Memoised(Protocol[P, R_co]):
+    """A memoised function: called as the function it wraps, with ``cache_clear()``."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def cache_clear(self) -> None:
+        """Forget every entry."""
 
 
 def identity_memo(
     maxsize: int = 1024, objects: int = 1
-) -> Callable[[Callable[..., R]], Callable[..., R]]:
+) -> Callable[[Callable[P, R]], Memoised[P, R]]:
     """Cache a pure function's results by the identity of its first ``objects`` arguments and
     the values of the rest."""
 
-    def decorate(fn: Callable[..., R]) -> Callable[..., R]:
-        cache: dict[tuple[Any, ...], tuple[tuple[Any, ...], R]] = {}
+    def decorate(fn: Callable[P, R]) -> Memoised[P, R]:
+        # key -> (the arguments, kept alive so their ids stay unique; the value)
+        cache: dict[tuple[object, ...], tuple[tuple[object, ...], R]] = {}
 
         @wraps(fn)
-        def wrapper(*args: Any) -> R:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if kwargs:
+                raise TypeError(f"{fn.__name__}: memoised arguments are positional only")
             if objects == 1:
-                key: tuple[Any, ...] = (id(args[0]), *args[1:])
+                key: tuple[object, ...] = (id(args[0]), *args[1:])
+            elif objects == 2:
+                key = (id(args[0]), id(args[1]), *args[2:])
             else:
                 key = (*map(id, args[:objects]), *args[objects:])
             hit = cache.get(key)
             if hit is not None:
                 return hit[1]
-            value = fn(*args)
+            value = fn(*args, **kwargs)
             if len(cache) >= maxsize:
                 del cache[next(iter(cache))]
             cache[key] = (args, value)
             return value
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
-        return wrapper
+        return cast(Memoised[P, R], wrapper)
 
     return decorate

@@ -14,16 +14,25 @@ query/key norms (Qwen3's ``qk_norm``) save ``qk_norm_tensors`` tensors of
 ``(heads + kv_heads)·head_dim`` per token (textbook: their input, once). Tensor parallelism
 splits the head- and FFN-width tensors; sequence parallelism also the hidden-width ones.
 Coefficients scale each group per activation profile.
+
+A stage's terms (``activation_terms``) add the layers up for one micro-batch: what forward
+saves, the logits, what each layer's backward holds beyond its saved tensors, and the few
+points of the backward where the stage can peak. They depend on the batch shape and recompute,
+not on the placement, so ``planner.estimator`` memoises them by ``ActivationInputs``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from headroom.planner._memo import identity_memo
-from headroom.planner.buckets import moe_capacity, moe_dispatch_bytes, routing_slabs
+from headroom.planner.buckets import logits_bytes, moe_capacity, moe_dispatch_bytes, routing_slabs
 from headroom.planner.coefficients import Coefficients
 from headroom.planner.model import ModelSpec
+from headroom.planner.stage import PerKind, stage_params
+
+_DEFAULT_CAPACITY_FACTOR = 1.25
 
 
 class LayerActivations(NamedTuple):
@@ -168,3 +177,230 @@ def layer_activations(
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
     )
+
+
+class ActivationInputs(NamedTuple):
+    """Everything ``activation_terms`` reads besides the model, coefficients and stage (also
+    its cache key)."""
+
+    tp: int
+    pp: int
+    ep: int
+    cp: int
+    sequence_parallel: bool
+    micro_batch: int
+    seq_len: int
+    act_bytes: int  # bytes per activation element (the working precision)
+    eager_attention: bool
+    capacity_factor: float | None  # None: the model's own, else 1.25
+    imbalance: float
+    selective: bool  # selective recompute: each layer re-runs its attention scores
+    checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
+
+
+class LayerTemporaries(NamedTuple):
+    """What one layer's backward holds beyond its saved tensors, by moment (bytes)."""
+
+    throughout: int  # held throughout its backward
+    mlp: int  # held during its MLP's backward only
+    mlp_saved: int  # its MLP's saved tensors, freed once the MLP's backward is done
+    start: int  # held as it starts (an MoE layer's, on its experts' outputs, before any
+    # routed expert's gradient; 0: no such point)
+    end: int  # held as its MLP's backward ends (an MoE layer's routed experts' input
+    # gradients)
+
+
+class BackwardPoint(NamedTuple):
+    """One micro-batch at the peak of one layer's backward."""
+
+    dense_layers: int  # dense layers whose gradients exist (those above the running one)
+    moe_layers: int  # MoE layers whose gradients exist
+    activations: int  # the micro-batch's saved activations then
+    dispatch: int  # its dispatch buffers then
+    is_moe: int  # the running layer's kind: 1 MoE, 0 dense (an index into a ``PerKind``)
+
+
+class PointLayout(NamedTuple):
+    """A backward point as counts of layers, independent of their sizes."""
+
+    dense_layers: int  # dense layers with gradients
+    moe_layers: int  # MoE layers with gradients
+    checkpoints: int  # checkpoints held (the blocks below the running one's)
+    held_dense: int  # dense layers of the recomputed (or saved) block up to the running one
+    held_moe: int  # MoE layers of it
+    is_moe: int  # the running layer's kind
+
+
+class ActivationTerms(NamedTuple):
+    """Activations, dispatch buffers and logits of one stage's rank for one micro-batch."""
+
+    layer: LayerActivations  # one dense and one MoE layer's terms
+    activations_saved: int  # at the end of forward
+    dispatch_saved: int  # at the end of forward
+    backward_points: tuple[BackwardPoint, ...]  # where its backward through the layers can peak
+    temporaries: PerKind[LayerTemporaries]  # a dense and an MoE layer's backward's
+    logits_forward: int
+    logits_backward: int
+
+
+def activation_terms(
+    model: ModelSpec, coeffs: Coefficients, stage: int, inputs: ActivationInputs
+) -> ActivationTerms:
+    """One micro-batch's activation terms of ``stage``'s rank under ``inputs``."""
+    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+    moe = model.moe
+    capacity_factor = (
+        inputs.capacity_factor or (moe.capacity_factor if moe else None) or _DEFAULT_CAPACITY_FACTOR
+    )
+    micro_batch, seq_len, act_bytes = inputs.micro_batch, inputs.seq_len, inputs.act_bytes
+    tp, cp, k = inputs.tp, inputs.cp, inputs.checkpoint_every
+    layer = layer_activations(
+        model,
+        coeffs,
+        micro_batch,
+        seq_len,
+        act_bytes,
+        inputs.eager_attention,
+        tp,
+        cp,
+        inputs.ep,
+        inputs.sequence_parallel,
+        capacity_factor,
+        inputs.imbalance,
+    )
+    n, n_moe = sp.num_layers, sp.num_moe_layers
+    saved_dense, saved_moe, dispatch, layer_input = (
+        layer.dense,
+        layer.moe,
+        layer.dispatch,
+        layer.layer_input,
+    )
+    # held throughout the layer's backward; the FFN-width part during its MLP's only
+    throughout_dense = layer.backward_dense - layer.backward_ffn_dense
+    throughout_moe = layer.backward_moe - layer.backward_ffn_moe
+    if k is None:
+        saved = (n - n_moe) * saved_dense + n_moe * saved_moe
+        dispatch_saved = n_moe * dispatch
+        if inputs.selective:  # each layer recomputes its scores in its own backward
+            scores = layer.scores
+            saved -= n * scores
+            saved_dense -= scores
+            saved_moe -= scores
+            throughout_dense += scores
+            throughout_moe += scores
+    else:
+        saved = -(-n // k) * layer_input
+        dispatch_saved = 0
+        rerun = int(coeffs.recompute_hidden_tensors * layer_input)
+        throughout_dense += rerun
+        throughout_moe += rerun
+    points = backward_points(sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input)
+    # built by position (fields in declaration order): a search builds these for every new
+    # batch shape, and keyword arguments cost a named tuple a quarter of a microsecond more
+    temporaries = PerKind(
+        LayerTemporaries(throughout_dense, layer.backward_ffn_dense, layer.mlp_dense, 0, 0),
+        LayerTemporaries(
+            throughout_moe,
+            layer.backward_ffn_moe,
+            layer.mlp_moe + dispatch,  # mlp_saved: an MoE layer's MLP and its dispatch buffers
+            layer.backward_start_moe,
+            layer.backward_end_moe,
+        ),
+    )
+    logits_forward = logits_backward = 0
+    if sp.has_head:
+        tokens = micro_batch * -(-seq_len // cp)
+        vocab_local = -(-model.vocab_size // tp)
+        logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
+        logits_backward = logits_bytes(
+            tokens, vocab_local, coeffs.logits_backward_bytes_per_element
+        )
+        if coeffs.head_hidden_tensors:
+            whole = tp if inputs.sequence_parallel else 1
+            head = int(coeffs.head_hidden_tensors * tokens * model.hidden_size * act_bytes)
+            saved += head // whole
+    return ActivationTerms(
+        layer, saved, dispatch_saved, points, temporaries, logits_forward, logits_backward
+    )
+
+
+def backward_points(
+    flags: tuple[bool, ...],
+    k: int | None,
+    saved_dense: int,
+    saved_moe: int,
+    dispatch: int,
+    layer_input: int,
+) -> tuple[BackwardPoint, ...]:
+    """Where one micro-batch's backward through the stage's layers can peak.
+
+    At layer j's backward the gradients of the layers above j exist and j's own are being
+    made; the micro-batch holds the saved tensors of the layers up to j (without recompute)
+    or the checkpoints of the blocks below j's and the recomputed block up to j (j's own
+    backward temporaries and gradients being made are the caller's, by kind). Which layers
+    they are depends on the layout only (``point_layout``); ``saved_*`` are what a dense and
+    an MoE layer save, ``dispatch`` an MoE layer's dispatch buffers, ``layer_input`` a
+    checkpoint.
+    """
+    # unpacked and built by position: a search builds these for every new batch shape
+    return tuple(
+        BackwardPoint(
+            dense,
+            moe,
+            checkpoints * layer_input + held_dense * saved_dense + held_moe * saved_moe,
+            held_moe * dispatch,
+            is_moe,
+        )
+        for dense, moe, checkpoints, held_dense, held_moe, is_moe in point_layout(flags, k)
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def point_layout(flags: tuple[bool, ...], k: int | None) -> tuple[PointLayout, ...]:
+    """The layers ``backward_points`` evaluates, as counts. Between two layers of one kind in
+    one block the bytes change linearly, and so do they between consecutive blocks of the same
+    shape, so the ends of such runs are the only candidates (a stage of one kind of layer has
+    two to six)."""
+    n = len(flags)
+    if not n:
+        return ()
+    size = n if k is None else k
+    if all(flags) or not any(flags):  # one kind: the bottom, last full and partial top blocks
+        is_moe = int(flags[0])
+        size = min(size, n)
+        full = n // size
+        uniform = []
+        for b0 in sorted({0, (full - 1) * size, full * size} - {n}):
+            checkpoints = 0 if k is None else b0 // size
+            for layers in sorted({1, min(size, n - b0)}):
+                above = n - b0 - layers
+                if is_moe:
+                    uniform.append(PointLayout(0, above, checkpoints, 0, layers, 1))
+                else:
+                    uniform.append(PointLayout(above, 0, checkpoints, layers, 0, 0))
+        return tuple(uniform)
+    # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
+    blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
+    chosen = [
+        i
+        for i, (_, shape) in enumerate(blocks)
+        if i in (0, len(blocks) - 1) or shape != blocks[i - 1][1] or shape != blocks[i + 1][1]
+    ]
+    dense_above = [0] * (n + 1)  # dense_above[j]: dense layers at j or above
+    for j in range(n - 1, -1, -1):
+        dense_above[j] = dense_above[j + 1] + (not flags[j])
+    points = []
+    for i in chosen:
+        b0, shape = blocks[i]
+        checkpoints = 0 if k is None else b0 // size
+        held = [0, 0]
+        for offset, kind in enumerate(shape):
+            j = b0 + offset
+            held[kind] += 1
+            last = offset == len(shape) - 1 or shape[offset + 1] != kind
+            first = offset == 0 or shape[offset - 1] != kind
+            if first or last:
+                dense = dense_above[j + 1]
+                moe = n - j - 1 - dense
+                points.append(PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind)))
+    return tuple(points)

@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from headroom.planner.coefficients import Coefficients
+    from headroom.planner.model import ModelSpec
 
 #: GPU buckets, in the order of shared/DESIGN.md
 GPU_BUCKETS: tuple[str, ...] = (
@@ -24,6 +28,10 @@ GPU_BUCKETS: tuple[str, ...] = (
     "cuda_context",
     "allocator_overhead",
 )
+
+#: the buckets of a phase row: what the tensors allocate (``cuda_context`` and
+#: ``allocator_overhead`` are added on top of their sum)
+ROW_BUCKETS: tuple[str, ...] = GPU_BUCKETS[:9]
 
 #: host buckets: the same names, for what lives in host RAM
 HOST_BUCKETS: tuple[str, ...] = (
@@ -133,10 +141,10 @@ class Budget:
     """
 
     __slots__ = (
+        "_allocator_overhead_fraction",
         "_capacity",
         "_coeffs",
         "_context",
-        "_fraction",
         "_full",
         "_hardware_name",
         "_host",
@@ -155,6 +163,7 @@ class Budget:
 
     def __init__(
         self,
+        *,
         peak_phase: str,
         fits: bool,
         stage: int,
@@ -162,16 +171,16 @@ class Budget:
         warnings: list[str],
         gpu_peak_bytes: int,
         host_peak_bytes: int,
-        model: Any,
+        model: ModelSpec,
         hardware_name: str,
         capacity: int,
-        rows: Callable[[], tuple[tuple[int, ...], ...]],
+        rows: Callable[[], Sequence[Sequence[int]]],
         context: int,
-        fraction: float,
-        host: tuple[int, ...],
+        allocator_overhead_fraction: float,
+        host: Sequence[int],
         ranks: int,
         host_capacity: int | None,
-        coeffs: Any,
+        coeffs: Coefficients,
     ) -> None:
         self.peak_phase = peak_phase
         self.fits = fits
@@ -185,7 +194,7 @@ class Budget:
         self._capacity = capacity
         self._rows = rows
         self._context = context
-        self._fraction = fraction
+        self._allocator_overhead_fraction = allocator_overhead_fraction
         self._host = host
         self._ranks = ranks
         self._host_capacity = host_capacity
@@ -202,9 +211,11 @@ class Budget:
         phases = {}
         for name, row in zip(PHASES, self._rows(), strict=True):
             allocated = sum(row)
-            buckets = dict(zip(GPU_BUCKETS[:9], row, strict=True))
+            buckets = dict(zip(ROW_BUCKETS, row, strict=True))
             buckets["cuda_context"] = self._context
-            buckets["allocator_overhead"] = allocator_overhead_bytes(allocated, self._fraction)
+            buckets["allocator_overhead"] = allocator_overhead_bytes(
+                allocated, self._allocator_overhead_fraction
+            )
             phases[name] = construct(
                 PhaseBudget, total_bytes=sum(buckets.values()), buckets=buckets
             )

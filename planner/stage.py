@@ -1,7 +1,7 @@
 """What one rank of one pipeline stage holds: local parameter counts after TP/EP/PP sharding.
 
 Everything here depends only on the model and the parallel layout, so it is computed once and
-cached; the per-estimate arithmetic in ``planner.estimate`` then costs a few microseconds.
+cached; the per-estimate arithmetic in ``planner.estimator`` then costs a few microseconds.
 ZeRO sharding over data parallelism is applied later, per tensor class (dense or expert).
 """
 
@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import bisect
 from itertools import accumulate
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from headroom.planner._memo import identity_memo
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
+
+T = TypeVar("T")
+
+
+class PerKind(NamedTuple, Generic[T]):
+    """One value for each kind of decoder layer. A point's ``is_moe`` (0 or 1) indexes it."""
+
+    dense: T
+    moe: T
 
 
 class StageParams(NamedTuple):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from headroom.planner.coefficients import Coefficients
-from headroom.planner.estimate import Knobs, StageTerms
+from headroom.planner.estimator import Knobs, StageTerms
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import count_params
@@ -69,39 +69,43 @@ class StepModel:
         self.link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
         self.cpu_rate = coeffs.cpu_optimizer_params_per_s
 
-    def __call__(self, kn: Knobs, stage_numel: int, offloaded_numel: int) -> StepTime:
+    def __call__(self, settings: Knobs, stage_numel: int, offloaded_numel: int) -> StepTime:
         """Predicted time of one optimizer step of a rank holding ``stage_numel`` parameters,
         ``offloaded_numel`` of them updated on the host (optimizer offload)."""
-        tokens_rank = kn.micro_batch * self.seq_len * kn.grad_accum // self.cp
-        streaming = kn.offload == "streaming"
+        tokens_rank = settings.micro_batch * self.seq_len * settings.grad_accum // self.cp
+        streaming = settings.offload_mode == "streaming"
         flops_per_token = self.flops_base
-        if streaming or kn.checkpoint_every is not None:
+        if streaming or settings.checkpoint_every is not None:
             flops_per_token += self.flops_recompute
-        elif kn.selective:
+        elif settings.selective:
             flops_per_token += self.flops_selective
-        compute = flops_per_token * tokens_rank / (kn.tp * kn.pp) / self.flops_per_s
-        grad_bytes = 2 if kn.bg <= 2 else 4
+        compute = flops_per_token * tokens_rank / (settings.tp * settings.pp) / self.flops_per_s
+        grad_bytes = 2 if settings.grad_bytes <= 2 else 4
         if streaming:
-            transferred = kn.grad_accum * stage_numel * (2 * kn.bp + grad_bytes)
+            per_element = 2 * settings.param_bytes + grad_bytes
+            transferred = settings.grad_accum * stage_numel * per_element
             updated_on_cpu = stage_numel
         else:
-            transferred = offloaded_numel * (kn.bp + grad_bytes)
+            transferred = offloaded_numel * (settings.param_bytes + grad_bytes)
             updated_on_cpu = offloaded_numel
         transfer = transferred / self.link
         cpu = updated_on_cpu / self.cpu_rate
         if streaming:
-            per_micro = compute / kn.grad_accum
+            per_micro = compute / settings.grad_accum
             forward = per_micro * self.flops_recompute / flops_per_token
-            step = streaming_step_seconds(compute, transfer, cpu, per_micro, forward, kn.clip)
+            step = streaming_step_seconds(
+                compute, transfer, cpu, per_micro, forward, settings.clips_grad_norm
+            )
         else:
             step = compute + max(transfer, cpu)
-        tokens = kn.micro_batch * self.seq_len * kn.grad_accum * kn.dp
+        tokens = settings.micro_batch * self.seq_len * settings.grad_accum * settings.dp
         return StepTime(compute, transfer, cpu, step, tokens, tokens / step if step else 0.0)
 
 
 def step_time(
-    model: ModelSpec, kn: Knobs, hw: Hardware, coeffs: Coefficients, terms: StageTerms
+    model: ModelSpec, settings: Knobs, hw: Hardware, coeffs: Coefficients, terms: StageTerms
 ) -> StepTime:
     """Predicted time of one optimizer step for the rank described by ``terms``."""
-    numel = terms.sp.dense_numel + terms.sp.expert_numel
-    return StepModel(model, kn.seq_len, kn.cp, hw, coeffs)(kn, numel, terms.offloaded_numel)
+    numel = terms.stage_params.dense_numel + terms.stage_params.expert_numel
+    step = StepModel(model, settings.seq_len, settings.cp, hw, coeffs)
+    return step(settings, numel, terms.states.offloaded_numel)

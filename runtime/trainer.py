@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from headroom.planner.estimate import knobs as planner_knobs
+from headroom.planner.estimator import knobs as planner_knobs
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
 from headroom.runtime.adam import (

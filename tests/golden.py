@@ -110,7 +110,7 @@ def _valid(model: Any, over: dict[str, Any]) -> dict[str, Any] | None:
 def snapshot() -> dict[str, Any]:
     """Everything the golden file holds, computed now."""
     from headroom import planner
-    from headroom.planner.estimate import layer_backward_bytes
+    from headroom.planner.estimator import layer_backward_bytes
 
     hw = _hardware(GPU)
     presets: dict[str, Any] = {}

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
-from headroom.planner.explain import Explanation
+from headroom.planner.explanation import Explanation
 from headroom.planner.units import format_bytes
 
 _GIB = 2**30

@@ -20,7 +20,7 @@ from headroom.calibration.regression import (
 from headroom.calibration.shipped import shipped_entry
 from headroom.calibration.trace_records import TraceRecord, TracesFile, load_traces
 from headroom.calibration.tracing import trace
-from headroom.planner.estimate import layer_backward_bytes
+from headroom.planner.estimator import layer_backward_bytes
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "runtime-traces.json"
 

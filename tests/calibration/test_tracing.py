@@ -17,7 +17,7 @@ from headroom.calibration.tracing import (
     steady_forward_transient,
     trace,
 )
-from headroom.planner.estimate import layer_backward_bytes
+from headroom.planner.estimator import layer_backward_bytes
 from headroom.runtime.model import DecoderLM
 
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from headroom import planner
 from headroom.launch.probing import autofit, subprocess_prober, widened_margin
 from headroom.launch.recording import probe_recorder
-from headroom.planner.fit import _plan, candidate_key, candidates, ladder_keys
+from headroom.planner.ladder import _plan, candidate_key, candidates, ladder_keys
 from headroom.store import Calibration, open_store
 
 #: a device of 8 MiB with no context or allocator slack: the CPU probes' simulated card

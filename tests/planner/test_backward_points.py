@@ -3,16 +3,16 @@ layer's backward, for any mix of dense and MoE layers, block size and byte sizes
 
 from __future__ import annotations
 
-import importlib
 from typing import NamedTuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom import planner
-
-estimate_module = importlib.import_module("headroom.planner.estimate")
-
+from headroom.planner.activations import LayerTemporaries, backward_points
+from headroom.planner.estimator import knobs, stage_terms_from_knobs
+from headroom.planner.phases import layer_peak, stage_layer_backward, through_layers
+from headroom.planner.states import LayerGrads
 
 Kind = tuple[int, int]  # (dense, MoE)
 Triple = tuple[int, int, int]
@@ -80,22 +80,24 @@ _CASES = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(case=_CASES)
 def test_the_kept_points_hold_the_largest_layer_backward(case: Case) -> None:
-    points = estimate_module._backward_points(case.flags, case.k, *case.sizes)
-    extra = estimate_module._layer_totals(case.own, case.temporaries)
-    assert extra == tuple(
-        estimate_module._layer_extra(o, t)[2]
-        for o, t in zip(case.own, case.temporaries, strict=True)
+    points = backward_points(case.flags, case.k, *case.sizes)
+    dense, moe = (
+        layer_peak(
+            LayerGrads(layer=0, mlp_peak=share, mlp=whole, start=at_start),
+            LayerTemporaries(*temporaries),
+        )
+        for (share, whole, at_start), temporaries in zip(case.own, case.temporaries, strict=True)
     )
-    kept = estimate_module._through_layers(points, 0, case.grads, extra, 0)
-    assert kept == _every_layer(case)
+    kept = through_layers(points, 0, case.grads, (dense, moe), 0, 0)
+    assert (sum(kept) if kept is not None else 0) == _every_layer(case)
 
 
 def test_a_uniform_stage_keeps_few_points() -> None:
     """Eighty identical layers checkpointed one by one: the first and last blocks only."""
     flags = (False,) * 80
-    assert len(estimate_module._backward_points(flags, 1, 9, 0, 0, 1)) == 2
-    assert len(estimate_module._backward_points(flags, 3, 9, 0, 0, 1)) <= 6
-    assert len(estimate_module._backward_points(flags, None, 9, 0, 0, 1)) == 2
+    assert len(backward_points(flags, 1, 9, 0, 0, 1)) == 2
+    assert len(backward_points(flags, 3, 9, 0, 0, 1)) <= 6
+    assert len(backward_points(flags, None, 9, 0, 0, 1)) == 2
 
 
 def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
@@ -105,21 +107,29 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
     pure = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
     spec = {"micro_batch_size": 1, "seq_len": 8192, "precision": pure}
     one_block = planner.load_train({**spec, "recompute": {"every_k": model.num_layers}})
-    kn = estimate_module.knobs(one_block)
+    kn = knobs(one_block)
     coeffs = planner.calibrated_coefficients("runtime")
-    t = estimate_module._stage_terms(model, kn, coeffs, 0)
+    t = stage_terms_from_knobs(model, kn, coeffs, 0)
     row = planner.estimate(model, one_block, planner.gpu("H200-141GB"), coeffs).gpu
     backward = row.phases["backward"].buckets
-    layers = model.num_layers * t.layer_grads_dense
+    grads, acts = t.states.layer_grads.dense, t.activations
+    layers = model.num_layers * grads.layer
     # at the top of the block: the recomputed block, and of the layers' gradients only the top
     # layer's own MLP's, being made
-    own, temporary, _ = estimate_module._layer_extra(
-        (t.own_grads_dense, t.mlp_grads_dense, 0), t.layer_temporaries[0]
-    )
-    assert 0 < own <= t.mlp_grads_dense < t.layer_grads_dense
-    assert backward["grads"] == t.grads_start + own
-    assert backward["activations"] >= model.num_layers * t.acts.dense
+    own, temporary = layer_peak(grads, acts.temporaries.dense)
+    assert 0 < own <= grads.mlp < grads.layer
+    assert backward["grads"] == t.states.grads_start + own
+    assert backward["activations"] >= model.num_layers * acts.layer.dense
     # the backward is the recomputed block, not the block plus every layer's gradients
-    assert backward["grads"] + backward["activations"] < layers + model.num_layers * t.acts.dense
-    top = max(t.backward_points, key=lambda p: p[2])
-    assert top[:2] == (0, 0) and backward["activations"] == top[2] + temporary
+    assert (
+        backward["grads"] + backward["activations"] < layers + model.num_layers * acts.layer.dense
+    )
+    top = max(acts.backward_points, key=lambda p: p.activations)
+    assert (top.dense_layers, top.moe_layers) == (0, 0)
+    assert backward["activations"] == top.activations + temporary
+    # the layers' backward the calibration compares with is this one
+    assert stage_layer_backward(t.states, acts, t.in_flight) == (
+        backward["grads"],
+        backward["activations"],
+        backward["moe_dispatch"],
+    )

@@ -8,7 +8,6 @@ offloaded optimizer fraction, stronger recompute and higher ZeRO stages.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
@@ -16,10 +15,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from headroom import planner
-from headroom.planner.estimate import stage_terms
+from headroom.planner.estimator import (
+    knobs,
+    stage_parts,
+    stage_terms,
+    stage_terms_from_knobs,
+    stages_allocated,
+)
+from headroom.planner.phases import phase_totals
 from headroom.planner.stage import stage_params
-
-estimate_module = importlib.import_module("headroom.planner.estimate")
 
 SETTINGS = settings(max_examples=60, deadline=None)
 GPU_NAMES = planner.gpu_names()
@@ -195,19 +199,22 @@ def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
 def test_phase_totals_equal_the_rows_the_budget_shows(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
-    """The verdict comes from scalar phase totals; the per-bucket rows must sum to them."""
-    kn = estimate_module.knobs(train)
+    """The verdict comes from each stage's largest phase total; the per-bucket rows the Budget
+    shows must sum to them."""
+    kn = knobs(train)
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
-    for stage in range(train.parallel.pp):
-        (states,), (acts,) = estimate_module._stage_parts(model, kn, coeffs, (stage,))
-        m = min(kn.pp - stage, kn.grad_accum)
-        totals = estimate_module._phase_totals(
-            states, acts, m, kn.offload == "streaming", kn.grad_accum > 1
-        )
-        rows = estimate_module._phase_rows(
-            estimate_module._stage_terms(model, kn, coeffs, stage), kn
-        )
+    streaming = kn.offload_mode == "streaming"
+    stages = tuple(range(train.parallel.pp))
+    all_states, all_acts = stage_parts(model, kn, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, kn.grad_accum, streaming)
+    for stage in stages:
+        t = stage_terms_from_knobs(model, kn, coeffs, stage)
+        assert (t.states, t.activations) == (all_states[stage], all_acts[stage])
+        rows = t.rows()
+        totals = phase_totals(rows)
         assert list(totals) == [sum(row) for row in rows], stage
+        largest = max(totals)
+        assert allocated[stage] == (largest, totals.index(largest)), stage
     dumped = planner.estimate(model, train, hw).model_dump()
     assert planner.BudgetModel.model_validate(dumped).model_dump() == dumped
 
@@ -233,7 +240,7 @@ def test_evaluate_on_replaced_knobs_equals_estimate_on_the_spec(
         micro_batch_size=micro_batch,
         offload={**train.offload.model_dump(), "fraction": fraction},
     )
-    kn = estimate_module.knobs(train)._replace(micro_batch=micro_batch, fraction=fraction)
+    kn = knobs(train)._replace(micro_batch=micro_batch, offload_fraction=fraction)
     assert (
         planner.evaluate(model, kn, hw).model_dump()
         == planner.estimate(model, spec, hw).model_dump()
@@ -351,7 +358,7 @@ def test_peak_nonincreasing_in_recompute_strength(
     # Re-running a block holds a little more than the layers it re-runs saved (its output, the
     # checkpoint's gradient): a one-layer stage saves nothing by recompute and pays that.
     t, coeffs = stage_terms(model, _with(train, recompute="full"), hw, 0)
-    rerun = int(coeffs.recompute_hidden_tensors * t.acts.layer_input)
+    rerun = int(coeffs.recompute_hidden_tensors * t.activations.layer.layer_input)
     assert full <= none + rerun, (none, full, rerun)
     # block-wise recompute with one layer per block is full recompute
     assert _allocated(planner.estimate(model, _with(train, recompute={"every_k": 1}), hw)) == full

@@ -18,11 +18,22 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
+from headroom.planner.activations import ActivationTerms
 from headroom.planner.budget import BudgetModel
 from headroom.planner.coefficients import Coefficients, default_coefficients
-from headroom.planner.estimate import Knobs, _overheads, _peak, _stage_parts, estimate, knobs
+from headroom.planner.estimator import (
+    Knobs,
+    StageAllocated,
+    estimate,
+    gpu_peak,
+    knobs,
+    overheads,
+    stage_parts,
+    stages_allocated,
+)
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
+from headroom.planner.states import ModelStates
 from headroom.planner.steptime import StepModel, StepTime
 from headroom.planner.train import TrainSpec
 
@@ -117,11 +128,11 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
             )
         )
     placements: list[tuple[dict[str, Any], dict[str, Any]]] = [
-        ({"offload": "none", "fraction": 1.0}, {"offload": {"mode": "none"}})
+        ({"offload_mode": "none", "offload_fraction": 1.0}, {"offload": {"mode": "none"}})
     ]
     placements += [
         (
-            {"offload": "optimizer", "fraction": f},
+            {"offload_mode": "optimizer", "offload_fraction": f},
             {"offload": {"mode": "optimizer", "fraction": f}},
         )
         for f in OFFLOAD_FRACTIONS
@@ -129,14 +140,14 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
     if p.tp == 1 and p.pp == 1:
         placements += [
             (
-                {"offload": "streaming", "fraction": 1.0, "checkpoint_every": k},
+                {"offload_mode": "streaming", "offload_fraction": 1.0, "checkpoint_every": k},
                 {"offload": {"mode": "streaming", "checkpoint_every": k}},
             )
             for k in STREAMING_EVERY
             if k <= max(model.num_layers, 1) or k == 1
         ]
     zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
-    zeros = [({"zero": z}, {"parallel.zero_stage": z}) for z in zero_range]
+    zeros = [({"zero_stage": z}, {"parallel.zero_stage": z}) for z in zero_range]
     segments = [
         ({"expandable_segments": e}, {"expandable_segments": e})
         for e in dict.fromkeys((train.expandable_segments, True))
@@ -172,12 +183,12 @@ def candidates(model: ModelSpec, train: TrainSpec) -> list[tuple[Knobs, dict[str
     out = []
     for mb in g.micro:
         for pl in g.placements:
-            streaming = pl[0]["offload"] == "streaming"
+            streaming = pl[0]["offload_mode"] == "streaming"
             for z in g.zeros:
                 for es in g.segments:
                     for rc in g.recompute[:1] if streaming else g.recompute:
-                        kn, keys, _ = _combine(base, (mb, z, es, rc, pl))
-                        out.append((kn, keys))
+                        settings, keys, _ = _combine(base, (mb, z, es, rc, pl))
+                        out.append((settings, keys))
     return out
 
 
@@ -246,14 +257,17 @@ def fit(
     pp = base.pp
     stages = (0, pp - 1) if pp > 1 else (0,)
     ranks = min(hardware.gpus_per_node, base.dp * base.tp * pp * base.cp)
-    overheads = {e: _overheads(coeffs, hardware, e) for e in (False, True)}
+    overheads_of = {e: overheads(coeffs, hardware, e) for e in (False, True)}
     margin_fraction = coeffs.margin_fraction if margin_pct is None else margin_pct / 100
     price = StepModel(model, base.seq_len, base.cp, hardware, coeffs)
     fitting: list[tuple[float, int, int, int, tuple[Choice, ...], StepTime]] = []
     rejected: list[Considered] = []
     rejected_total = considered = excluded = 0
-    states_of: dict[tuple[int, int, bool], tuple[tuple[Any, ...], ...]] = {}
-    acts_of: dict[tuple[int, int], tuple[tuple[Any, ...], ...]] = {}
+    states_of: dict[tuple[int, int, bool], tuple[ModelStates, ...]] = {}
+    acts_of: dict[tuple[int, int], tuple[ActivationTerms, ...]] = {}
+    allocated_of: dict[
+        tuple[tuple[int, int, bool], tuple[int, int]], tuple[StageAllocated, ...]
+    ] = {}
     inner_all = [
         ((mb, rc), {**mb[0], **rc[0]}, mb[2] + rc[2], mb[0]["grad_accum"] > 1, m_i, r_i)
         for m_i, mb in enumerate(g.micro)
@@ -261,11 +275,11 @@ def fit(
     ]
     inner_streaming = [i for i in inner_all if i[5] == 0]
     for p_i, pl in enumerate(g.placements):
-        streaming = pl[0]["offload"] == "streaming"
+        streaming = pl[0]["offload_mode"] == "streaming"
         inner = inner_streaming if streaming else inner_all
         for z in g.zeros:
             for es in g.segments:
-                context, fraction = overheads[es[0]["expandable_segments"]]
+                over = overheads_of[es[0]["expandable_segments"]]
                 outer = {**z[0], **es[0], **pl[0]}
                 outer_changed = z[2] + es[2] + pl[2]
                 for (mb, rc), inner_values, inner_changed, accumulating, m_i, r_i in inner:
@@ -274,47 +288,53 @@ def fit(
                     if exclude and candidate_key(_combine(base, choices)[1]) in exclude:
                         excluded += 1
                         continue
-                    kn = None
-                    skey = (p_i, z[0]["zero"], accumulating)
+                    settings = None
+                    skey = (p_i, z[0]["zero_stage"], accumulating)
                     all_states = states_of.get(skey)
                     akey = (m_i, -p_i if streaming else r_i)
                     all_acts = acts_of.get(akey)
                     if all_states is None or all_acts is None:
-                        kn = base._replace(**{**inner_values, **outer})
-                        all_states, all_acts = _stage_parts(model, kn, coeffs, stages)
+                        settings = base._replace(**{**inner_values, **outer})
+                        all_states, all_acts = stage_parts(model, settings, coeffs, stages)
                         states_of[skey], acts_of[akey] = all_states, all_acts
-                    grad_accum = mb[0]["grad_accum"]
-                    peak, where, _ = _peak(
-                        all_states, all_acts, stages, grad_accum, streaming, context, fraction
-                    )
-                    host_peak = sum(all_states[where][-1]) * ranks
-                    margin = math.ceil(peak * margin_fraction)
-                    if peak + margin > cap or (host_cap is not None and host_peak > host_cap):
+                    # the allocator's modes share a candidate's phases
+                    allocated = allocated_of.get((skey, akey))
+                    if allocated is None:
+                        grad_accum = mb[0]["grad_accum"]
+                        allocated = allocated_of[skey, akey] = stages_allocated(
+                            all_states, all_acts, stages, grad_accum, streaming
+                        )
+                    peak_bytes, where, _ = gpu_peak(allocated, over)
+                    host_peak = sum(all_states[where].host) * ranks
+                    margin = math.ceil(peak_bytes * margin_fraction)
+                    too_big = peak_bytes + margin > cap
+                    if too_big or (host_cap is not None and host_peak > host_cap):
                         rejected_total += 1
                         if len(rejected) < max_listed:
                             reason = (
-                                f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
-                                if peak + margin > cap
+                                f"GPU peak {peak_bytes} B + margin {margin} B > capacity {cap} B"
+                                if too_big
                                 else f"host RAM {host_peak} B > capacity {host_cap} B"
                             )
                             rejected.append(
                                 Considered(
                                     changes=changed_keys(train, _combine(base, choices)[1]),
-                                    gpu_peak_bytes=peak,
+                                    gpu_peak_bytes=peak_bytes,
                                     host_peak_bytes=host_peak,
                                     reason=reason,
                                 )
                             )
                         continue
-                    sp = all_acts[where][-2]
-                    if kn is None:
-                        kn = base._replace(**{**inner_values, **outer})
-                    t = price(kn, sp.dense_numel + sp.expert_numel, all_states[where][2])
+                    if settings is None:
+                        settings = base._replace(**{**inner_values, **outer})
+                    states = all_states[where]
+                    sp = states.stage_params
+                    t = price(settings, sp.dense_numel + sp.expert_numel, states.offloaded_numel)
                     fitting.append(
                         (
                             t.tokens_per_second,
                             outer_changed + inner_changed,
-                            peak,
+                            peak_bytes,
                             host_peak,
                             choices,
                             t,
@@ -347,12 +367,12 @@ def fit(
     runners_up = [
         Considered(
             changes=changed_keys(train, _combine(base, c)[1]),
-            gpu_peak_bytes=peak,
+            gpu_peak_bytes=listed_peak,
             host_peak_bytes=host_peak,
             step_seconds=st.step_seconds,
             tokens_per_second=st.tokens_per_second,
         )
-        for _, _, peak, host_peak, c, st in fitting[1 : 1 + max_listed]
+        for _, _, listed_peak, host_peak, c, st in fitting[1 : 1 + max_listed]
     ]
     return FitResult(
         fits=True,

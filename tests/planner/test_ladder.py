@@ -4,7 +4,9 @@ validated estimate of the plan; impossible models are refused with a reason."""
 from __future__ import annotations
 
 from headroom import planner
-from headroom.planner.fit import candidates
+from headroom.planner import ladder
+from headroom.planner.estimator import stage_terms_from_knobs
+from headroom.planner.ladder import candidates
 from headroom.planner.steptime import step_time
 
 
@@ -37,26 +39,20 @@ def test_the_chosen_plan_is_the_fastest_fitting_candidate() -> None:
     assert speeds == sorted(speeds, reverse=True)
     # brute force over the same candidates agrees
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
-    import importlib
-
-    est = importlib.import_module("headroom.planner.estimate")
     best = 0.0
     for kn, _ in candidates(model, train):
         b = planner.evaluate(model, kn, hw, coeffs)
         if b.fits:
-            t = step_time(model, kn, hw, coeffs, est._stage_terms(model, kn, coeffs, b.stage))
+            t = step_time(model, kn, hw, coeffs, stage_terms_from_knobs(model, kn, coeffs, b.stage))
             best = max(best, t.tokens_per_second)
     assert result.predicted_tokens_per_second == best
 
 
 def test_every_candidate_matches_its_validated_spec() -> None:
-    import importlib
-
-    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("tiny-moe")
     train = planner.TrainSpec(micro_batch_size=4, parallel={"dp": 2, "ep": 2})
     for kn, changes in candidates(model, train):
-        plan = fit_module._plan(train, changes)
+        plan = ladder._plan(train, changes)
         assert planner.knobs(plan) == kn, changes
 
 
@@ -88,12 +84,9 @@ def test_the_search_agrees_with_the_estimate_on_every_candidate() -> None:
 
 
 def test_the_grid_keeps_the_global_batch_and_spans_every_dimension() -> None:
-    import importlib
-
-    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("llama-3-8b")  # 32 layers
     train = planner.TrainSpec(micro_batch_size=4, grad_accum_steps=8, parallel={"dp": 4})
-    g = fit_module.grid(model, train)
+    g = ladder.grid(model, train)
     shapes = [(keys["micro_batch_size"], keys["grad_accum_steps"]) for _, keys, _ in g.micro]
     assert shapes == [(1, 32), (2, 16), (4, 8), (8, 4), (16, 2), (32, 1)]
     assert [keys["recompute"] for _, keys, _ in g.recompute] == [
@@ -114,16 +107,13 @@ def test_the_grid_keeps_the_global_batch_and_spans_every_dimension() -> None:
 
 
 def test_excluded_candidates_are_not_chosen_again() -> None:
-    import importlib
-
-    fit_module = importlib.import_module("headroom.planner.fit")
     model = planner.load_model("llama-3-8b")
     train = planner.TrainSpec(micro_batch_size=8)
     hw = planner.gpu("H100-80GB")
     first = planner.fit(model, train, hw)
     assert first.plan is not None
     tried = {
-        fit_module.candidate_key(keys)
+        ladder.candidate_key(keys)
         for kn, keys in candidates(model, train)
         if planner.knobs(planner.TrainSpec.model_validate(first.plan)) == kn
     }

@@ -1,14 +1,21 @@
-"""Why each bucket has the size it has: formula, inputs and source, at the peak phase."""
+"""Why each bucket has the size it has: formula, inputs and source, at the peak phase.
+
+The bytes are the estimate's own: the peak stage's named terms, through the same phase
+arithmetic (``planner.phases``), in the peak phase. The formulas document how the terms are
+made; the inputs are the terms and knobs they were made from.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from headroom.planner.coefficients import Coefficients
-from headroom.planner.estimate import _overheads, estimate, stage_terms
+from headroom.planner.buckets import allocator_overhead_bytes
+from headroom.planner.budget import GPU_BUCKETS, PHASES, ROW_BUCKETS
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.estimator import evaluate, knobs, overheads, stage_terms_from_knobs
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
-from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
+from headroom.planner.train import TrainSpec
 
 _FOUNDATIONS = "seeds/memory-analysis-foundations.txt"
 _KORTHIKANTI = "Korthikanti et al. 2022 (seeds/memory-analysis-foundations.txt)"
@@ -30,27 +37,34 @@ def explain(
     model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> dict[str, Explanation]:
     """Explain every GPU bucket of the estimate (values at the peak phase)."""
-    budget = estimate(model, train, hardware, coefficients)
-    t, coeffs = stage_terms(model, train, hardware, budget.stage, coefficients)
-    context, fraction = _overheads(coeffs, hardware, train.expandable_segments)
+    settings = knobs(train)
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    verdict = evaluate(model, settings, hardware, coeffs)
+    t = stage_terms_from_knobs(model, settings, coeffs, verdict.stage)
+    row = t.rows()[PHASES.index(verdict.peak_phase)]
+    over = overheads(coeffs, hardware, settings.expandable_segments)
+    bytes_of = dict(zip(ROW_BUCKETS, row, strict=True))
+    bytes_of["cuda_context"] = over.cuda_context_bytes
+    bytes_of["allocator_overhead"] = allocator_overhead_bytes(
+        sum(row), over.allocator_overhead_fraction
+    )
     prec = train.precision
-    streaming = train.offload.mode == "streaming"
-    sp, a = t.sp, t.acts
-    common = {"stage": budget.stage, "peak_phase": budget.peak_phase}
+    sp, a, states = t.stage_params, t.activations.layer, t.states
+    common = {"stage": verdict.stage, "peak_phase": verdict.peak_phase}
     local = {"local_dense_params": sp.dense_numel, "local_expert_params": sp.expert_numel}
     zero = {
-        "zero_stage": train.parallel.zero_stage,
-        "zero_shards_dense": t.zero_dense,
-        "zero_shards_expert": t.zero_expert,
+        "zero_stage": settings.zero_stage,
+        "zero_shards_dense": tuple(states.zero_dense),
+        "zero_shards_expert": tuple(states.zero_expert),
     }
     rows: dict[str, tuple[str, dict[str, object], str]] = {}
-    if streaming:
+    if t.streaming:
         rows["params"] = (
             "num_buffers x largest_unit_params x bytes(params)",
             {
-                "num_buffers": train.offload.num_buffers,
+                "num_buffers": settings.num_buffers,
                 "largest_unit_params": sp.max_unit_numel,
-                "bytes_params": BYTES_PER_ELEMENT[prec.params],
+                "bytes_params": settings.param_bytes,
             },
             "seeds/megatrain-streaming-offload.txt (double-buffered layer streaming)",
         )
@@ -90,14 +104,14 @@ def explain(
     opt_inputs: dict[str, object] = {
         "optimizer": train.optimizer,
         "impl": train.optimizer_impl,
-        "gpu_updated_params": t.gpu_updated_numel,
-        "offloaded_params": t.offloaded_numel,
+        "gpu_updated_params": states.gpu_updated_numel,
+        "offloaded_params": states.offloaded_numel,
         "precision": prec.optimizer_states,
-        "temporaries": t.optimizer_temporaries,
+        "temporaries": states.optimizer_temporaries,
     }
     rows["master_params"] = (
         "gpu_updated_params x bytes(master)",
-        {"gpu_updated_params": t.gpu_updated_numel, "precision": prec.master, **zero},
+        {"gpu_updated_params": states.gpu_updated_numel, "precision": prec.master, **zero},
         _FOUNDATIONS,
     )
     rows["optimizer_states"] = (
@@ -150,22 +164,25 @@ def explain(
     )
     rows["cuda_context"] = (
         "constant",
-        {"bytes": context, "calibrated": coeffs.calibrated},
+        {"bytes": over.cuda_context_bytes, "calibrated": coeffs.calibrated},
         "coefficients or GPU preset default (uncalibrated)",
     )
     rows["allocator_overhead"] = (
         "fraction x allocated at the peak phase",
-        {"fraction": fraction, "expandable_segments": train.expandable_segments},
+        {
+            "fraction": over.allocator_overhead_fraction,
+            "expandable_segments": settings.expandable_segments,
+        },
         "seeds/h200-memory-budget-and-autofit.txt (5-10% of peak)",
     )
     out = {}
-    for bucket, value in budget.gpu.buckets.items():
+    for bucket in GPU_BUCKETS:
         formula, inputs, source = rows[bucket]
         clean = {
             k: (v if isinstance(v, int | float | str) or v is None else str(v))
             for k, v in {**common, **inputs}.items()
         }
         out[bucket] = Explanation(
-            bucket=bucket, bytes=value, formula=formula, inputs=clean, source=source
+            bucket=bucket, bytes=bytes_of[bucket], formula=formula, inputs=clean, source=source
         )
     return out

@@ -1,0 +1,421 @@
+"""The estimator: per-bucket bytes on the heaviest rank, phase by phase, and the verdict.
+
+A training spec is flattened once into ``Knobs``. Each pipeline stage that can be the heaviest
+(the first and the last) gets two named halves of terms: its persistent ``ModelStates``
+(``planner.states``: placement, precisions, optimizer, offload) and its ``ActivationTerms``
+(``planner.activations``: batch shape, recompute). Each half is memoised by its own inputs
+(``StatesInputs``, ``ActivationInputs``), so a search that varies the batch shape reuses the
+states and one that varies placement reuses the activations. ``planner.phases`` turns a stage's
+terms into allocated bytes per bucket and phase; the reported peak is the largest phase total
+(plus the CUDA context and the allocator's overhead), never the sum of the buckets' separate
+maxima.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from headroom.planner import buckets as b
+from headroom.planner._memo import identity_memo
+from headroom.planner.activations import (
+    ActivationInputs,
+    ActivationTerms,
+    activation_terms,
+    layer_activations,
+)
+from headroom.planner.budget import PHASES, Budget
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.errors import SpecError
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.phases import PhaseRows, phase_rows, phase_totals, stage_layer_backward
+from headroom.planner.stage import StageParams
+from headroom.planner.states import ModelStates, StatesInputs, model_states
+from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
+
+
+class Knobs(NamedTuple):
+    """A training spec flattened to the scalars the estimate reads, resolved once per spec.
+
+    A search (the auto-fit ladder) varies these directly with ``_replace`` instead of validating
+    a new ``TrainSpec`` per candidate; ``knobs(train)`` is the only way to make one from a spec.
+    """
+
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+    param_bytes: int  # bytes per working parameter (and per activation element)
+    grad_bytes: int  # bytes per gradient, plus the working-precision one when accumulating
+    # in fp32
+    master_bytes: int  # bytes per master parameter (0: none)
+    state_bytes: int  # bytes per optimizer-state element
+    optimizer: str
+    optimizer_impl: str
+    eager_attention: bool
+    ema: str
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+    cp: int
+    sequence_parallel: bool
+    zero_stage: int
+    offload_mode: str  # none | optimizer | streaming
+    offload_fraction: float  # share of the optimizer offloaded (read with mode optimizer)
+    num_buffers: int  # streaming's layer buffers
+    selective: bool  # selective recompute
+    checkpoint_every: int | None  # layers per recomputed block (full recompute: 1)
+    capacity_factor: float | None
+    imbalance: float
+    expandable_segments: bool
+    activation_profile: str
+    clips_grad_norm: bool  # global-norm clipping: streaming's CPU update waits for the norm
+
+
+@identity_memo(4096)
+def knobs(train: TrainSpec) -> Knobs:
+    """The scalars of ``train`` the estimate reads (memoised per spec object)."""
+    parallel, precision, offload = train.parallel, train.precision, train.offload
+    _check(train)
+    param_bytes = BYTES_PER_ELEMENT[precision.params]
+    grad_bytes = BYTES_PER_ELEMENT[precision.grads]
+    if grad_bytes > param_bytes:
+        # fp32 accumulation: autograd still produces working-precision grads, accumulated
+        # into an fp32 buffer (the seeds' 20 B/param case)
+        grad_bytes += param_bytes
+    checkpoint_every = train.checkpoint_every
+    if train.recompute == "full" and checkpoint_every is None:
+        checkpoint_every = 1
+    return Knobs(
+        micro_batch=train.micro_batch_size,
+        seq_len=train.seq_len,
+        grad_accum=train.grad_accum_steps,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        master_bytes=BYTES_PER_ELEMENT[precision.master],
+        state_bytes=BYTES_PER_ELEMENT[precision.optimizer_states],
+        optimizer=train.optimizer,
+        optimizer_impl=train.optimizer_impl,
+        eager_attention=train.attention == "eager",
+        ema=train.ema,
+        dp=parallel.dp,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        ep=parallel.ep,
+        cp=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel,
+        zero_stage=parallel.zero_stage,
+        offload_mode=offload.mode,
+        offload_fraction=offload.fraction,
+        num_buffers=offload.num_buffers,
+        selective=train.recompute == "selective",
+        checkpoint_every=checkpoint_every,
+        capacity_factor=train.moe_capacity_factor,
+        imbalance=train.moe_imbalance,
+        expandable_segments=train.expandable_segments,
+        activation_profile=train.activation_profile,
+        clips_grad_norm=train.max_grad_norm is not None,
+    )
+
+
+def _check(train: TrainSpec) -> None:
+    p = train.parallel
+    if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):
+        raise SpecError(
+            "offload.mode: streaming runs one layer stream per GPU; it needs parallel.tp=1 and "
+            f"parallel.pp=1, got tp={p.tp} pp={p.pp}",
+            field="offload.mode",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTerms:
+    """Every term of one stage's estimate (``explain`` and the Budget's views read these)."""
+
+    states: ModelStates
+    """Its persistent state."""
+    activations: ActivationTerms
+    """One micro-batch's activation terms."""
+    in_flight: int
+    """Micro-batches whose activations are alive at once (pipeline warm-up)."""
+    checkpoint_every: int | None
+    """Layers per recomputed block (None: no block recompute)."""
+    streaming: bool
+    """Layers stream through the GPU (offload mode streaming)."""
+    accumulating: bool
+    """Gradients accumulate over more than one micro-batch."""
+
+    @property
+    def stage_params(self) -> StageParams:
+        """The stage's local parameter facts."""
+        return self.states.stage_params
+
+    def rows(self) -> PhaseRows:
+        """Allocated bytes per GPU bucket in each phase (what the Budget shows)."""
+        return phase_rows(
+            self.states, self.activations, self.in_flight, self.streaming, self.accumulating
+        )
+
+
+class Overheads(NamedTuple):
+    """What the allocator and the CUDA runtime add to the allocated bytes."""
+
+    cuda_context_bytes: int
+    allocator_overhead_fraction: float  # of the allocated bytes
+
+
+def overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> Overheads:
+    """The CUDA context and allocator overhead: the coefficients', else the GPU preset's."""
+    context = coeffs.cuda_context_bytes
+    if context is None:
+        context = hw.cuda_context_bytes
+    if expandable_segments:
+        fraction = coeffs.expandable_segments_overhead_fraction
+    elif coeffs.allocator_overhead_fraction is not None:
+        fraction = coeffs.allocator_overhead_fraction
+    else:
+        fraction = hw.allocator_overhead_fraction
+    return Overheads(context, fraction)
+
+
+def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
+    """The knobs and coefficients ``model_states`` reads (values it ignores normalised, so
+    candidates that differ only there share an entry)."""
+    streaming = settings.offload_mode == "streaming"
+    return StatesInputs(
+        tp=settings.tp,
+        pp=settings.pp,
+        ep=settings.ep,
+        data_parallel=settings.dp * settings.cp,
+        zero_stage=settings.zero_stage,
+        param_bytes=settings.param_bytes,
+        grad_bytes=settings.grad_bytes,
+        master_bytes=settings.master_bytes,
+        state_bytes=settings.state_bytes,
+        optimizer=settings.optimizer,
+        optimizer_impl=settings.optimizer_impl,
+        ema=settings.ema,
+        offload_mode=settings.offload_mode,
+        offload_fraction=settings.offload_fraction if settings.offload_mode == "optimizer" else 0.0,
+        num_buffers=settings.num_buffers if streaming else 0,
+        accumulating=settings.grad_accum > 1,
+        backward_mlp_grads=coeffs.backward_mlp_grads,
+    )
+
+
+def activation_inputs(settings: Knobs) -> ActivationInputs:
+    """The knobs ``activation_terms`` reads."""
+    return ActivationInputs(
+        tp=settings.tp,
+        pp=settings.pp,
+        ep=settings.ep,
+        cp=settings.cp,
+        sequence_parallel=settings.sequence_parallel,
+        micro_batch=settings.micro_batch,
+        seq_len=settings.seq_len,
+        act_bytes=settings.param_bytes,
+        eager_attention=settings.eager_attention,
+        capacity_factor=settings.capacity_factor,
+        imbalance=settings.imbalance,
+        selective=settings.selective,
+        checkpoint_every=settings.checkpoint_every,
+    )
+
+
+# Spec-dependent memo of ``stage_parts``: keyed by the identity of the model (and coefficients)
+# and each half's inputs; the entry keeps the keyed objects alive so an id cannot be reused.
+_CACHE_SIZE = 8192
+_StatesKey = tuple[int, tuple[int, ...], StatesInputs]
+_ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
+_STATES: dict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = {}
+_ACTS: dict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = {}
+
+
+@identity_memo(4096, objects=2)
+def _inputs(settings: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
+    """Both halves' inputs, memoised by the knobs' identity (an estimate's are per spec)."""
+    return states_inputs(settings, coeffs), activation_inputs(settings)
+
+
+def stage_parts(
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
+) -> tuple[tuple[ModelStates, ...], tuple[ActivationTerms, ...]]:
+    """Persistent state and activation terms of each of ``stages`` (in order), memoised."""
+    inputs, act_inputs = _inputs(settings, coeffs)
+    key = (id(model), stages, inputs)
+    hit = _STATES.get(key)
+    if hit is None:
+        if len(_STATES) >= _CACHE_SIZE:
+            del _STATES[next(iter(_STATES))]
+        hit = _STATES[key] = (model, tuple(model_states(model, s, inputs) for s in stages))
+    states = hit[1]
+    akey = (id(model), id(coeffs), stages, act_inputs)
+    ahit = _ACTS.get(akey)
+    if ahit is None:
+        if len(_ACTS) >= _CACHE_SIZE:
+            del _ACTS[next(iter(_ACTS))]
+        acts = tuple(activation_terms(model, coeffs, s, act_inputs) for s in stages)
+        ahit = _ACTS[akey] = (model, coeffs, acts)
+    return states, ahit[2]
+
+
+def stage_terms_from_knobs(
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients, stage: int
+) -> StageTerms:
+    """Every term of ``stage`` under ``settings`` (``evaluate``'s, for its views and
+    ``explain``)."""
+    (states,), (acts,) = stage_parts(model, settings, coeffs, (stage,))
+    return StageTerms(
+        states=states,
+        activations=acts,
+        in_flight=min(settings.pp - stage, settings.grad_accum),
+        checkpoint_every=settings.checkpoint_every,
+        streaming=settings.offload_mode == "streaming",
+        accumulating=settings.grad_accum > 1,
+    )
+
+
+class StageAllocated(NamedTuple):
+    """One stage's largest phase."""
+
+    allocated_bytes: int  # its allocated bytes (the sum of its row)
+    phase_index: int  # index of the phase in PHASES
+
+
+class Peak(NamedTuple):
+    """The GPU peak over some stages."""
+
+    gpu_bytes: int  # allocated + CUDA context + allocator overhead
+    stage_index: int  # index of the peak stage in the stages asked about
+    phase_index: int  # index of the peak phase in PHASES
+
+
+def stages_allocated(
+    all_states: tuple[ModelStates, ...],
+    all_acts: tuple[ActivationTerms, ...],
+    stages: tuple[int, ...],
+    grad_accum: int,
+    streaming: bool,
+) -> tuple[StageAllocated, ...]:
+    """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
+    pp = stages[-1] + 1
+    accumulating = grad_accum > 1
+    out = []
+    for i, stage in enumerate(stages):
+        in_flight = min(pp - stage, grad_accum)
+        totals = phase_totals(
+            phase_rows(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+        )
+        allocated = max(totals)
+        out.append(StageAllocated(allocated, totals.index(allocated)))
+    return tuple(out)
+
+
+def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
+    """The GPU peak over stages whose largest phases are ``allocated`` (the first of equal
+    stages wins)."""
+    context, fraction = over
+    if len(allocated) == 1:
+        stage_bytes, phase_index = allocated[0]
+        overhead = b.allocator_overhead_bytes(stage_bytes, fraction)
+        return Peak(stage_bytes + context + overhead, 0, phase_index)
+    best, where, index = -1, 0, 0
+    for i, (stage_bytes, phase_index) in enumerate(allocated):
+        total = stage_bytes + context + b.allocator_overhead_bytes(stage_bytes, fraction)
+        if total > best:
+            best, where, index = total, i, phase_index
+    return Peak(best, where, index)
+
+
+def stage_terms(
+    model: ModelSpec,
+    train: TrainSpec,
+    hardware: Hardware,
+    stage: int,
+    coefficients: Coefficients | None = None,
+) -> tuple[StageTerms, Coefficients]:
+    """One stage's terms (``explain`` asks for the estimate's heaviest) and the coefficients."""
+    coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
+    return stage_terms_from_knobs(model, knobs(train), coeffs, stage), coeffs
+
+
+def estimate(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
+    """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
+    return evaluate(model, knobs(train), hardware, coefficients)
+
+
+def evaluate(
+    model: ModelSpec, settings: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
+) -> Budget:
+    """``estimate`` on flattened knobs: what a search calls with ``knobs(train)._replace(...)``.
+
+    Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
+    """
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    over = overheads(coeffs, hardware, settings.expandable_segments)
+    pp = settings.pp
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    streaming = settings.offload_mode == "streaming"
+    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
+    peak_bytes, i, index = gpu_peak(allocated, over)
+    stage, host = stages[i], all_states[i].host
+    capacity = hardware.memory_bytes
+    ranks = min(hardware.gpus_per_node, settings.dp * settings.tp * pp * settings.cp)
+    host_peak = sum(host) * ranks
+    host_cap = hardware.host_memory_bytes
+    margin = math.ceil(peak_bytes * coeffs.margin_fraction)
+    fits = peak_bytes + margin <= capacity and (host_cap is None or host_peak <= host_cap)
+    warnings = []
+    if streaming and settings.ema == "gpu":
+        warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
+    if host_cap is None and host_peak:
+        warnings.append("host: no --host-memory given; host RAM was not checked")
+    return Budget(
+        peak_phase=PHASES[index],
+        fits=fits,
+        stage=stage,
+        margin_bytes=margin,
+        warnings=warnings,
+        gpu_peak_bytes=peak_bytes,
+        host_peak_bytes=host_peak,
+        model=model,
+        hardware_name=hardware.name,
+        capacity=capacity,
+        rows=lambda: stage_terms_from_knobs(model, settings, coeffs, stage).rows(),
+        context=over.cuda_context_bytes,
+        allocator_overhead_fraction=over.allocator_overhead_fraction,
+        host=host,
+        ranks=ranks,
+        host_capacity=host_cap,
+        coeffs=coeffs,
+    )
+
+
+def layer_backward_bytes(
+    model: ModelSpec, train: TrainSpec, coefficients: Coefficients | None = None
+) -> int:
+    """Allocated bytes of the first stage at the largest of its backward points in the steady
+    state: the peak while one of its layers' backward runs (calibration compares it with the
+    largest a trace saw inside a decoder layer's backward)."""
+    settings = knobs(train)
+    t = stage_terms_from_knobs(
+        model, settings, coefficients or default_coefficients(settings.activation_profile), 0
+    )
+    s = t.states
+    layer = stage_layer_backward(s, t.activations, t.in_flight)
+    through = sum(layer) if layer is not None else 0
+    return s.params + s.master_params + s.ema + s.transfer_buffers + s.optimizer_states + through
+
+
+def clear_spec_caches() -> None:
+    """Forget every memoised spec-dependent term (model-derived facts stay cached)."""
+    _STATES.clear()
+    _ACTS.clear()
+    knobs.cache_clear()
+    _inputs.cache_clear()
+    layer_activations.cache_clear()

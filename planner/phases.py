@@ -1,0 +1,153 @@
+"""The phase arithmetic: allocated bytes per GPU bucket in each phase of a step, from one
+stage's named terms.
+
+A step has phases. Step 1 runs forward and backward before any optimizer state exists; from
+step 2 on the moments are resident throughout. Within backward, activations are freed layer by
+layer while gradients appear: the backward peak is the largest of the loss's backward (logits
+and their gradient), each layer's backward (the gradients of the layers above it, the saved
+tensors up to it or, with recompute, the checkpoints below its block and the block re-run up to
+it, and its own backward temporaries) and the embedding's. The optimizer phase adds the step's
+own temporaries.
+
+``phase_rows`` is the only statement of this arithmetic: the verdict's phase totals are the sums
+of its rows (``phase_totals``), and the Budget's per-bucket views and ``explain`` show the rows.
+"""
+
+from __future__ import annotations
+
+from headroom.planner.activations import ActivationTerms, BackwardPoint, LayerTemporaries
+from headroom.planner.states import LayerGrads, ModelStates
+
+#: allocated bytes per GPU bucket in one phase, in ``planner.budget.ROW_BUCKETS`` order (plain
+#: tuples: a search builds five per candidate, and a named tuple costs several times as much)
+BucketRow = tuple[int, int, int, int, int, int, int, int, int]
+#: one ``BucketRow`` per phase, in ``PHASES`` order
+PhaseRows = tuple[BucketRow, BucketRow, BucketRow, BucketRow, BucketRow]
+
+
+def layer_peak(grads: LayerGrads, temporaries: LayerTemporaries) -> tuple[int, int]:
+    """What a layer's backward holds at its peak beyond its saved tensors: (its own gradients
+    made by then, its temporaries then less its MLP's saved tensors once freed).
+
+    The peak is the largest of: as it starts (an MoE layer, on its routed experts' outputs: of
+    its gradients only its shared experts'), during its MLP's backward (the MLP's temporaries
+    and the share of its gradients made by then), or once that is done (all of the MLP's
+    gradients, its saved tensors freed, and what an MoE layer's routed experts hold as their
+    backward ends)."""
+    throughout = temporaries.throughout
+    # nothing held before the routed experts' backward but what it holds later
+    at_start = grads.start if temporaries.start else 0
+    in_mlp = temporaries.mlp + grads.mlp_peak
+    starting = temporaries.start + at_start
+    after_mlp = grads.mlp - temporaries.mlp_saved + temporaries.end
+    if in_mlp >= after_mlp and in_mlp >= starting:
+        return grads.mlp_peak, throughout + temporaries.mlp
+    if starting > after_mlp:
+        return at_start, throughout + temporaries.start
+    return grads.mlp, throughout - temporaries.mlp_saved + temporaries.end
+
+
+def through_layers(
+    points: tuple[BackwardPoint, ...],
+    grads_start: int,
+    layer_grads: tuple[int, int],
+    peaks: tuple[tuple[int, int], tuple[int, int]],
+    other_activations: int,
+    other_dispatch: int,
+) -> tuple[int, int, int] | None:
+    """(grads, activations, moe_dispatch) at the largest of the layers' backward points (None
+    without layers; the first of equal points wins). Per kind (dense, MoE): a layer's
+    gradients (``layer_grads``) and its backward's ``layer_peak`` (``peaks``). ``other_*`` is
+    what the other micro-batches in flight keep of their forwards."""
+    best = None
+    best_total = -1
+    dense_grads, moe_grads = layer_grads
+    # unpacked rather than read by attribute: this loop is most of a search's time
+    for dense_layers, moe_layers, activations, dispatch, is_moe in points:
+        own_grads, temporaries = peaks[is_moe]
+        grads = grads_start + dense_layers * dense_grads + moe_layers * moe_grads + own_grads
+        activations += other_activations + temporaries
+        dispatch += other_dispatch
+        total = grads + activations + dispatch
+        if total > best_total:
+            best, best_total = (grads, activations, dispatch), total
+    return best
+
+
+def stage_layer_backward(
+    states: ModelStates, acts: ActivationTerms, in_flight: int
+) -> tuple[int, int, int] | None:
+    """``through_layers`` of one stage with ``in_flight`` micro-batches."""
+    dense, moe = states.layer_grads
+    temporaries = acts.temporaries
+    return through_layers(
+        acts.backward_points,
+        states.grads_start,
+        (dense.layer, moe.layer),
+        (layer_peak(dense, temporaries.dense), layer_peak(moe, temporaries.moe)),
+        (in_flight - 1) * acts.activations_saved,
+        (in_flight - 1) * acts.dispatch_saved,
+    )
+
+
+def phase_rows(
+    states: ModelStates,
+    acts: ActivationTerms,
+    in_flight: int,
+    streaming: bool,
+    accumulating: bool,
+) -> PhaseRows:
+    """Allocated bytes per GPU bucket in each phase of one stage with ``in_flight``
+    micro-batches (see the module docstring)."""
+    params, master, ema = states.params, states.master_params, states.ema
+    transfer, opt = states.transfer_buffers, states.optimizer_states
+    logits = acts.logits_forward
+    activations = in_flight * acts.activations_saved
+    dispatch = in_flight * acts.dispatch_saved
+    # streaming: the head runs on its pool buffer and its input is held for its gradient
+    if streaming and logits:
+        activations += acts.layer.layer_input
+    # gradient buffers live from the first micro-batch on (streaming's are the host's)
+    live_grads = states.grads_total if accumulating and not streaming else 0
+    # streaming: gradients drain to the host during a forward only after an earlier
+    # micro-batch's backward
+    forward_transfer = transfer if accumulating or not streaming else 0
+
+    # The backward's largest point (the earlier on a tie): the embedding's, every layer's
+    # activations gone; a layer's; or the loss's, which runs before any gradient of a
+    # parameter exists (the head's own follows it) unless the buffers are already live.
+    back = (states.grads_tail, 0, 0, 0, transfer)  # grads, activations, logits, dispatch, transfer
+    layer = stage_layer_backward(states, acts, in_flight)
+    if layer is not None and sum(layer) > states.grads_tail:
+        back = (layer[0], layer[1], 0, layer[2], transfer)
+    if logits:
+        loss_transfer = 0 if streaming else transfer
+        loss_logits = logits + acts.logits_backward
+        loss = (live_grads, activations, loss_logits, dispatch, loss_transfer)
+        if sum(loss) > sum(back):
+            back = loss
+    grads, back_activations, back_logits, back_dispatch, back_transfer = back
+
+    if streaming:  # the CPU updates each layer as its gradients land
+        optimizer = (params, 0, master, 0, ema, 0, 0, 0, transfer)
+    else:  # ZeRO-3's gathered units are released once backward is done
+        optimizer_states = opt + states.optimizer_temporaries
+        optimizer = (params, states.grads_total, master, optimizer_states, ema, 0, 0, 0, 0)
+    # fmt: off
+    # params, grads, master_params, optimizer_states, ema, activations, logits, moe_dispatch,
+    # transfer_buffers (ROW_BUCKETS); step 1 has no optimizer states yet
+    return (
+        (params, live_grads, master, 0, ema, activations, logits, dispatch, forward_transfer),
+        (params, grads, master, 0, ema, back_activations, back_logits, back_dispatch,
+         back_transfer),
+        (params, live_grads, master, opt, ema, activations, logits, dispatch, forward_transfer),
+        (params, grads, master, opt, ema, back_activations, back_logits, back_dispatch,
+         back_transfer),
+        optimizer,
+    )
+    # fmt: on
+
+
+def phase_totals(rows: PhaseRows) -> list[int]:
+    """Allocated bytes of each phase (``PHASES`` order): the sums of its rows."""
+    return list(map(sum, rows))
