@@ -1,7 +1,7 @@
 """Estimate requests per second over HTTP against a local, real server (target: >= 1,000 req/s
 with p99 <= 10 ms on the development machine).
 
-The script migrates a throwaway SQLite database once, starts ``uvicorn api.main:app`` on it
+The script migrates a throwaway SQLite database once, starts ``uvicorn headroom.api.main:app`` on it
 as a subprocess on a free local port (``--workers N``, ``HEADROOM_MIGRATE=false`` so the
 workers do not race to migrate, uvloop and httptools when installed: with several workers
 the plain asyncio loop leaves Nagle on and every keep-alive answer waits ~40 ms), checks that
@@ -189,7 +189,7 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
     return [*cmd, "--loop", loop, "--http", http, "--backlog", "4096"]
 
 
-MIGRATE = "import sys; from api import migrate; migrate.upgrade(sys.argv[1])"
+MIGRATE = "import sys; from headroom.store import upgrade; upgrade(sys.argv[1])"
 
 
 def post(url: str, body: bytes, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -1,0 +1,43 @@
+"""The bench scripts still run against today's code (their figures live in docs/PERFORMANCE.md;
+nothing here is timed): each exits 0 on a tiny budget and prints its table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_the_estimate_bench_runs() -> None:
+    out = _bench("bench/estimate.py", "--seconds", "0.02")
+    assert "llama-3-8b default" in out and "deepseek-v3 pp16 dp64 ep64" in out
+
+
+def test_the_ladder_bench_runs() -> None:
+    out = _bench("bench/ladder.py", "--repeats", "1")
+    assert "deepseek-v3 pp16 dp8 ep8" in out
+
+
+def test_the_service_load_bench_migrates_serves_and_answers() -> None:
+    out = _bench(
+        "bench/api_load.py",
+        "--client",
+        "python",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--workers",
+        "1",
+    )
+    assert "errors: non-200 0, socket 0" in out
