@@ -6,6 +6,24 @@ Pure Python and pydantic (no torch, no web or database stack), so the CI gate ru
     budget = planner.estimate(planner.load_model("llama-3-8b"), planner.TrainSpec(),
                               planner.gpu("H100-80GB"))
     budget.gpu.peak_bytes, budget.peak_phase, budget.fits
+
+Where each part lives (``docs/ESTIMATOR.md`` explains the model):
+
+- ``estimate``, ``evaluate``, ``knobs`` (``planner.estimator``): the heaviest stage and phase,
+  the verdict; a stage's terms come from ``planner.states`` (``params``, ``grads``,
+  ``master_params``, ``optimizer_states``, ``ema``, ``transfer_buffers`` and the host buckets)
+  and ``planner.activations`` (``activations``, ``logits``, ``moe_dispatch``), each from one
+  function per bucket in ``planner.buckets`` (``params_bytes``, ``grads_bytes``,
+  ``master_params_bytes``, ``optimizer_state_bytes``, ``ema_bytes``, ``moe_dispatch_bytes``,
+  ``logits_bytes``, ``korthikanti_layer_bytes``, ``allocator_overhead_bytes``; ``cuda_context``
+  is the coefficients' or the GPU preset's), combined phase by phase once in ``planner.phases``;
+- ``Budget``, ``BudgetModel`` (``planner.budget``): the per-bucket, per-phase views and JSON;
+- ``explain`` (``planner.explanation``): each bucket's formula, inputs and source;
+- ``fit`` (``planner.ladder``): the auto-fit search, ranked by ``planner.steptime``;
+- ``gate`` (``planner.verdict``): the CI gate's verdict;
+- specs: ``ModelSpec`` (``planner.model``), ``TrainSpec`` (``planner.train``), ``Hardware``
+  (``planner.hardware``), presets and files (``planner.io``, ``planner.hf``), ``Coefficients``
+  (``planner.coefficients``); the trainer's ``TrainerReport`` and a run's ``Measurement``.
 """
 
 from headroom.planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
