@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, TypeAlias
 
 BACKENDS = ("local", "torchrun")
 #: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
@@ -132,19 +133,59 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def end_process_group(pgid: int, grace_s: float = 5.0) -> bool:
-    """SIGTERM the group, then SIGKILL what is left after ``grace_s``; True if it was alive."""
+#: a process group to end: the ``Popen`` of a trainer we started (the group's leader, reaped
+#: here), or the group id of one we did not start (an orphan that someone else reaps)
+Group: TypeAlias = subprocess.Popen[bytes] | int
+
+
+def _group_gone(group: Group) -> bool:
+    """Whether nothing of ``group`` is left. Our own child is reaped first: until it is waited
+    for it stays a zombie, still a member of its group, and the group would look alive."""
+    if isinstance(group, subprocess.Popen):
+        group.poll()
+        pgid = group.pid
+    else:
+        pgid = group
     try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):  # Permission: the id is someone else's now
+        return True
+    return False
+
+
+def end_process_groups(groups: Sequence[Group], grace_s: float = 5.0) -> list[bool]:
+    """SIGTERM every group at once, wait one shared ``grace_s`` for all of them, then SIGKILL
+    what is left; per group, True if it was alive. A ``Popen`` is reaped (its ``returncode``
+    set), so a trainer that exits on SIGTERM is seen gone at once."""
+    alive = []
+    for group in groups:
+        pgid = group.pid if isinstance(group, subprocess.Popen) else group
         try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    return True
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):  # gone, or the id is someone else's now
+            alive.append(False)
+        else:
+            alive.append(True)
+    waiting = [g for g, a in zip(groups, alive, strict=True) if a]
+    deadline = time.monotonic() + grace_s
+    while waiting:
+        waiting = [g for g in waiting if not _group_gone(g)]
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    for group in waiting:
+        pgid = group.pid if isinstance(group, subprocess.Popen) else group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    for group in waiting:
+        if isinstance(group, subprocess.Popen):
+            # SIGKILL cannot be ignored; the bound only guards a process stuck in the kernel
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                group.wait(timeout=grace_s)
+    return alive
+
+
+def end_process_group(group: Group, grace_s: float = 5.0) -> bool:
+    """SIGTERM the group, then SIGKILL what is left after ``grace_s``; True if it was alive
+    (``end_process_groups`` for one group)."""
+    return end_process_groups([group], grace_s)[0]

@@ -31,6 +31,7 @@ from headroom.launch.backends import (
     EXIT_OOM,
     describe_exit,
     end_process_group,
+    end_process_groups,
     launcher,
     process_cmdline,
     process_start_ticks,
@@ -183,9 +184,11 @@ class Supervisor:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=10)
-        for run_id, (proc, logfile) in list(self.children.items()):
-            # the service is going away: its trainers go with it, recorded as such
-            end_process_group(proc.pid, grace_s=5)
+        # the service is going away: its trainers go with it, recorded as such; all are
+        # signalled at once and share one grace, so N trainers take one grace, not N
+        children = list(self.children.items())
+        end_process_groups([proc for _, (proc, _) in children], grace_s=5)
+        for run_id, (proc, logfile) in children:
             proc.wait()
             logfile.close()
             with self.sessions() as session:
@@ -295,7 +298,7 @@ class Supervisor:
             session, run.id, pid=proc.pid, log_path=str(log_path), backend=backend.name
         )
         if not started:
-            end_process_group(proc.pid)  # cancelled between the claim and the start
+            end_process_group(proc)  # cancelled between the claim and the start
 
     def probe(self, session: Session, run: Run, plan: RunPlan, directory: Path) -> RunPlan | None:
         """Confirm the run's plan with probes (``launch.probing``), each recorded as a
@@ -342,7 +345,7 @@ class Supervisor:
                     cancel(session, run, end_group=False)
             proc, _ = self.children.get(run_id, (None, None))
             if proc is not None:  # our own child: end its group here, and wait for it
-                end_process_group(proc.pid)
+                end_process_group(proc)  # reaped there: gone as soon as it exits
                 proc.wait()
             self.tick_children()
         with self.sessions() as session:
