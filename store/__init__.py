@@ -35,6 +35,7 @@ from headroom.store.migrate import (
 from headroom.store.rows import get_row, list_rows
 from headroom.store.runs import add_run, run_by_uid
 from headroom.store.tables import (
+    MAX_ROW_ID,
     RUN_STATUSES,
     Base,
     Calibration,
@@ -46,6 +47,7 @@ from headroom.store.tables import (
 
 __all__ = [
     "MAX_BIGINT",
+    "MAX_ROW_ID",
     "RUN_STATUSES",
     "Base",
     "Calibration",

@@ -30,6 +30,10 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
+#: the largest row id: the id columns are ``Integer``, 32-bit on PostgreSQL (SQLite would hold
+#: 64 bits), so an id above it is refused by the API's path schema on both databases alike
+MAX_ROW_ID = 2**31 - 1
+
 #: a run's states; ``headroom.launch.transitions`` moves a run between them
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 

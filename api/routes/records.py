@@ -60,7 +60,16 @@ def _run(row: Run) -> RunOut:
     )
 
 
-RowId = Annotated[int, Path(ge=1, le=2**62)]
+#: a row id: bounded by the id columns' range, so an id no row can have is the same 422 on
+#: SQLite and PostgreSQL (whose 32-bit ``integer`` refused it with a 500)
+RowId = Annotated[
+    int,
+    Path(
+        ge=1,
+        le=store.MAX_ROW_ID,
+        description=f"The row's id, 1 to {store.MAX_ROW_ID} (beyond that: 422).",
+    ),
+]
 Limit = Query(default=100, ge=1, le=500)
 Offset = Query(default=0, ge=0, le=2**31)
 #: filters are compared with text columns, and PostgreSQL refuses NUL in text
