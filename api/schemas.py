@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from headroom import planner
+from headroom import planner, store
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
@@ -143,7 +143,12 @@ class CoefficientSetOut(BaseModel):
 
 class RunIn(_In):
     uid: str | None = Field(
-        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$"
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=store.RUN_UID_PATTERN,
+        description="Client-chosen id (posting the same uid again returns the stored run); it "
+        f"names the run's directory, so: {store.RUN_UID_RULE}.",
     )
     model: str | dict[str, Any] = Field(description=_MODEL)
     train: dict[str, Any] | None = None

@@ -22,7 +22,7 @@ from headroom.launch.plan import NoPlanFits, Prediction, RunPlan, plan_run, queu
 from headroom.launch.probing import AutoFitResult, ProbeOutcome, ProbeRecord, autofit
 from headroom.launch.recording import probe_recorder
 from headroom.launch.settings import LaunchSettings
-from headroom.launch.supervisor import Supervisor, cancel, report_of
+from headroom.launch.supervisor import Supervisor, cancel, inside_run_dir, report_of
 
 __all__ = [
     "BACKENDS",
@@ -39,6 +39,7 @@ __all__ = [
     "autofit",
     "cancel",
     "describe_exit",
+    "inside_run_dir",
     "launcher",
     "local_gpus",
     "plan_run",

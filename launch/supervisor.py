@@ -25,7 +25,7 @@ from typing import IO, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from headroom import planner
+from headroom import planner, store
 from headroom.launch import transitions
 from headroom.launch.backends import (
     EXIT_OOM,
@@ -79,14 +79,43 @@ def owner_alive(owner: str | None) -> bool | None:
 
 
 def run_dir(settings: SupervisorSettings, run: Run) -> Path:
-    return Path(settings.run_dir).resolve() / run.uid
+    """The run's own directory, ``RUN_DIR/<uid>``, resolved. A uid that would not name a
+    directory directly inside RUN_DIR (``.``, ``..``, a separator, a link out: a row stored
+    before uids were checked, or by hand) is refused with ``ValueError``: a run never writes
+    outside RUN_DIR."""
+    base = Path(settings.run_dir).resolve()
+    directory = (base / run.uid).resolve()
+    if directory.parent != base:
+        raise ValueError(
+            f"uid: {run.uid[:64]!r} does not name a directory inside the run directory; "
+            f"allowed: {store.RUN_UID_RULE}"
+        )
+    return directory
 
 
-def report_of(run: Run) -> TrainerReport:
-    """The trainer's report, if it wrote one (an empty report if not)."""
+def inside_run_dir(settings: SupervisorSettings, path: str | Path) -> Path:
+    """``path`` resolved, if it lies inside RUN_DIR; ``ValueError`` if not. Every file a run's
+    row names (its log, its report) is read through here, so a stored path cannot point the
+    service at another file."""
+    base = Path(settings.run_dir).resolve()
+    resolved = Path(path).resolve()
+    if resolved == base or not resolved.is_relative_to(base):
+        raise ValueError("the path is not inside the run directory")
+    return resolved
+
+
+def report_of(run: Run, settings: SupervisorSettings | None = None) -> TrainerReport:
+    """The trainer's report, if it wrote one (an empty report if not, or if ``settings`` are
+    given and the report would lie outside their RUN_DIR)."""
     if not run.log_path:
         return TrainerReport()
-    return read_report(Path(run.log_path).parent / "report.json")
+    path = Path(run.log_path).parent / "report.json"
+    if settings is not None:
+        try:
+            path = inside_run_dir(settings, path)
+        except ValueError:
+            return TrainerReport()
+    return read_report(path)
 
 
 def plan_of(run: Run) -> RunPlan:
@@ -103,9 +132,9 @@ def _ours(run: Run) -> bool:
     return bool(run.pid) and run.uid in process_cmdline(run.pid or 0)
 
 
-def ending(run: Run, code: int) -> tuple[str, str]:
+def ending(run: Run, code: int, settings: SupervisorSettings) -> tuple[str, str]:
     """(status, reason) of a trainer that exited with ``code``."""
-    report = report_of(run)
+    report = report_of(run, settings)
     if code == 0:
         return "succeeded", f"completed {report.completed_steps} step(s)"
     reason = describe_exit(code)
@@ -114,8 +143,9 @@ def ending(run: Run, code: int) -> tuple[str, str]:
         reason = f"out of memory in {oom.phase}, step {oom.step} (exit {EXIT_OOM})"
     elif code > 0 and run.log_path:
         try:
-            lines = Path(run.log_path).read_text(errors="replace").strip().splitlines()
-        except OSError:
+            log_path = inside_run_dir(settings, run.log_path)
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+        except (OSError, ValueError):
             lines = []
         if lines:
             reason += f": {lines[-1][:500]}"
@@ -231,7 +261,7 @@ class Supervisor:
                 run = session.get(Run, run_id)
                 if run is None:
                     continue
-                status, reason = ending(run, code)
+                status, reason = ending(run, code, self.settings)
                 if not transitions.finish(
                     session, run_id, status=status, reason=reason, exit_code=code
                 ):
@@ -364,7 +394,7 @@ class Supervisor:
                 alive = _ours(run)
                 if alive:
                     end_process_group(run.pid or 0)
-                report = report_of(run)
+                report = report_of(run, self.settings)
                 if not alive and report.losses and report.oom is None:
                     status, reason = (
                         "succeeded",

@@ -33,7 +33,13 @@ from headroom.store.migrate import (
     upgrade,
 )
 from headroom.store.rows import get_row, list_rows
-from headroom.store.runs import add_run, run_by_uid
+from headroom.store.runs import (
+    RUN_UID_PATTERN,
+    RUN_UID_RULE,
+    add_run,
+    check_run_uid,
+    run_by_uid,
+)
 from headroom.store.tables import (
     MAX_ROW_ID,
     RUN_STATUSES,
@@ -49,6 +55,8 @@ __all__ = [
     "MAX_BIGINT",
     "MAX_ROW_ID",
     "RUN_STATUSES",
+    "RUN_UID_PATTERN",
+    "RUN_UID_RULE",
     "Base",
     "Calibration",
     "CoefficientSet",
@@ -60,6 +68,7 @@ __all__ = [
     "all_calibrations",
     "as_utc",
     "calibration_by_uid",
+    "check_run_uid",
     "coefficient_sets",
     "current_revision",
     "downgrade",

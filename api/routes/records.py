@@ -32,8 +32,8 @@ router = APIRouter()
 
 
 class NotFound(Exception):
-    def __init__(self, what: str, row_id: int) -> None:
-        super().__init__(f"{what} {row_id} does not exist")
+    def __init__(self, what: str, row_id: int, why: str = "does not exist") -> None:
+        super().__init__(f"{what} {row_id} {why}")
 
 
 def _specs(
@@ -207,8 +207,12 @@ def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
         raise NotFound("run", run_id)
     if not row.log_path:
         return ""
+    try:  # the stored path is trusted only inside RUN_DIR (a row may predate the uid checks)
+        log_path = launch.inside_run_dir(settings, row.log_path)
+    except ValueError:
+        raise NotFound("run", run_id, "has no log inside the run directory") from None
     try:
-        with open(row.log_path, encoding="utf-8", errors="replace") as f:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except FileNotFoundError:
         return ""
