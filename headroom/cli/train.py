@@ -19,7 +19,6 @@ from headroom.cli.exits import ExitCode, fail, is_out_of_memory, user_errors, wr
 from headroom.cli.options import ModelArg, SetOpt, TrainOpt, train_dict
 from headroom.planner.units import parse_size
 
-
 #: the largest ``--seed`` (the usual 32-bit range)
 MAX_SEED = 2**32 - 1
 

@@ -19,9 +19,7 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def assert_one_error_line(
-    proc: subprocess.CompletedProcess[str], code: int, *words: str
-) -> str:
+def assert_one_error_line(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
     """Exit ``code`` and a stderr of exactly one ``error:`` line that contains each of ``words``."""
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -96,16 +94,12 @@ def test_a_database_url_that_cannot_be_used(command: list[str], url: str, reason
         ("HEADROOM_RUN_DEVICE", "tpu", "'auto', 'cpu' or 'cuda'"),
     ],
 )
-def test_serve_with_an_invalid_setting(
-    tmp_path: Path, name: str, value: str, allowed: str
-) -> None:
+def test_serve_with_an_invalid_setting(tmp_path: Path, name: str, value: str, allowed: str) -> None:
     proc = run_headroom(
         "serve",
         "--port",
         "1",  # never bound: the settings are refused first
-        env=env(
-            **{name: value, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path / 'h.db'}"}
-        ),
+        env=env(**{name: value, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path / 'h.db'}"}),
         timeout=60,
     )
     assert_one_error_line(proc, ExitCode.INVALID_INPUT, name, allowed, repr(value))
