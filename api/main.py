@@ -96,6 +96,31 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+def _error(error: Any, body: Any) -> dict[str, str]:
+    """``{field, message}`` for one of FastAPI's validation errors.
+
+    A body the JSON parser gave up on comes as ``loc ('body', <character offset>)``: the offset
+    is no field, so it names the body and says where (line, column, character) it broke."""
+    if error.get("type") == "json_invalid":
+        offset = error["loc"][-1] if len(error["loc"]) > 1 else None
+        reason = (error.get("ctx") or {}).get("error") or error["msg"]
+        where = " (the body)"
+        if isinstance(offset, int) and isinstance(body, str):
+            line = body.count("\n", 0, offset) + 1
+            column = offset - body.rfind("\n", 0, offset)
+            where = f" line {line}, column {column} (character {offset})"
+        # json's own wording ("Expecting ',' delimiter", "Unterminated string starting at")
+        return {"field": "body", "message": f"not valid JSON: {reason}{where}"}
+    return {"field": _field(error["loc"]), "message": error["msg"]}
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI parses a body of this media type as JSON (application/json or +json)."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the application for ``settings`` (default: from the environment)."""
     settings = settings or Settings()
@@ -134,7 +159,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(e["loc"]), "message": e["msg"]} for e in exc.errors()]
+        content_type = request.headers.get("content-type")
+        if not _is_json(content_type) and any(e["loc"][:1] == ("body",) for e in exc.errors()):
+            # FastAPI hands a route a body of any other media type as bytes, which then fails
+            # validation as "not an object": the media type is what is wrong
+            got = f"got {content_type!r}" if content_type else "got no Content-Type"
+            return problem(
+                415,
+                f"Content-Type: send the body as application/json; {got}",
+                headers={"Accept-Post": "application/json"},
+            )
+        errors = [_error(e, exc.body) for e in exc.errors()]
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:10])
         return problem(422, detail, errors=errors)
 

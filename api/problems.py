@@ -101,10 +101,13 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def document_validation_problems(openapi: dict[str, Any]) -> dict[str, Any]:
     """Rewrite FastAPI's generated 422 responses (``application/json`` HTTPValidationError) as
-    the problem+json the service really returns, in place; returns ``openapi``."""
+    the problem+json the service really returns, and add the 415 every operation with a JSON
+    request body returns for a body of another media type; in place, returns ``openapi``."""
     for path in openapi.get("paths", {}).values():
         for operation in path.values():
             codes = operation.get("responses", {}) if isinstance(operation, dict) else {}
             if "422" in codes:
                 codes["422"] = {"description": _TITLES[422], **VALIDATION_PROBLEM_SCHEMA}
+            if isinstance(operation, dict) and "requestBody" in operation:
+                codes.setdefault("415", {"description": _TITLES[415], **PROBLEM_SCHEMA})
     return openapi

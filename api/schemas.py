@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
 from headroom.planner.budget import GPU_BUCKETS, PHASES
@@ -41,6 +43,23 @@ def _preset_gpu(value: Any) -> Any:
     return value
 
 
+def _finite(value: Any) -> Any:
+    """Refuse NaN and infinity before the range check, which would call NaN "more than 100"
+    (every comparison with NaN is false) and infinity merely too large."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError(
+            "finite_number",
+            "Input should be a finite number from 0 to 100, got {value}",
+            {"value": str(value)},
+        )
+    return value
+
+
+#: a safety margin in % of the peak: a finite number from 0 to 100
+MarginPct = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=100)]
+_MARGIN = "Safety margin in % of the peak (default: the coefficients' margin)."
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -59,12 +78,7 @@ class EstimateRequest(_In):
 
 
 class GateRequest(EstimateRequest):
-    margin_pct: float | None = Field(
-        default=None,
-        ge=0,
-        le=100,
-        description="Safety margin in % of the peak (default: the coefficients' margin).",
-    )
+    margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
     require_calibration: bool = Field(
         default=False,
         description="Refuse to decide (decision 'undecided') on uncalibrated coefficients.",
@@ -72,12 +86,7 @@ class GateRequest(EstimateRequest):
 
 
 class FitRequest(EstimateRequest):
-    margin_pct: float | None = Field(
-        default=None,
-        ge=0,
-        le=100,
-        description="Safety margin in % of the peak (default: the coefficients' margin).",
-    )
+    margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
 
 
 class Measured(_In):

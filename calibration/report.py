@@ -143,5 +143,7 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Headroom: predicted vs measured peak")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # the format named, not guessed from the suffix: matplotlib would append ".png" to a name
+    # without one and write another format for another suffix
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)

@@ -84,9 +84,13 @@ def read_file(path: str | Path) -> Any:
     """Parse a JSON or YAML file (by suffix; JSON is tried first for other suffixes)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputFormatError(f"{p}: cannot read file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputFormatError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8"
+        ) from None
     if p.suffix.lower() in (".yaml", ".yml"):
         try:
             yaml = importlib.import_module("yaml")
@@ -96,10 +100,20 @@ def read_file(path: str | Path) -> Any:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise InputFormatError(f"{p}: not valid YAML ({exc})") from None
+        except ValueError as exc:  # PyYAML's int() past the conversion limit
+            raise InputFormatError(f"{p}: not usable YAML ({_digits_reason(exc)})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputFormatError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except ValueError as exc:  # an integer past Python's int-string conversion limit
+        raise InputFormatError(f"{p}: not usable JSON ({_digits_reason(exc)})") from None
+
+
+def _digits_reason(exc: ValueError) -> str:
+    """Why json.loads refused a number: Python converts at most ``sys.get_int_max_str_digits()``
+    digits to an int, and the parser raises a bare ValueError past that."""
+    return f"an integer with too many digits: {str(exc).partition(':')[0]}"
 
 
 @cache
@@ -232,6 +246,8 @@ def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, A
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        except ValueError as exc:  # digits past the int-string conversion limit
+            raise SpecError(f"--set {key}: {_digits_reason(exc)}", field="--set") from None
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

@@ -10,7 +10,9 @@
     calibrate  calibrate.py  trace, run, fit, report: measure and refit the coefficients
 
 Shared options live in ``options.py``; the exit codes and the one handler that turns a user
-mistake into ``error: ...`` and exit 2 in ``exits.py``. The command modules import only the
+mistake into ``error: ...`` and exit 2 in ``exits.py``, and ``main()`` turns a mistake in the
+environment (``HEADROOM_*`` settings, the database URL) or the host running out of memory into
+one line too. The command modules import only the
 planner, typer and rich at import time: ``headroom estimate`` and ``headroom gate`` run without
 the service's, the runtime's or the calibration's packages (``pip install headroom``), and each
 other command imports what it needs when it runs.
@@ -59,3 +61,10 @@ def main() -> None:
             raise
         typer.echo(f"error: {message}", err=True)
         sys.exit(ExitCode.INVALID_INPUT)
+    except Exception as exc:  # a bad HEADROOM_* setting, an unusable store, out of memory
+        known = exits.environment_error(exc)
+        if known is None:
+            raise  # a bug: its traceback is the report
+        message, code = known
+        typer.echo(f"error: {message}", err=True)
+        sys.exit(code)

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from headroom import planner
-from headroom.cli.exits import ExitCode, fail, user_errors
+from headroom.cli.exits import ExitCode, fail, user_errors, writable, writing
 from headroom.cli.options import (
     FormatOpt,
     GpuOpt,
@@ -330,10 +330,13 @@ def report_command(
     from headroom.calibration.report import committed_points, plot, store_points, summarise
     from headroom.store import open_store
 
+    if png is not None:
+        writable("--png", png)
     points = committed_points() + store_points(_calibration_rows(open_store()))
     summary = summarise(points)
     if png is not None:
-        plot(points, png)
+        with writing("--png", png):
+            plot(points, png)
         summary["png"] = str(png)
     if format is TextOrJson.json:
         typer.echo(json.dumps(summary, indent=2))

@@ -2,7 +2,10 @@
 
 Every command exits through ``ExitCode``; a user mistake (a ``planner.HeadroomError``: a bad
 spec, an unknown preset, an unreadable file) becomes one ``error: ...`` line on stderr and exit 2
-through ``user_errors``. Tracebacks are for bugs.
+through ``user_errors``. A mistake in the command's environment that surfaces wherever the
+command first touches it (an invalid ``HEADROOM_*`` setting, a database URL that cannot be parsed
+or reached) and a host out of memory are turned into one line at the root, ``main()``, by
+``environment_error``. Tracebacks are for bugs.
 
 Two codes carry two meanings each, told apart by the command that exits with them: 1 is a
 predicted OOM (``gate``) or nothing that fits (``fit``, ``launch``, ``calibrate``), and 3 is
@@ -12,15 +15,28 @@ of memory (``train``, ``launch``, ``calibrate run``). The names below keep the m
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
+from pathlib import Path
 
+import pydantic
 import typer
 
 from headroom import planner
 
-__all__ = ["EXTRA_OF", "ExitCode", "fail", "missing_extra", "user_errors"]
+__all__ = [
+    "EXTRA_OF",
+    "ExitCode",
+    "environment_error",
+    "fail",
+    "is_out_of_memory",
+    "missing_extra",
+    "user_errors",
+    "writable",
+    "writing",
+]
 
 
 class ExitCode(IntEnum):
@@ -35,6 +51,10 @@ class ExitCode(IntEnum):
     was refitted, or the measured run failed without running out of memory."""
     INVALID_INPUT = 2
     """A user mistake: one ``error: ...`` line on stderr."""
+    STORE_UNAVAILABLE = 2
+    """``launch``/``calibrate``/``serve``: ``HEADROOM_DATABASE_URL`` cannot be parsed, or the
+    database it names cannot be reached. A configuration mistake like any invalid input, and a
+    launcher reads 1, 3 and 4 as the run's outcome, which an unreachable store is not."""
     UNDECIDED = 3
     """``gate --require-calibration``/``estimate --calibrated``: no calibrated coefficients."""
     OUT_OF_MEMORY = 3
@@ -61,6 +81,89 @@ def user_errors(
         yield
     except errors as exc:
         raise fail(str(exc), code) from None
+
+
+def writable(option: str, path: Path) -> None:
+    """Refuse (exit 2, naming ``option``) a file the command could not write, before the work
+    that would end in writing it: the file is opened for appending (created empty if missing,
+    which a reader takes for no report) so that every reason the OS has is asked, not guessed."""
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        raise fail(f"{option}: cannot write {path} ({exc.strerror or exc})") from None
+
+
+@contextmanager
+def writing(option: str, path: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into one line naming ``option``, exit 2."""
+    try:
+        yield
+    except OSError as exc:
+        raise fail(f"{option}: cannot write {path} ({exc.strerror or exc})") from None
+
+
+#: what torch's and the C allocators say when a host allocation fails (a RuntimeError, not
+#: torch.OutOfMemoryError, which is the device's)
+_OUT_OF_MEMORY_TEXT = ("can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the host or the device running out of memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    if type(exc).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _OUT_OF_MEMORY_TEXT)
+
+
+#: the prefix of the settings' environment variables (``StoreSettings.model_config``)
+_ENV_PREFIX = "HEADROOM_"
+
+
+def _settings_message(exc: pydantic.ValidationError) -> str:
+    """``HEADROOM_NAME: what is allowed, got 'value'`` per invalid setting."""
+    parts = []
+    for err in exc.errors():
+        name = _ENV_PREFIX + "_".join(str(p) for p in err["loc"][:1]).upper()
+        got = err.get("input")
+        parts.append(f"{name}: {err['msg'].removeprefix('Value error, ')}, got {got!r}")
+    return "; ".join(parts)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def environment_error(exc: BaseException) -> tuple[str, ExitCode] | None:
+    """The one line and the exit for a mistake in the command's environment, or for the machine
+    running out of memory; None for anything else (a bug: its traceback stays).
+
+    The store's errors are recognised only when SQLAlchemy is loaded: a command that never
+    opened the store cannot raise them, and the CLI must not import it to ask."""
+    if isinstance(exc, pydantic.ValidationError) and exc.title.endswith("Settings"):
+        # the service's, the launch layer's or the store's settings, read from HEADROOM_*
+        return _settings_message(exc), ExitCode.INVALID_INPUT
+    db = sys.modules.get("sqlalchemy.exc")
+    if db is not None and isinstance(exc, db.ArgumentError):
+        return (
+            f"{_ENV_PREFIX}DATABASE_URL: cannot parse it as a database URL ({_first_line(exc)}); "
+            "allowed: sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DATABASE",
+            ExitCode.STORE_UNAVAILABLE,
+        )
+    if db is not None and isinstance(exc, (db.OperationalError, db.InterfaceError)):
+        reason = _first_line(exc.orig if exc.orig is not None else exc)
+        return (
+            f"{_ENV_PREFIX}DATABASE_URL: cannot use the database ({reason})",
+            ExitCode.STORE_UNAVAILABLE,
+        )
+    if is_out_of_memory(exc):
+        return f"out of memory: {_first_line(exc)}", ExitCode.OUT_OF_MEMORY
+    return None
 
 
 #: the extra that installs each optional package a command may import when it runs

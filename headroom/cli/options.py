@@ -7,6 +7,7 @@ model, training and hardware specs (a ``planner.HeadroomError`` on a user mistak
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,9 +64,23 @@ NodeOpt = Annotated[
     int | None, typer.Option("--gpus-per-node", min=1, help="GPUs sharing the host RAM.")
 ]
 FormatOpt = Annotated[TextOrJson, typer.Option("--format", help="Output format.")]
+
+
+def _margin(value: float | None) -> float | None:
+    # a range check alone lets NaN through (every comparison with it is false) and calls
+    # infinity "more than 100": both are refused as what they are, not finite numbers
+    if value is not None and not (math.isfinite(value) and 0 <= value <= 100):
+        raise typer.BadParameter(f"must be a finite number from 0 to 100, got {value}")
+    return value
+
+
 MarginOpt = Annotated[
     float | None,
-    typer.Option("--margin", min=0, max=100, help="Safety margin, % of the predicted peak."),
+    typer.Option(
+        "--margin",
+        callback=_margin,
+        help="Safety margin, % of the predicted peak (a number from 0 to 100).",
+    ),
 ]
 ProbeOpt = Annotated[
     bool,

@@ -15,9 +15,12 @@ from typing import Annotated
 import typer
 
 from headroom import planner
-from headroom.cli.exits import ExitCode, fail, user_errors
+from headroom.cli.exits import ExitCode, fail, is_out_of_memory, user_errors, writable, writing
 from headroom.cli.options import ModelArg, SetOpt, TrainOpt, train_dict
 from headroom.planner.units import parse_size
+
+#: the largest ``--seed`` (the usual 32-bit range)
+MAX_SEED = 2**32 - 1
 
 
 class Device(StrEnum):
@@ -37,7 +40,12 @@ def train_command(
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 10,
     device: Annotated[Device, typer.Option("--device", help="Where to compute.")] = Device.cpu,
     dtype: Annotated[DType, typer.Option("--dtype", help="Working precision.")] = DType.float32,
-    seed: Annotated[int, typer.Option("--seed", help="Weights and data seed.")] = 0,
+    seed: Annotated[
+        int,
+        # the trainer seeds torch with seed * 1_000_003 + step * 1009 + micro, which torch
+        # takes up to 2^64 - 1: a 32-bit seed leaves that room for any step count
+        typer.Option("--seed", min=0, max=MAX_SEED, help="Weights and data seed."),
+    ] = 0,
     reference: Annotated[
         bool, typer.Option("--reference", help="Plain PyTorch AdamW, whatever the placement.")
     ] = False,
@@ -54,6 +62,8 @@ def train_command(
     ] = None,
 ) -> None:
     """Train with the bundled trainer on synthetic tokens; exit 3 on out-of-memory."""
+    if report is not None:
+        writable("--report", report)  # now, not after the training it would report
     with user_errors():
         spec = planner.load_model(model)
         train_spec = planner.load_train(train_dict(train, set_ or []))
@@ -114,13 +124,18 @@ def train_command(
         out.tokens_per_second = result.tokens_per_second
         out.placement = result.placement
         out.attention_kv = kv_layout(spec, torch_device, cfg.dtype)
-    except torch.OutOfMemoryError as exc:
+    except (RuntimeError, MemoryError) as exc:
+        # the device's torch.OutOfMemoryError, or a host allocation torch could not make (a
+        # RuntimeError from its CPU allocator: on a CPU run the batch lives on the host)
+        if not is_out_of_memory(exc):
+            raise
         code = ExitCode.OUT_OF_MEMORY
         out.oom = OutOfMemoryAt(**probe.failing_phase(), message=str(exc).splitlines()[0])
     out.memory = probe.report()
     text = json.dumps(out.dump(), indent=2)
     if report is not None:
-        report.write_text(text + "\n")
+        with writing("--report", report):
+            report.write_text(text + "\n")
     typer.echo(text)
     if out.oom is not None:
         typer.echo(f"error: out of memory in {out.oom.phase}, step {out.oom.step}", err=True)
