@@ -22,6 +22,9 @@ BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "none": 0}
 _MAX_DEGREE = 2**20
 _MAX_STAGES = 4096
 _MAX_FACTOR = 10_000.0
+#: batch-shape bounds (the ladder keeps its candidates inside them too)
+MAX_MICRO_BATCH = 2**20
+MAX_GRAD_ACCUM = 2**30
 
 
 class _Frozen(BaseModel):
@@ -97,9 +100,9 @@ class Offload(_Frozen):
 class TrainSpec(_Frozen):
     """One training configuration."""
 
-    micro_batch_size: int = Field(default=1, ge=1, le=2**20)
+    micro_batch_size: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH)
     seq_len: int = Field(default=4096, ge=1, le=2**30)
-    grad_accum_steps: int = Field(default=1, ge=1, le=2**30)
+    grad_accum_steps: int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
     precision: Precision = Precision()
     optimizer: OptimizerName = "adamw"
     optimizer_impl: Literal["foreach", "fused", "for_loop"] = Field(
