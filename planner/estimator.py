@@ -128,6 +128,13 @@ def _check(train: TrainSpec) -> None:
             f"parallel.pp=1, got tp={p.tp} pp={p.pp}",
             field="offload.mode",
         )
+    if p.sequence_parallel and train.seq_len % p.tp:
+        # sequence parallelism splits each sequence across the TP ranks
+        raise SpecError(
+            f"train.seq_len: parallel.sequence_parallel needs a multiple of parallel.tp "
+            f"({p.tp}), got {train.seq_len}",
+            field="train.seq_len",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,3 +27,22 @@ def test_fit_with_the_largest_accumulation_prints_a_valid_plan() -> None:
     assert proc.returncode == 0, proc.stderr
     plan = planner.TrainSpec.model_validate(json.loads(proc.stdout)["plan"])
     assert plan.micro_batch_size * plan.grad_accum_steps == 2**31
+
+
+def test_gpus_per_node_is_capped_like_the_service() -> None:
+    from headroom.planner.hardware import MAX_GPUS_PER_NODE
+
+    proc = run_headroom(
+        "estimate", "tiny-dense", "--gpus-per-node", str(10**20), "--format", "json", timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout
+    assert "Traceback" not in proc.stderr and "--gpus-per-node" in proc.stderr
+    assert str(MAX_GPUS_PER_NODE) in proc.stderr
+
+
+def test_impossible_layout_exits_2_naming_the_field() -> None:
+    for option in ("parallel.tp=3", "parallel.pp=64", "micro_batch_size=true"):
+        proc = run_headroom("estimate", "llama-3-8b", "--set", option, timeout=60)
+        assert proc.returncode == 2, (option, proc.stdout)
+        assert "Traceback" not in proc.stderr
+        assert f"train.{option.partition('=')[0]}" in proc.stderr, proc.stderr
