@@ -37,6 +37,17 @@ def test_fit_with_the_largest_accumulation_is_a_valid_plan(client: TestClient) -
     assert plan.micro_batch_size * plan.grad_accum_steps == 2**31
 
 
+def test_a_run_with_the_largest_accumulation_is_queued_with_a_valid_plan(
+    client: TestClient,
+) -> None:
+    train = {"micro_batch_size": 2, "grad_accum_steps": 2**30}
+    body = {"model": "llama-3-8b", "gpu": "H100-80GB", "train": train, "fit": True}
+    response = post(client, "runs", body)
+    assert response.status_code < 300, response.text
+    plan = planner.TrainSpec.model_validate(response.json()["plan"]["train"])
+    assert plan.micro_batch_size * plan.grad_accum_steps == 2**31
+
+
 def assert_422(response: Any, field: str) -> dict[str, Any]:
     assert response.status_code == 422, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
