@@ -7,14 +7,13 @@ so an id cannot be reused while its entry exists. Equal-but-distinct objects sim
 The leading ``objects`` arguments are keyed by identity; the rest must be hashable scalars,
 passed by position.
 
-Every cache here is shared by a service's threads. A hit is one ``dict.get``, which needs no
-lock; a miss computes outside any lock and only the insert (with its eviction) is serialised,
-so two threads can never evict the same entry or iterate while another inserts.
+Every cache here is shared by a service's threads, and none takes a lock: a hit is one
+``dict.get`` and a miss computes, then inserts with ``BoundedDict.put``, whose eviction
+tolerates another thread evicting or inserting at the same moment.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from functools import wraps
 from typing import ParamSpec, Protocol, TypeVar, cast
@@ -27,29 +26,23 @@ V = TypeVar("V")
 
 
 class BoundedDict(dict[K, V]):
-    """A dict that forgets its oldest entry when full. Read it with ``get`` (lock-free);
-    write it only with ``put`` and ``clear``, which hold its lock."""
+    """A dict that forgets its oldest entry when full: read it with ``get``, write it with
+    ``put``. Both are safe from many threads without a lock: two threads evicting the same
+    oldest entry, or one changing the dict while another finds its oldest key, is caught and
+    the size checked again, so the dict stays consistent and within ``maxsize`` (give or take
+    the inserts racing at that moment)."""
 
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        # re-entrant: a finaliser run by the collector inside ``put`` may itself insert
-        self._lock = threading.RLock()
+    __slots__ = ()
 
     def put(self, key: K, value: V, maxsize: int) -> V:
         """Insert ``key`` (evicting the oldest entries down to ``maxsize``) and return ``value``."""
-        with self._lock:
-            if key not in self:
-                while self and len(self) >= maxsize:
-                    del self[next(iter(self))]
-            self[key] = value
+        while self and len(self) >= maxsize and key not in self:
+            try:
+                del self[next(iter(self))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                continue
+        self[key] = value
         return value
-
-    def clear(self) -> None:
-        """Forget every entry."""
-        with self._lock:
-            super().clear()
 
 
 class Memoised(Protocol[P, R_co]):
