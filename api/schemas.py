@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
 from headroom.planner.budget import GPU_BUCKETS, PHASES
+from headroom.planner.hardware import MAX_GPUS_PER_NODE
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
 BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]
@@ -74,7 +75,15 @@ class EstimateRequest(_In):
     host_memory: str | int | None = Field(
         default=None, description="Host RAM per node, e.g. '1.5TiB', or bytes."
     )
-    gpus_per_node: int | None = Field(default=None, ge=1, le=1024)
+    gpus_per_node: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_NODE)
+
+    @field_validator("host_memory", "gpus_per_node", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # pydantic's lax int reads a JSON true as 1: one byte of host RAM, one GPU
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
+        return value
 
 
 class GateRequest(EstimateRequest):

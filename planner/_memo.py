@@ -6,6 +6,10 @@ presets). Arguments that are not plain scalars are keyed by ``id`` and kept aliv
 so an id cannot be reused while its entry exists. Equal-but-distinct objects simply miss.
 The leading ``objects`` arguments are keyed by identity; the rest must be hashable scalars,
 passed by position.
+
+Every cache here is shared by a service's threads, and none takes a lock: a hit is one
+``dict.get`` and a miss computes, then inserts with ``BoundedDict.put``, whose eviction
+tolerates another thread evicting or inserting at the same moment.
 """
 
 from __future__ import annotations
@@ -17,6 +21,28 @@ from typing import ParamSpec, Protocol, TypeVar, cast
 P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedDict(dict[K, V]):
+    """A dict that forgets its oldest entry when full: read it with ``get``, write it with
+    ``put``. Both are safe from many threads without a lock: two threads evicting the same
+    oldest entry, or one changing the dict while another finds its oldest key, is caught and
+    the size checked again, so the dict stays consistent and within ``maxsize`` (give or take
+    the inserts racing at that moment)."""
+
+    __slots__ = ()
+
+    def put(self, key: K, value: V, maxsize: int) -> V:
+        """Insert ``key`` (evicting the oldest entries down to ``maxsize``) and return ``value``."""
+        while self and len(self) >= maxsize and key not in self:
+            try:
+                del self[next(iter(self))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                continue
+        self[key] = value
+        return value
 
 
 class Memoised(Protocol[P, R_co]):
@@ -36,7 +62,7 @@ def identity_memo(
 
     def decorate(fn: Callable[P, R]) -> Memoised[P, R]:
         # key -> (the arguments, kept alive so their ids stay unique; the value)
-        cache: dict[tuple[object, ...], tuple[tuple[object, ...], R]] = {}
+        cache: BoundedDict[tuple[object, ...], tuple[tuple[object, ...], R]] = BoundedDict()
 
         @wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -51,11 +77,7 @@ def identity_memo(
             hit = cache.get(key)
             if hit is not None:
                 return hit[1]
-            value = fn(*args, **kwargs)
-            if len(cache) >= maxsize:
-                del cache[next(iter(cache))]
-            cache[key] = (args, value)
-            return value
+            return cache.put(key, (args, fn(*args, **kwargs)), maxsize)[1]
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
         return cast(Memoised[P, R], wrapper)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from headroom.planner import buckets as b
-from headroom.planner._memo import identity_memo
+from headroom.planner._memo import BoundedDict, identity_memo
 from headroom.planner.activations import (
     ActivationInputs,
     ActivationTerms,
@@ -128,6 +128,13 @@ def _check(train: TrainSpec) -> None:
             f"parallel.pp=1, got tp={p.tp} pp={p.pp}",
             field="offload.mode",
         )
+    if p.sequence_parallel and train.seq_len % p.tp:
+        # sequence parallelism splits each sequence across the TP ranks
+        raise SpecError(
+            f"train.seq_len: parallel.sequence_parallel needs a multiple of parallel.tp "
+            f"({p.tp}), got {train.seq_len}",
+            field="train.seq_len",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,8 +236,10 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
 _CACHE_SIZE = 8192
 _StatesKey = tuple[int, tuple[int, ...], StatesInputs]
 _ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
-_STATES: dict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = {}
-_ACTS: dict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = {}
+_STATES: BoundedDict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = BoundedDict()
+_ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = (
+    BoundedDict()
+)
 
 
 @identity_memo(4096, objects=2)
@@ -247,17 +256,14 @@ def stage_parts(
     key = (id(model), stages, inputs)
     hit = _STATES.get(key)
     if hit is None:
-        if len(_STATES) >= _CACHE_SIZE:
-            del _STATES[next(iter(_STATES))]
-        hit = _STATES[key] = (model, tuple(model_states(model, s, inputs) for s in stages))
+        states_now = tuple(model_states(model, s, inputs) for s in stages)
+        hit = _STATES.put(key, (model, states_now), _CACHE_SIZE)
     states = hit[1]
     akey = (id(model), id(coeffs), stages, act_inputs)
     ahit = _ACTS.get(akey)
     if ahit is None:
-        if len(_ACTS) >= _CACHE_SIZE:
-            del _ACTS[next(iter(_ACTS))]
         acts = tuple(activation_terms(model, coeffs, s, act_inputs) for s in stages)
-        ahit = _ACTS[akey] = (model, coeffs, acts)
+        ahit = _ACTS.put(akey, (model, coeffs, acts), _CACHE_SIZE)
     return states, ahit[2]
 
 

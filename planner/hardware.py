@@ -13,11 +13,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from headroom.planner._numbers import Float, Int
 from headroom.planner.errors import UnknownPresetError
 
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
 #: check refuses lone surrogates, which no UTF-8 encoder writes)
 _TEXT = r"^[^\x00]*$"
+#: GPUs that may share one host's RAM (the host-RAM check multiplies by it): the CLI's
+#: ``--gpus-per-node`` and the service's ``gpus_per_node`` are held to the same bound
+MAX_GPUS_PER_NODE = 1024
 
 
 class Hardware(BaseModel):
@@ -28,23 +32,25 @@ class Hardware(BaseModel):
 
     name: str = Field(max_length=100, pattern=_TEXT)
     aliases: tuple[Annotated[str, Field(max_length=100, pattern=_TEXT)], ...] = ()
-    memory_bytes: int = Field(ge=1, le=2**50, description="Device memory as the driver reports it.")
-    bf16_flops: float = Field(ge=1, le=1e21, description="Dense bf16 tensor-core FLOP/s.")
-    memory_bandwidth_bytes_per_s: float = Field(ge=1, le=1e16)
+    memory_bytes: Int = Field(ge=1, le=2**50, description="Device memory as the driver reports it.")
+    bf16_flops: Float = Field(ge=1, le=1e21, description="Dense bf16 tensor-core FLOP/s.")
+    memory_bandwidth_bytes_per_s: Float = Field(ge=1, le=1e16)
     host_link: str = Field(
         max_length=200, pattern=_TEXT, description="Host interconnect, e.g. 'PCIe Gen5 x16'."
     )
-    host_link_bytes_per_s: float = Field(ge=1, le=1e16, description="Per direction.")
-    cuda_context_bytes: int = Field(
+    host_link_bytes_per_s: Float = Field(ge=1, le=1e16, description="Per direction.")
+    cuda_context_bytes: Int = Field(
         ge=0, le=2**50, description="Uncalibrated default context size."
     )
-    allocator_overhead_fraction: float = Field(
+    allocator_overhead_fraction: Float = Field(
         ge=0, lt=1, description="Uncalibrated default: reserved minus allocated, over allocated."
     )
-    host_memory_bytes: int | None = Field(
+    host_memory_bytes: Int | None = Field(
         default=None, ge=1, le=2**60, description="Host RAM available to the GPUs of one node."
     )
-    gpus_per_node: int = Field(default=1, ge=1, le=1024, description="GPUs sharing the host RAM.")
+    gpus_per_node: Int = Field(
+        default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs sharing the host RAM."
+    )
     source: str = Field(
         default="custom", max_length=4000, pattern=_TEXT, description="Where the numbers come from."
     )

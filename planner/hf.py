@@ -44,6 +44,17 @@ def _int(config: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _required_int(config: Mapping[str, Any], key: str) -> int:
+    """A required integer field: ``num_hidden_layers: true`` is no 1-layer model."""
+    _get(config, key, required=True)
+    return _int(config, key, 0)
+
+
+def _optional_int(config: Mapping[str, Any], key: str) -> int | None:
+    """An integer field that may be absent or null."""
+    return None if _get(config, key) is None else _int(config, key, 0)
+
+
 def _ints(config: Mapping[str, Any], key: str) -> tuple[int, ...]:
     """A list of integers (absent or null: empty)."""
     value = _get(config, key, [])
@@ -68,16 +79,16 @@ def _ffn_kind(config: Mapping[str, Any]) -> str:
 
 
 def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    heads = _get(config, "num_attention_heads", required=True)
+    heads = _required_int(config, "num_attention_heads")
     return {
         "name": name,
-        "vocab_size": _get(config, "vocab_size", required=True),
-        "hidden_size": _get(config, "hidden_size", required=True),
-        "num_layers": _get(config, "num_hidden_layers", required=True),
+        "vocab_size": _required_int(config, "vocab_size"),
+        "hidden_size": _required_int(config, "hidden_size"),
+        "num_layers": _required_int(config, "num_hidden_layers"),
         "num_heads": heads,
-        "num_kv_heads": _get(config, "num_key_value_heads", heads),
-        "head_dim": _get(config, "head_dim"),
-        "ffn_hidden_size": _get(config, "intermediate_size", required=True),
+        "num_kv_heads": _int(config, "num_key_value_heads", heads),
+        "head_dim": _optional_int(config, "head_dim"),
+        "ffn_hidden_size": _required_int(config, "intermediate_size"),
         "ffn_kind": _ffn_kind(config),
         "norm": "rmsnorm",
         "tied_embeddings": bool(_get(config, "tie_word_embeddings", False)),
@@ -104,8 +115,8 @@ def _mistral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _mixtral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _common(config, name)
     spec["moe"] = MoESpec(
-        num_experts=_get(config, "num_local_experts", required=True),
-        top_k=_get(config, "num_experts_per_tok", required=True),
+        num_experts=_required_int(config, "num_local_experts"),
+        top_k=_required_int(config, "num_experts_per_tok"),
         expert_ffn_size=spec["ffn_hidden_size"],
     )
     return spec
@@ -122,9 +133,9 @@ def _qwen_moe(config: Mapping[str, Any], **shared: Any) -> MoESpec:
     (every ``decoder_sparse_step``-th layer, ``mlp_only_layers`` forced dense)."""
     step = _int(config, "decoder_sparse_step", 1)
     return MoESpec(
-        num_experts=_get(config, "num_experts", required=True),
-        top_k=_get(config, "num_experts_per_tok", required=True),
-        expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
+        num_experts=_required_int(config, "num_experts"),
+        top_k=_required_int(config, "num_experts_per_tok"),
+        expert_ffn_size=_required_int(config, "moe_intermediate_size"),
         dense_first_layers=step - 1,
         layer_freq=step,
         dense_layers=_ints(config, "mlp_only_layers"),
@@ -148,7 +159,7 @@ def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _qwen3(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _attention_bias(_common(config, name), config)
     spec["qk_norm"] = True
-    spec["head_dim"] = _get(config, "head_dim", 128)  # Qwen3Config's default, whatever the width
+    spec["head_dim"] = _int(config, "head_dim", 128)  # Qwen3Config's default, whatever the width
     return spec
 
 
@@ -165,18 +176,18 @@ def _deepseek(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec["num_kv_heads"] = spec["num_heads"]
     spec["head_dim"] = None
     spec["mla"] = MLASpec(
-        q_lora_rank=_get(config, "q_lora_rank"),
-        kv_lora_rank=_get(config, "kv_lora_rank", required=True),
-        qk_nope_head_dim=_get(config, "qk_nope_head_dim", required=True),
-        qk_rope_head_dim=_get(config, "qk_rope_head_dim", required=True),
-        v_head_dim=_get(config, "v_head_dim", required=True),
+        q_lora_rank=_optional_int(config, "q_lora_rank"),
+        kv_lora_rank=_required_int(config, "kv_lora_rank"),
+        qk_nope_head_dim=_required_int(config, "qk_nope_head_dim"),
+        qk_rope_head_dim=_required_int(config, "qk_rope_head_dim"),
+        v_head_dim=_required_int(config, "v_head_dim"),
     )
-    experts = _get(config, "n_routed_experts")
+    experts = _optional_int(config, "n_routed_experts")
     if experts:
         spec["moe"] = MoESpec(
             num_experts=experts,
-            top_k=_get(config, "num_experts_per_tok", required=True),
-            expert_ffn_size=_get(config, "moe_intermediate_size", required=True),
+            top_k=_required_int(config, "num_experts_per_tok"),
+            expert_ffn_size=_required_int(config, "moe_intermediate_size"),
             num_shared_experts=_int(config, "n_shared_experts", 0),
             dense_first_layers=_int(config, "first_k_dense_replace", 0),
             layer_freq=_int(config, "moe_layer_freq", 1),

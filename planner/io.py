@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from headroom.planner.errors import InputFormatError, SpecError, UnknownPresetError
-from headroom.planner.hardware import Hardware, gpu
+from headroom.planner.hardware import MAX_GPUS_PER_NODE, Hardware, gpu
 from headroom.planner.hf import from_hf_config
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
@@ -217,6 +217,7 @@ def load_hardware(
     host_memory: str | int | None = None,
     gpus_per_node: int | None = None,
     host_memory_field: str = "host_memory",
+    gpus_per_node_field: str = "gpus_per_node",
 ) -> Hardware:
     """A GPU preset name, a hardware JSON/YAML file, or a dict with the Hardware fields;
     ``host_memory`` (e.g. ``"1.5TiB"``) and ``gpus_per_node`` override the host it sits in."""
@@ -231,6 +232,14 @@ def load_hardware(
             )
         update["host_memory_bytes"] = size
     if gpus_per_node is not None:
+        # model_copy does not validate: the override is held to the field's bounds here
+        if isinstance(gpus_per_node, bool) or not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+            shown = str(gpus_per_node).lower() if abs(gpus_per_node) < 10**20 else "more"
+            raise SpecError(
+                f"{gpus_per_node_field}: must be an integer between 1 and {MAX_GPUS_PER_NODE}, "
+                f"got {shown}",
+                field=gpus_per_node_field,
+            )
         update["gpus_per_node"] = gpus_per_node
     return hw.model_copy(update=update) if update else hw
 

@@ -2,11 +2,12 @@
 
 Candidates span: offload none → optimizer fractions 0.125 … 1.0 → streaming (checkpoint every
 1, 2, 4, 8, 16 layers); every power-of-two micro-batch that divides the global batch per rank,
-with gradient accumulation set to keep it; recompute none → selective → every-K (powers of two
-below the layer count) → full; ZeRO stages up to 3 where data parallelism allows; the
-allocator's expandable segments on or as given. Each candidate is estimated (``planner.evaluate`` on
-flattened knobs, no spec validation per candidate); the ones whose peak plus margin fits the GPU
-and whose host buckets fit host RAM are ranked by predicted tokens per second.
+with gradient accumulation set to keep it (within ``TrainSpec``'s bounds); recompute none →
+selective → every-K (powers of two below the layer count) → full; ZeRO stages up to 3 where
+data parallelism allows; the allocator's expandable segments on or as given. Each candidate is
+estimated (``planner.evaluate`` on flattened knobs, no spec validation per candidate); the ones
+whose peak plus margin fits the GPU and whose host buckets fit host RAM are ranked by predicted
+tokens per second.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.states import ModelStates
 from headroom.planner.steptime import StepModel, StepTime
-from headroom.planner.train import TrainSpec
+from headroom.planner.train import MAX_GRAD_ACCUM, TrainSpec
 
 #: optimizer-offload fractions (whole tensors in order, so a finer grid buys little)
 OFFLOAD_FRACTIONS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -114,7 +115,8 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
     micro = []
     m = 1
     while m <= min(batch, MAX_MICRO_BATCH):
-        if batch % m == 0:
+        # a shape needing more steps than a spec may hold is no plan (the input's own is)
+        if batch % m == 0 and batch // m <= MAX_GRAD_ACCUM:
             keys = {"micro_batch_size": m, "grad_accum_steps": batch // m}
             micro.append(({"micro_batch": m, "grad_accum": batch // m}, keys, differs(keys)))
         m *= 2

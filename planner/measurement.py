@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from headroom.planner._numbers import Int
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
@@ -24,15 +25,15 @@ class Measurement(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    allocated_bytes: int = Field(
+    allocated_bytes: Int = Field(
         gt=0, le=MAX_MEASURED_BYTES, description="Peak allocated bytes on the GPU."
     )
-    reserved_bytes: int | None = Field(default=None, gt=0, le=MAX_MEASURED_BYTES)
+    reserved_bytes: Int | None = Field(default=None, gt=0, le=MAX_MEASURED_BYTES)
     phase: PhaseName | None = Field(default=None, description="Phase the peak was measured in.")
-    buckets: dict[BucketName, Annotated[int, Field(ge=0, le=MAX_MEASURED_BYTES)]] | None = Field(
+    buckets: dict[BucketName, Annotated[Int, Field(ge=0, le=MAX_MEASURED_BYTES)]] | None = Field(
         default=None, description="Measured bytes per GPU bucket, where attributable."
     )
-    forward_transient_bytes: int | None = Field(
+    forward_transient_bytes: Int | None = Field(
         default=None,
         ge=0,
         le=MAX_MEASURED_BYTES,

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from headroom.planner._numbers import Float, Int
+
 #: upper bounds that keep every estimate finite and fast: sizes (vocab, hidden, FFN, head and
 #: rank dims), counts (heads, experts), layers (the estimator walks every layer) and factors
 _MAX_SIZE = 2**24
@@ -29,15 +31,15 @@ class _Frozen(BaseModel):
 class MoESpec(_Frozen):
     """Mixture-of-Experts feed-forward layers."""
 
-    num_experts: int = Field(ge=1, le=_MAX_COUNT, description="Routed experts per MoE layer.")
-    top_k: int = Field(ge=1, le=_MAX_COUNT, description="Routed experts each token is sent to.")
-    expert_ffn_size: int = Field(
+    num_experts: Int = Field(ge=1, le=_MAX_COUNT, description="Routed experts per MoE layer.")
+    top_k: Int = Field(ge=1, le=_MAX_COUNT, description="Routed experts each token is sent to.")
+    expert_ffn_size: Int = Field(
         ge=1, le=_MAX_SIZE, description="Intermediate size of one routed expert."
     )
-    num_shared_experts: int = Field(
+    num_shared_experts: Int = Field(
         default=0, ge=0, le=_MAX_COUNT, description="Always-active shared experts."
     )
-    shared_expert_ffn_size: int | None = Field(
+    shared_expert_ffn_size: Int | None = Field(
         default=None,
         ge=1,
         le=_MAX_SIZE,
@@ -46,19 +48,19 @@ class MoESpec(_Frozen):
     shared_expert_gate: bool = Field(
         default=False, description="A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."
     )
-    dense_first_layers: int = Field(
+    dense_first_layers: Int = Field(
         default=0,
         ge=0,
         le=_MAX_LAYERS,
         description="Leading layers that use the dense FFN instead of experts.",
     )
-    layer_freq: int = Field(
+    layer_freq: Int = Field(
         default=1,
         ge=1,
         le=_MAX_LAYERS,
         description="After the dense-first layers, every k-th layer is MoE.",
     )
-    dense_layers: tuple[Annotated[int, Field(ge=0, lt=_MAX_LAYERS)], ...] = Field(
+    dense_layers: tuple[Annotated[Int, Field(ge=0, lt=_MAX_LAYERS)], ...] = Field(
         default=(),
         max_length=_MAX_LAYERS,
         description="Layer indices forced dense (Qwen2-MoE mlp_only_layers).",
@@ -71,7 +73,7 @@ class MoESpec(_Frozen):
         description="The experts' outputs are scaled by fp32 routing weights before they are "
         "cast back (DeepSeek-V2/V3): the products and their gradients are fp32, slot-wide.",
     )
-    capacity_factor: float | None = Field(
+    capacity_factor: Float | None = Field(
         default=None,
         gt=0,
         le=_MAX_FACTOR,
@@ -103,32 +105,32 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint KV projections."""
 
-    q_lora_rank: int | None = Field(
+    q_lora_rank: Int | None = Field(
         default=None, ge=1, le=_MAX_SIZE, description="Q down-projection rank."
     )
-    kv_lora_rank: int = Field(ge=1, le=_MAX_SIZE, description="Joint KV compression rank.")
-    qk_nope_head_dim: int = Field(ge=1, le=_MAX_SIZE, description="Per-head Q/K dims without RoPE.")
-    qk_rope_head_dim: int = Field(
+    kv_lora_rank: Int = Field(ge=1, le=_MAX_SIZE, description="Joint KV compression rank.")
+    qk_nope_head_dim: Int = Field(ge=1, le=_MAX_SIZE, description="Per-head Q/K dims without RoPE.")
+    qk_rope_head_dim: Int = Field(
         ge=0, le=_MAX_SIZE, description="Per-head Q/K dims carrying RoPE."
     )
-    v_head_dim: int = Field(ge=1, le=_MAX_SIZE, description="Per-head V dims.")
+    v_head_dim: Int = Field(ge=1, le=_MAX_SIZE, description="Per-head V dims.")
 
 
 class ModelSpec(_Frozen):
     """A decoder-only transformer, dense or MoE."""
 
     name: str = Field(default="custom", max_length=200, pattern=_TEXT, description="Display name.")
-    vocab_size: int = Field(ge=1, le=_MAX_SIZE)
-    hidden_size: int = Field(ge=1, le=_MAX_SIZE)
-    num_layers: int = Field(ge=1, le=_MAX_LAYERS)
-    num_heads: int = Field(ge=1, le=_MAX_COUNT)
-    num_kv_heads: int | None = Field(
+    vocab_size: Int = Field(ge=1, le=_MAX_SIZE)
+    hidden_size: Int = Field(ge=1, le=_MAX_SIZE)
+    num_layers: Int = Field(ge=1, le=_MAX_LAYERS)
+    num_heads: Int = Field(ge=1, le=_MAX_COUNT)
+    num_kv_heads: Int | None = Field(
         default=None, ge=1, le=_MAX_COUNT, description="GQA groups (default MHA)."
     )
-    head_dim: int | None = Field(
+    head_dim: Int | None = Field(
         default=None, ge=1, le=_MAX_SIZE, description="Default hidden / heads."
     )
-    ffn_hidden_size: int = Field(ge=1, le=_MAX_SIZE, description="Dense FFN intermediate size.")
+    ffn_hidden_size: Int = Field(ge=1, le=_MAX_SIZE, description="Dense FFN intermediate size.")
     ffn_kind: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     tied_embeddings: bool = False
@@ -148,7 +150,7 @@ class ModelSpec(_Frozen):
     dropout: bool = Field(default=False, description="Dropout layers saving masks (GPT style).")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
-    num_mtp_layers: int = Field(
+    num_mtp_layers: Int = Field(
         default=0,
         ge=0,
         le=_MAX_LAYERS,

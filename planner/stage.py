@@ -8,10 +8,12 @@ ZeRO sharding over data parallelism is applied later, per tensor class (dense or
 from __future__ import annotations
 
 import bisect
+import math
 from itertools import accumulate
 from typing import Generic, NamedTuple, TypeVar
 
 from headroom.planner._memo import identity_memo
+from headroom.planner.errors import SpecError
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
 
@@ -81,9 +83,54 @@ def stage_layer_ranges(num_layers: int, pp: int) -> list[range]:
     return ranges
 
 
+def _divisors(n: int, limit: int = 16) -> str:
+    """The first ``limit`` divisors of ``n``, for a message."""
+    found = [d for d in range(1, min(n, 2**16) + 1) if n % d == 0][:limit]
+    return ", ".join(map(str, found)) + (", ..." if len(found) == limit else "")
+
+
+def check_layout(model: ModelSpec, tp: int, pp: int, ep: int) -> None:
+    """Refuse degrees the model cannot be split by: TP splits the attention heads, the KV heads
+    and every FFN width it shards; PP needs a layer per stage; EP needs whole experts per rank.
+    (The shards below round up, so such a layout would otherwise be estimated as if it ran.)"""
+    if pp > model.num_layers:
+        raise SpecError(
+            f"train.parallel.pp: must be between 1 and num_layers ({model.num_layers}), got {pp}",
+            field="train.parallel.pp",
+        )
+    if tp > 1:
+        widths = {"num_heads": model.num_heads, "num_kv_heads": model.kv_heads}
+        if model.num_moe_layers < model.num_layers:
+            widths["ffn_hidden_size"] = model.ffn_hidden_size
+        if model.moe is not None:
+            widths["moe.expert_ffn_size"] = model.moe.expert_ffn_size
+            if model.moe.num_shared_experts:
+                widths["moe.shared_expert_ffn_size"] = model.moe.shared_ffn
+        uneven = [f"{name} ({n})" for name, n in widths.items() if n % tp]
+        if uneven:
+            raise SpecError(
+                f"train.parallel.tp: must divide {', '.join(uneven)}; allowed: "
+                f"{_divisors(math.gcd(*widths.values()))}; got {tp}",
+                field="train.parallel.tp",
+            )
+    if ep > 1 and model.moe is None:
+        raise SpecError(
+            f"train.parallel.ep: the model has no experts to split; allowed: 1, got {ep}",
+            field="train.parallel.ep",
+        )
+    if model.moe is not None and model.moe.num_experts % ep:
+        raise SpecError(
+            f"train.parallel.ep: must divide moe.num_experts ({model.moe.num_experts}); "
+            f"allowed: {_divisors(model.moe.num_experts)}; got {ep}",
+            field="train.parallel.ep",
+        )
+
+
 @identity_memo(1024)
 def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> StageParams:
-    """Local parameter facts of ``stage`` under the given TP/PP/EP degrees."""
+    """Local parameter facts of ``stage`` under the given TP/PP/EP degrees (which
+    ``check_layout`` must accept: it runs here, once per memoised entry)."""
+    check_layout(model, tp, pp, ep)
     all_units = units(model)
     layer_range = stage_layer_ranges(model.num_layers, pp)[stage]
     has_embedding = stage == 0

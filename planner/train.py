@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from headroom.planner._numbers import Float, Int
+
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
 
@@ -22,6 +24,9 @@ BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "none": 0}
 _MAX_DEGREE = 2**20
 _MAX_STAGES = 4096
 _MAX_FACTOR = 10_000.0
+#: batch-shape bounds (the ladder keeps its candidates inside them too)
+MAX_MICRO_BATCH = 2**20
+MAX_GRAD_ACCUM = 2**30
 
 
 class _Frozen(BaseModel):
@@ -40,7 +45,7 @@ class Precision(_Frozen):
 class Recompute(_Frozen):
     """Block-wise recompute: keep a checkpoint every ``every_k`` layers."""
 
-    every_k: int = Field(ge=1, le=_MAX_STAGES, description="Layers per recomputed block.")
+    every_k: Int = Field(ge=1, le=_MAX_STAGES, description="Layers per recomputed block.")
 
 
 RecomputePolicy = Literal["none", "selective", "full"] | Recompute
@@ -49,17 +54,17 @@ RecomputePolicy = Literal["none", "selective", "full"] | Recompute
 class Parallel(_Frozen):
     """Parallel degrees; the heaviest rank is reported."""
 
-    dp: int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Data-parallel replicas.")
-    tp: int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Tensor-parallel degree.")
-    pp: int = Field(default=1, ge=1, le=_MAX_STAGES, description="Pipeline stages.")
-    ep: int = Field(
+    dp: Int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Data-parallel replicas.")
+    tp: Int = Field(default=1, ge=1, le=_MAX_DEGREE, description="Tensor-parallel degree.")
+    pp: Int = Field(default=1, ge=1, le=_MAX_STAGES, description="Pipeline stages.")
+    ep: Int = Field(
         default=1, ge=1, le=_MAX_DEGREE, description="Expert-parallel degree (carved from dp x cp)."
     )
-    cp: int = Field(
+    cp: Int = Field(
         default=1, ge=1, le=_MAX_DEGREE, description="Context-parallel degree (sequence split)."
     )
     sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism.")
-    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
+    zero_stage: Int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
@@ -80,16 +85,16 @@ class Offload(_Frozen):
     of it on the host with layers streamed through the GPU."""
 
     mode: Literal["none", "optimizer", "streaming"] = "none"
-    fraction: float = Field(
+    fraction: Float = Field(
         default=1.0, ge=0.0, le=1.0, description="Optimizer mode: share of parameters offloaded."
     )
-    checkpoint_every: int | None = Field(
+    checkpoint_every: Int | None = Field(
         default=None,
         ge=1,
         le=_MAX_STAGES,
         description="Streaming mode: layers per checkpointed block (default 1).",
     )
-    num_buffers: int = Field(
+    num_buffers: Int = Field(
         default=2, ge=2, le=1024, description="Streaming mode: device weight buffers."
     )
 
@@ -97,9 +102,9 @@ class Offload(_Frozen):
 class TrainSpec(_Frozen):
     """One training configuration."""
 
-    micro_batch_size: int = Field(default=1, ge=1, le=2**20)
-    seq_len: int = Field(default=4096, ge=1, le=2**30)
-    grad_accum_steps: int = Field(default=1, ge=1, le=2**30)
+    micro_batch_size: Int = Field(default=1, ge=1, le=MAX_MICRO_BATCH)
+    seq_len: Int = Field(default=4096, ge=1, le=2**30)
+    grad_accum_steps: Int = Field(default=1, ge=1, le=MAX_GRAD_ACCUM)
     precision: Precision = Precision()
     optimizer: OptimizerName = "adamw"
     optimizer_impl: Literal["foreach", "fused", "for_loop"] = Field(
@@ -113,16 +118,16 @@ class TrainSpec(_Frozen):
     ema: Literal["none", "gpu", "host"] = "none"
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
-    moe_capacity_factor: float | None = Field(
+    moe_capacity_factor: Float | None = Field(
         default=None, gt=0, le=_MAX_FACTOR, description="Default: the model's, else 1.25."
     )
-    moe_imbalance: float = Field(
+    moe_imbalance: Float = Field(
         default=1.0, ge=1.0, le=_MAX_FACTOR, description="Hottest expert load / mean."
     )
     expandable_segments: bool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
-    max_grad_norm: float | None = Field(
+    max_grad_norm: Float | None = Field(
         default=1.0,
         gt=0,
         allow_inf_nan=False,

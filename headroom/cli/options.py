@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from headroom import planner
+from headroom.planner.hardware import MAX_GPUS_PER_NODE
 from headroom.planner.io import apply_overrides, read_file
 
 __all__ = [
@@ -61,7 +62,13 @@ HostOpt = Annotated[
     str | None, typer.Option("--host-memory", help="Host RAM of the node, e.g. 1.5TiB.")
 ]
 NodeOpt = Annotated[
-    int | None, typer.Option("--gpus-per-node", min=1, help="GPUs sharing the host RAM.")
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        min=1,
+        max=MAX_GPUS_PER_NODE,
+        help="GPUs sharing the host RAM.",
+    ),
 ]
 FormatOpt = Annotated[TextOrJson, typer.Option("--format", help="Output format.")]
 
@@ -128,6 +135,10 @@ def load_specs(
     spec = planner.load_model(model)
     train_spec = planner.load_train(train_dict(train, set_ or []))
     hw = planner.load_hardware(
-        gpu, host_memory=host_memory, gpus_per_node=gpus_per_node, host_memory_field="--host-memory"
+        gpu,
+        host_memory=host_memory,
+        gpus_per_node=gpus_per_node,
+        host_memory_field="--host-memory",
+        gpus_per_node_field="--gpus-per-node",
     )
     return spec, train_spec, hw

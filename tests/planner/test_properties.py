@@ -8,6 +8,7 @@ offloaded optimizer fraction, stronger recompute and higher ZeRO stages.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -154,6 +155,25 @@ def _with_parallel(train: planner.TrainSpec, **update: Any) -> planner.TrainSpec
     return _with(train, parallel={**train.parallel.model_dump(), **update})
 
 
+def _fitted(model: planner.ModelSpec, train: planner.TrainSpec) -> planner.TrainSpec:
+    """``train``'s layout moved onto ``model``, as the planner requires (``check_layout``): the
+    largest TP degree up to the drawn one that divides the heads and FFN widths, at most a
+    stage per layer, whole experts per EP rank, and a sequence that sequence parallelism splits
+    (the model and the training spec are drawn independently)."""
+    p = train.parallel
+    widths = [model.num_heads, model.kv_heads, model.ffn_hidden_size]
+    if model.moe is not None:
+        widths += [model.moe.expert_ffn_size, model.moe.shared_ffn]
+    tp = max(d for d in range(1, p.tp + 1) if math.gcd(*widths) % d == 0)
+    return _with_parallel(
+        train,
+        tp=tp,
+        pp=min(p.pp, model.num_layers),
+        ep=math.gcd(p.ep, model.moe.num_experts) if model.moe is not None else 1,
+        sequence_parallel=p.sequence_parallel and train.seq_len % tp == 0,
+    )
+
+
 def _peak(model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware) -> int:
     return planner.estimate(model, train, hw).gpu.peak_bytes
 
@@ -170,6 +190,7 @@ def _is_count(value: object) -> bool:
 def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
+    train = _fitted(model, train)
     budget = planner.estimate(model, train, hw)
     gpu = budget.gpu
 
@@ -201,6 +222,7 @@ def test_phase_totals_equal_the_rows_the_budget_shows(
 ) -> None:
     """The verdict comes from each stage's largest phase total; the per-bucket rows the Budget
     shows must sum to them."""
+    train = _fitted(model, train)
     kn = knobs(train)
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
     streaming = kn.offload_mode == "streaming"
@@ -235,6 +257,7 @@ def test_evaluate_on_replaced_knobs_equals_estimate_on_the_spec(
     fraction: float,
 ) -> None:
     """A search's knobs-level candidates give exactly what a validated spec gives."""
+    train = _fitted(model, train)
     spec = _with(
         train,
         micro_batch_size=micro_batch,
@@ -252,6 +275,7 @@ def test_evaluate_on_replaced_knobs_equals_estimate_on_the_spec(
 def test_never_fits_above_capacity(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, factor: float
 ) -> None:
+    train = _fitted(model, train)
     peak = _peak(model, train, hw)
     # Capacities around the peak, so both verdicts occur.
     sized = hw.model_copy(update={"memory_bytes": max(1, int(peak * factor))})
@@ -280,6 +304,7 @@ def test_never_fits_above_capacity(
 def test_peak_nondecreasing_in_micro_batch_size(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, sizes: list[int]
 ) -> None:
+    train = _fitted(model, train)
     small, large = sizes
     assert _peak(model, _with(train, micro_batch_size=small), hw) <= _peak(
         model, _with(train, micro_batch_size=large), hw
@@ -296,7 +321,9 @@ def test_peak_nondecreasing_in_micro_batch_size(
 def test_peak_nondecreasing_in_seq_len(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, lengths: list[int]
 ) -> None:
-    short, long = lengths
+    train = _fitted(model, train)
+    scale = train.parallel.tp if train.parallel.sequence_parallel else 1  # SP splits it
+    short, long = (scale * n for n in lengths)
     assert _peak(model, _with(train, seq_len=short), hw) <= _peak(
         model, _with(train, seq_len=long), hw
     )
@@ -315,6 +342,7 @@ def test_peak_nonincreasing_in_offload_fraction(
     hw: planner.Hardware,
     fractions: list[float],
 ) -> None:
+    train = _fitted(model, train)
     low, high = fractions
     peaks = [
         _peak(model, _with(train, offload={"mode": "optimizer", "fraction": f}), hw)
@@ -350,6 +378,7 @@ _DENSE_FIRST_MOE = planner.ModelSpec(
 def test_peak_nonincreasing_in_recompute_strength(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
+    train = _fitted(model, train)
     none, selective, full = (
         _allocated(planner.estimate(model, _with(train, recompute=r), hw))
         for r in ("none", "selective", "full")
@@ -388,6 +417,7 @@ _ODD_ROUTER = planner.ModelSpec(
 def test_peak_nonincreasing_in_zero_stage(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, dp: int
 ) -> None:
+    train = _fitted(model, train)
     base = _with_parallel(train, dp=dp, cp=1, ep=1)
     peaks = [_peak(model, _with_parallel(base, zero_stage=z), hw) for z in range(4)]
     assert peaks[:3] == sorted(peaks[:3], reverse=True), peaks
