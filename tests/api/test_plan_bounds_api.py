@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from api_client import service_client
 from fastapi.testclient import TestClient
 
 from headroom import planner
-from headroom.api.main import create_app
-from headroom.api.settings import Settings
 
 TOKEN = "bounds-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -20,8 +19,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db = tmp_path_factory.mktemp("bounds") / "b.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN, launch_runs=False))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with service_client(f"sqlite:///{db}", TOKEN) as c:
         yield c
 
 

@@ -7,10 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from api_client import service_client
 from fastapi.testclient import TestClient
-
-from headroom.api.main import create_app
-from headroom.api.settings import Settings
 
 TOKEN = "request-errors-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,8 +26,7 @@ ROUTES = {
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db = tmp_path_factory.mktemp("request-errors") / "r.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN, launch_runs=False))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with service_client(f"sqlite:///{db}", TOKEN) as c:
         yield c
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_client import service_client
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -153,10 +154,8 @@ def test_logs_are_not_read_outside_run_dir(settings: Settings) -> None:
 
 @pytest.fixture
 def any_client(database_url: str) -> Iterator[TestClient]:
-    app = create_app(Settings(database_url=database_url, token=TOKEN, launch_runs=False))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with service_client(database_url, TOKEN) as c:
         yield c
-    app.state.engine.dispose()
 
 
 #: the id columns are ``Integer``: 32-bit on PostgreSQL

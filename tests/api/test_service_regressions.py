@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_client import service_client
 from fastapi.testclient import TestClient
 
 from headroom import planner
-from headroom.api.main import create_app
-from headroom.api.settings import Settings
 
 TOKEN = "regression-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -72,8 +71,7 @@ DEEPSEEK = {
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db = tmp_path_factory.mktemp("regressions") / "r.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", token=TOKEN, launch_runs=False))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with service_client(f"sqlite:///{db}", TOKEN) as c:
         yield c
 
 
@@ -342,10 +340,8 @@ def test_planner_error_field_is_the_full_path(client: TestClient) -> None:
 
 @pytest.fixture
 def any_client(database_url: str) -> Iterator[TestClient]:
-    app = create_app(Settings(database_url=database_url, token=TOKEN, launch_runs=False))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with service_client(database_url, TOKEN) as c:
         yield c
-    app.state.engine.dispose()
 
 
 def test_text_the_database_refuses_is_422_on_both_backends(any_client: TestClient) -> None:
