@@ -96,6 +96,16 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+#: most ``{field, message}`` entries one 422 lists (the rest are counted in ``errors_total``)
+MAX_LISTED_ERRORS = 20
+#: longest field name a 422 repeats (a client's own key, echoed back, is capped)
+MAX_FIELD_CHARS = 200
+
+
+def _capped(text: str) -> str:
+    return text if len(text) <= MAX_FIELD_CHARS else text[: MAX_FIELD_CHARS - 1] + "…"
+
+
 def _error(error: Any, body: Any) -> dict[str, str]:
     """``{field, message}`` for one of FastAPI's validation errors.
 
@@ -111,7 +121,7 @@ def _error(error: Any, body: Any) -> dict[str, str]:
             where = f" line {line}, column {column} (character {offset})"
         # json's own wording ("Expecting ',' delimiter", "Unterminated string starting at")
         return {"field": "body", "message": f"not valid JSON: {reason}{where}"}
-    return {"field": _field(error["loc"]), "message": error["msg"]}
+    return {"field": _capped(_field(error["loc"])), "message": _capped(error["msg"])}
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -169,9 +179,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 f"Content-Type: send the body as application/json; {got}",
                 headers={"Accept-Post": "application/json"},
             )
-        errors = [_error(e, exc.body) for e in exc.errors()]
+        # a body with thousands of mistakes gets the first few and a count: its answer (and the
+        # CPU to encode it) must not grow with what the client sent
+        found = exc.errors()
+        errors = [_error(e, exc.body) for e in found[:MAX_LISTED_ERRORS]]
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:10])
-        return problem(422, detail, errors=errors)
+        if len(found) > len(errors):
+            detail += f"; and {len(found) - len(errors)} more"
+        return problem(422, detail, errors=errors, errors_total=len(found))
 
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:

@@ -70,6 +70,10 @@ VALIDATION_PROBLEM_SCHEMA: dict[str, Any] = {
                 "properties": {
                     **PROBLEM_SCHEMA["content"][PROBLEM_JSON]["schema"]["properties"],
                     "field": {"type": ["string", "null"]},
+                    "errors_total": {
+                        "type": "integer",
+                        "description": "How many invalid inputs there were; at most 20 are listed.",
+                    },
                     "errors": {
                         "type": "array",
                         "items": {

@@ -91,3 +91,18 @@ def test_openapi_documents_415_on_the_json_routes(client: TestClient) -> None:
     for path in ROUTES:
         responses = paths[f"/api/v1/{path}"]["post"]["responses"]
         assert list(responses["415"]["content"]) == ["application/problem+json"]
+
+
+def test_a_body_with_thousands_of_mistakes_gets_a_bounded_answer(client: TestClient) -> None:
+    """50,000 unknown keys gave a 3.09 MB answer listing every one; the answer lists 20 and
+    counts the rest, and a huge key is not echoed whole."""
+    body = {"model": "tiny-dense", "gpu": "H100-80GB", **{f"k{i}": 1 for i in range(50_000)}}
+    response = client.post("/api/v1/estimate", json=body)
+    assert response.status_code == 422
+    assert len(response.content) < 16_384
+    problem = response.json()
+    assert len(problem["errors"]) == 20 and problem["errors_total"] == 50_000
+    assert problem["detail"].endswith("; and 49980 more")
+    huge = client.post("/api/v1/estimate", json={"model": "tiny-dense", "x" * 100_000: 1})
+    assert huge.status_code == 422 and len(huge.content) < 4096
+    assert huge.json()["errors"][0]["field"].endswith("…")
