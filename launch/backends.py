@@ -138,16 +138,18 @@ def process_start_ticks(pid: int) -> int | None:
 Group: TypeAlias = subprocess.Popen[bytes] | int
 
 
+def _pgid(group: Group) -> int:
+    """The process group id: a child we started leads its own group."""
+    return group.pid if isinstance(group, subprocess.Popen) else group
+
+
 def _group_gone(group: Group) -> bool:
     """Whether nothing of ``group`` is left. Our own child is reaped first: until it is waited
     for it stays a zombie, still a member of its group, and the group would look alive."""
     if isinstance(group, subprocess.Popen):
         group.poll()
-        pgid = group.pid
-    else:
-        pgid = group
     try:
-        os.killpg(pgid, 0)
+        os.killpg(_pgid(group), 0)
     except (ProcessLookupError, PermissionError):  # Permission: the id is someone else's now
         return True
     return False
@@ -159,9 +161,8 @@ def end_process_groups(groups: Sequence[Group], grace_s: float = 5.0) -> list[bo
     set), so a trainer that exits on SIGTERM is seen gone at once."""
     alive = []
     for group in groups:
-        pgid = group.pid if isinstance(group, subprocess.Popen) else group
         try:
-            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(_pgid(group), signal.SIGTERM)
         except (ProcessLookupError, PermissionError):  # gone, or the id is someone else's now
             alive.append(False)
         else:
@@ -174,9 +175,8 @@ def end_process_groups(groups: Sequence[Group], grace_s: float = 5.0) -> list[bo
             break
         time.sleep(0.02)
     for group in waiting:
-        pgid = group.pid if isinstance(group, subprocess.Popen) else group
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+            os.killpg(_pgid(group), signal.SIGKILL)
     for group in waiting:
         if isinstance(group, subprocess.Popen):
             # SIGKILL cannot be ignored; the bound only guards a process stuck in the kernel

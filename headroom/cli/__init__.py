@@ -24,7 +24,6 @@ import sys
 
 import typer
 
-from headroom import planner
 from headroom.cli import calibrate, estimate, exits, fit, gate, launch, presets, serve, train
 from headroom.cli.exits import ExitCode
 
@@ -52,16 +51,7 @@ def main() -> None:
     """Console-script entry point."""
     try:
         app()
-    except planner.HeadroomError as exc:  # pragma: no cover - commands catch their own
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(ExitCode.INVALID_INPUT)
-    except ModuleNotFoundError as exc:  # an extra the command needs is not installed
-        message = exits.missing_extra(exc)
-        if message is None:
-            raise
-        typer.echo(f"error: {message}", err=True)
-        sys.exit(ExitCode.INVALID_INPUT)
-    except Exception as exc:  # a bad HEADROOM_* setting, an unusable store, out of memory
+    except Exception as exc:  # a missing extra, a bad HEADROOM_* setting, an unusable store...
         known = exits.environment_error(exc)
         if known is None:
             raise  # a bug: its traceback is the report

@@ -87,11 +87,8 @@ def writable(option: str, path: Path) -> None:
     """Refuse (exit 2, naming ``option``) a file the command could not write, before the work
     that would end in writing it: the file is opened for appending (created empty if missing,
     which a reader takes for no report) so that every reason the OS has is asked, not guessed."""
-    try:
-        with path.open("a"):
-            pass
-    except OSError as exc:
-        raise fail(f"{option}: cannot write {path} ({exc.strerror or exc})") from None
+    with writing(option, path), path.open("a"):
+        pass
 
 
 @contextmanager
@@ -140,11 +137,17 @@ def _first_line(exc: BaseException) -> str:
 
 
 def environment_error(exc: BaseException) -> tuple[str, ExitCode] | None:
-    """The one line and the exit for a mistake in the command's environment, or for the machine
-    running out of memory; None for anything else (a bug: its traceback stays).
+    """The one line and the exit for a mistake in the command's environment (a missing extra,
+    a bad setting, an unusable store), for the machine running out of memory, or for a user
+    mistake a command did not catch itself; None for anything else (a bug: its traceback stays).
 
     The store's errors are recognised only when SQLAlchemy is loaded: a command that never
     opened the store cannot raise them, and the CLI must not import it to ask."""
+    if isinstance(exc, planner.HeadroomError):
+        return str(exc), ExitCode.INVALID_INPUT
+    if isinstance(exc, ModuleNotFoundError):
+        missing = missing_extra(exc)
+        return None if missing is None else (missing, ExitCode.INVALID_INPUT)
     if isinstance(exc, pydantic.ValidationError) and exc.title.endswith("Settings"):
         # the service's, the launch layer's or the store's settings, read from HEADROOM_*
         return _settings_message(exc), ExitCode.INVALID_INPUT
