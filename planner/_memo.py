@@ -1,4 +1,4 @@
-"""Memoisation keyed by object identity for the estimator's hot path.
+"""Bounded memoisation for the estimator's hot path, keyed by object identity.
 
 Frozen pydantic models and large named tuples hash by value, which costs microseconds per call;
 the estimator sees the same spec objects over and over (a ladder search, a service's parsed
@@ -7,16 +7,24 @@ so an id cannot be reused while its entry exists. Equal-but-distinct objects sim
 The leading ``objects`` arguments are keyed by identity; the rest must be hashable scalars,
 passed by position.
 
-Every cache here is shared by a service's threads, and none takes a lock: a hit is one
-``dict.get`` and a miss computes, then inserts with ``BoundedDict.put``, whose eviction
-tolerates another thread evicting or inserting at the same moment.
+Every cache is bounded twice: in entries, and in the bytes its entries keep alive. Each entry
+is put with its weight, an upper bound of those bytes (the spec it keeps alive, a stage's list
+of layer kinds, a backward's points), so a service that is sent thousands of distinct
+4,096-layer models holds at most ``maxbytes`` per cache whatever they are
+(``tests/planner/test_cache_bounds.py`` holds the weights to what ``tracemalloc`` sees).
+
+Every cache here is shared by a service's threads. A hit takes no lock: it is one ``dict.get``.
+A miss computes without a lock, then ``BoundedDict.put`` inserts and evicts under the cache's
+lock (a few dictionary operations), so the weights always add up.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from functools import wraps
-from typing import ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -24,29 +32,61 @@ R_co = TypeVar("R_co", covariant=True)
 K = TypeVar("K")
 V = TypeVar("V")
 
+#: the weight of an entry that keeps only small objects alive (a few named tuples of numbers)
+SMALL_ENTRY_BYTES = 2048
+
 
 class BoundedDict(dict[K, V]):
-    """A dict that forgets its oldest entry when full: read it with ``get``, write it with
-    ``put``. Both are safe from many threads without a lock: two threads evicting the same
-    oldest entry, or one changing the dict while another finds its oldest key, is caught and
-    the size checked again, so the dict stays consistent and within ``maxsize`` (give or take
-    the inserts racing at that moment)."""
+    """A dict that forgets its oldest entries beyond ``maxsize`` entries or ``maxbytes`` of
+    their weights: read it with ``get`` (no lock), write it with ``put``. An entry heavier than
+    ``maxbytes`` on its own is not kept."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__", "_lock", "_weights", "held_bytes", "maxbytes", "maxsize")
 
-    def put(self, key: K, value: V, maxsize: int) -> V:
-        """Insert ``key`` (evicting the oldest entries down to ``maxsize``) and return ``value``."""
-        while self and len(self) >= maxsize and key not in self:
-            try:
-                del self[next(iter(self))]
-            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
-                continue
-        self[key] = value
+    def __init__(self, maxsize: int, maxbytes: int) -> None:
+        super().__init__()
+        self.maxsize, self.maxbytes = maxsize, maxbytes
+        self.held_bytes = 0  # the weights of the entries held
+        self._weights: dict[K, int] = {}
+        self._lock = threading.Lock()
+        _CACHES[id(self)] = self
+
+    def put(self, key: K, value: V, nbytes: int) -> V:
+        """Insert ``key`` weighing ``nbytes`` (evicting the oldest entries down to both bounds)
+        and return ``value``."""
+        if nbytes > self.maxbytes:
+            return value
+        with self._lock:
+            self.held_bytes += nbytes - self._weights.get(key, 0)
+            self._weights[key] = nbytes
+            self[key] = value
+            while len(self) > self.maxsize or self.held_bytes > self.maxbytes:
+                oldest = next(iter(self))
+                del self[oldest]
+                self.held_bytes -= self._weights.pop(oldest)
         return value
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            super().clear()
+            self._weights.clear()
+            self.held_bytes = 0
+
+
+_CACHES: weakref.WeakValueDictionary[int, BoundedDict[Any, Any]] = weakref.WeakValueDictionary()
+
+
+def caches() -> list[BoundedDict[Any, Any]]:
+    """Every bounded cache alive (the planner's are for the process's life)."""
+    return list(_CACHES.values())
 
 
 class Memoised(Protocol[P, R_co]):
-    """A memoised function: called as the function it wraps, with ``cache_clear()``."""
+    """A memoised function: called as the function it wraps, with ``cache_clear()`` and the
+    ``cache`` it fills."""
+
+    cache: BoundedDict[tuple[object, ...], tuple[tuple[object, ...], object]]
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
@@ -55,14 +95,20 @@ class Memoised(Protocol[P, R_co]):
 
 
 def identity_memo(
-    maxsize: int = 1024, objects: int = 1
+    maxsize: int,
+    maxbytes: int,
+    objects: int = 1,
+    nbytes: Callable[..., int] | None = None,
 ) -> Callable[[Callable[P, R]], Memoised[P, R]]:
     """Cache a pure function's results by the identity of its first ``objects`` arguments and
-    the values of the rest."""
+    the values of the rest. ``nbytes(*args)`` weighs an entry (what the arguments it keeps alive
+    and the result hold); without it an entry weighs ``SMALL_ENTRY_BYTES``."""
 
     def decorate(fn: Callable[P, R]) -> Memoised[P, R]:
         # key -> (the arguments, kept alive so their ids stay unique; the value)
-        cache: BoundedDict[tuple[object, ...], tuple[tuple[object, ...], R]] = BoundedDict()
+        cache: BoundedDict[tuple[object, ...], tuple[tuple[object, ...], R]] = BoundedDict(
+            maxsize, maxbytes
+        )
 
         @wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -77,9 +123,11 @@ def identity_memo(
             hit = cache.get(key)
             if hit is not None:
                 return hit[1]
-            return cache.put(key, (args, fn(*args, **kwargs)), maxsize)[1]
+            weight = SMALL_ENTRY_BYTES if nbytes is None else nbytes(*args)
+            return cache.put(key, (args, fn(*args, **kwargs)), weight)[1]
 
         wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
+        wrapper.cache = cache  # type: ignore[attr-defined]
         return cast(Memoised[P, R], wrapper)
 
     return decorate

@@ -23,13 +23,14 @@ not on the placement, so ``planner.estimator`` memoises them by ``ActivationInpu
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Sequence
+from operator import sub
 from typing import NamedTuple
 
-from headroom.planner._memo import identity_memo
+from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
 from headroom.planner.buckets import logits_bytes, moe_capacity, moe_dispatch_bytes, routing_slabs
-from headroom.planner.coefficients import Coefficients
-from headroom.planner.model import ModelSpec
+from headroom.planner.coefficients import Coefficients, coefficients_bytes
+from headroom.planner.model import ModelSpec, spec_bytes
 from headroom.planner.stage import PerKind, stage_params
 
 _DEFAULT_CAPACITY_FACTOR = 1.25
@@ -55,7 +56,14 @@ class LayerActivations(NamedTuple):
     mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
 
 
-@identity_memo(4096, objects=2)
+@identity_memo(
+    4096,
+    4 << 20,
+    objects=2,
+    nbytes=lambda model, coeffs, *_: (
+        spec_bytes(model) + coefficients_bytes(coeffs) + SMALL_ENTRY_BYTES
+    ),
+)
 def layer_activations(
     model: ModelSpec,
     coeffs: Coefficients,
@@ -324,8 +332,17 @@ def activation_terms(
     )
 
 
+#: an upper bound of the bytes one backward point holds (a named tuple of five numbers)
+POINT_BYTES = 256
+
+
+def terms_bytes(terms: ActivationTerms) -> int:
+    """An upper bound of the bytes ``terms`` holds: a cache entry's weight (``planner._memo``)."""
+    return 4096 + POINT_BYTES * len(terms.backward_points)
+
+
 def backward_points(
-    flags: tuple[bool, ...],
+    flags: Sequence[int],
     k: int | None,
     saved_dense: int,
     saved_moe: int,
@@ -355,12 +372,27 @@ def backward_points(
     )
 
 
-@functools.lru_cache(maxsize=1024)
-def point_layout(flags: tuple[bool, ...], k: int | None) -> tuple[PointLayout, ...]:
-    """The layers ``backward_points`` evaluates, as counts. Between two layers of one kind in
-    one block the bytes change linearly, and so do they between consecutive blocks of the same
-    shape, so the ends of such runs are the only candidates (a stage of one kind of layer has
-    two to six)."""
+#: ``point_layout``'s memo: (layer kinds, block size) -> the layouts
+_LAYOUTS: BoundedDict[tuple[Sequence[int], int | None], tuple[PointLayout, ...]] = BoundedDict(
+    1024, 8 << 20
+)
+
+
+def point_layout(flags: Sequence[int], k: int | None) -> tuple[PointLayout, ...]:
+    """The layers ``backward_points`` evaluates, as counts (memoised; ``flags``: 1 or True for
+    each MoE layer of the stage, bytes or a tuple). Between two layers of one kind in one block
+    the bytes change linearly, and so do they between consecutive blocks of the same shape, so
+    the ends of such runs are the only candidates (a stage of one kind of layer has two to
+    six)."""
+    key = (flags, k)
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        layouts = _point_layout(flags, k)
+        hit = _LAYOUTS.put(key, layouts, 8 * len(flags) + POINT_BYTES * len(layouts) + 512)
+    return hit
+
+
+def _point_layout(flags: Sequence[int], k: int | None) -> tuple[PointLayout, ...]:
     n = len(flags)
     if not n:
         return ()
@@ -389,9 +421,13 @@ def point_layout(flags: tuple[bool, ...], k: int | None) -> tuple[PointLayout, .
     dense_above = [0] * (n + 1)  # dense_above[j]: dense layers at j or above
     for j in range(n - 1, -1, -1):
         dense_above[j] = dense_above[j + 1] + (not flags[j])
-    points = []
+    # (point, its class within its block, its class across blocks); blocks of the same
+    # layers share a shape number (a block's layers are hashed once, not once per point)
+    shapes: dict[Sequence[int], int] = {}
+    found: list[tuple[PointLayout, tuple[int, ...], tuple[int, ...]]] = []
     for i in chosen:
         b0, shape = blocks[i]
+        shape_number = shapes.setdefault(shape, len(shapes))
         checkpoints = 0 if k is None else b0 // size
         held = [0, 0]
         for offset, kind in enumerate(shape):
@@ -402,5 +438,46 @@ def point_layout(flags: tuple[bool, ...], k: int | None) -> tuple[PointLayout, .
             if first or last:
                 dense = dense_above[j + 1]
                 moe = n - j - 1 - dense
-                points.append(PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind)))
-    return tuple(points)
+                point = PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind))
+                found.append((point, (i, kind), (kind, offset, shape_number)))
+    return _without_midpoints(found)
+
+
+#: strides at which ``_without_midpoints`` looks for a point's neighbours in its class
+_STRIDES = (1, 2, 3, 4)
+
+
+def _without_midpoints(
+    found: list[tuple[PointLayout, tuple[int, ...], tuple[int, ...]]],
+) -> tuple[PointLayout, ...]:
+    """The points of ``found`` without those halfway between an earlier and a later point of
+    one of their classes (each entry's other two items: its kind and block, and its kind, place
+    in its block and the block's layers), at a few strides through the class.
+
+    A backward point's bytes are linear in its counts, and the running layer's own terms are
+    the same for every point of its kind, so such a point's total is the mean of the two: never
+    larger than both, and when it equals the largest the earlier one does too and comes first,
+    which wins the tie. So the first largest point always stays (whatever else goes at the same
+    time), and periodic layers (an MoE layer every third, blocks that repeat with a period)
+    keep a few points per class, however many layers they span."""
+    members: dict[tuple[int, ...], list[int]] = {}
+    for index, (_, within, across) in enumerate(found):
+        members.setdefault(within, []).append(index)
+        members.setdefault(across, []).append(index)
+    dropped: set[int] = set()
+    for indices in members.values():
+        points = [found[i][0] for i in indices]
+        for stride in _STRIDES:
+            if len(points) <= 2 * stride:
+                break
+            # steps[m]: from the class's point m to point m + stride
+            pairs = zip(points[:-stride], points[stride:], strict=True)
+            steps = [tuple(map(sub, b, a)) for a, b in pairs]
+            dropped.update(
+                indices[m + stride]
+                for m, (step, next_step) in enumerate(
+                    zip(steps[:-stride], steps[stride:], strict=True)
+                )
+                if step == next_step
+            )
+    return tuple(entry[0] for index, entry in enumerate(found) if index not in dropped)

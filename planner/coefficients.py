@@ -159,6 +159,12 @@ class Coefficients(BaseModel):
     )
 
 
+def coefficients_bytes(coeffs: Coefficients) -> int:
+    """An upper bound of the bytes a set of coefficients holds (a cache entry that keeps it
+    alive weighs it, ``planner._memo``)."""
+    return 6144 + 4 * (len(coeffs.profile) + len(coeffs.device or "") + len(coeffs.source))
+
+
 @cache
 def _shipped() -> tuple[Coefficients, ...]:
     path = resources.files("headroom.planner") / "data" / "coefficients.json"
@@ -172,8 +178,19 @@ def profiles() -> list[str]:
 
 
 @cache
+def _devices() -> frozenset[str]:
+    return frozenset(c.device for c in _shipped() if c.device is not None)
+
+
 def default_coefficients(profile: str, device: str | None = None) -> Coefficients:
     """The shipped coefficients of ``profile``; a device-specific set wins over a generic one."""
+    # a device without a set of its own is the generic one's: the memo holds shipped names
+    # only, however many GPU names the service is sent
+    return _default_coefficients(profile, device if device in _devices() else None)
+
+
+@cache
+def _default_coefficients(profile: str, device: str | None) -> Coefficients:
     generic: Coefficients | None = None
     for c in _shipped():
         if c.profile != profile:

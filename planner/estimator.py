@@ -18,21 +18,26 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from headroom.planner import buckets as b
-from headroom.planner._memo import BoundedDict, identity_memo
+from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
 from headroom.planner.activations import (
     ActivationInputs,
     ActivationTerms,
     activation_terms,
     layer_activations,
+    terms_bytes,
 )
 from headroom.planner.budget import PHASES, Budget
-from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.coefficients import (
+    Coefficients,
+    coefficients_bytes,
+    default_coefficients,
+)
 from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
-from headroom.planner.model import ModelSpec
+from headroom.planner.model import ModelSpec, spec_bytes
 from headroom.planner.phases import PhaseRows, phase_rows, phase_totals, stage_layer_backward
 from headroom.planner.stage import StageParams
-from headroom.planner.states import ModelStates, StatesInputs, model_states
+from headroom.planner.states import ModelStates, StatesInputs, model_states, states_bytes
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
 
@@ -74,7 +79,11 @@ class Knobs(NamedTuple):
     clips_grad_norm: bool  # global-norm clipping: streaming's CPU update waits for the norm
 
 
-@identity_memo(4096)
+#: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
+_TRAIN_ENTRY_BYTES = 8192
+
+
+@identity_memo(4096, 4 << 20, nbytes=lambda train: _TRAIN_ENTRY_BYTES)
 def knobs(train: TrainSpec) -> Knobs:
     """The scalars of ``train`` the estimate reads (memoised per spec object)."""
     parallel, precision, offload = train.parallel, train.precision, train.offload
@@ -233,16 +242,24 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
 
 # Spec-dependent memo of ``stage_parts``: keyed by the identity of the model (and coefficients)
 # and each half's inputs; the entry keeps the keyed objects alive so an id cannot be reused.
+# Each weighs the spec (and coefficients) it keeps alive and its terms.
 _CACHE_SIZE = 8192
 _StatesKey = tuple[int, tuple[int, ...], StatesInputs]
 _ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
-_STATES: BoundedDict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = BoundedDict()
+_STATES: BoundedDict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = BoundedDict(
+    _CACHE_SIZE, 12 << 20
+)
 _ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = (
-    BoundedDict()
+    BoundedDict(_CACHE_SIZE, 12 << 20)
 )
 
 
-@identity_memo(4096, objects=2)
+@identity_memo(
+    4096,
+    4 << 20,
+    objects=2,
+    nbytes=lambda settings, coeffs: SMALL_ENTRY_BYTES + coefficients_bytes(coeffs),
+)
 def _inputs(settings: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
     """Both halves' inputs, memoised by the knobs' identity (an estimate's are per spec)."""
     return states_inputs(settings, coeffs), activation_inputs(settings)
@@ -257,13 +274,15 @@ def stage_parts(
     hit = _STATES.get(key)
     if hit is None:
         states_now = tuple(model_states(model, s, inputs) for s in stages)
-        hit = _STATES.put(key, (model, states_now), _CACHE_SIZE)
+        weight = spec_bytes(model) + sum(map(states_bytes, states_now))
+        hit = _STATES.put(key, (model, states_now), weight)
     states = hit[1]
     akey = (id(model), id(coeffs), stages, act_inputs)
     ahit = _ACTS.get(akey)
     if ahit is None:
         acts = tuple(activation_terms(model, coeffs, s, act_inputs) for s in stages)
-        ahit = _ACTS.put(akey, (model, coeffs, acts), _CACHE_SIZE)
+        weight = spec_bytes(model) + coefficients_bytes(coeffs) + sum(map(terms_bytes, acts))
+        ahit = _ACTS.put(akey, (model, coeffs, acts), weight)
     return states, ahit[2]
 
 

@@ -18,6 +18,9 @@ from headroom.planner._numbers import Float, Int
 _MAX_SIZE = 2**24
 _MAX_COUNT = 2**20
 _MAX_LAYERS = 4096
+#: layers a spec may force dense one by one: each breaks the layers' pattern, and the
+#: estimator's backward (and the search over it) weighs the layers around every break
+_MAX_DENSE_LAYERS = 256
 _MAX_FACTOR = 10_000.0
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
 #: check refuses lone surrogates, which no UTF-8 encoder writes)
@@ -62,7 +65,7 @@ class MoESpec(_Frozen):
     )
     dense_layers: tuple[Annotated[Int, Field(ge=0, lt=_MAX_LAYERS)], ...] = Field(
         default=(),
-        max_length=_MAX_LAYERS,
+        max_length=_MAX_DENSE_LAYERS,
         description="Layer indices forced dense (Qwen2-MoE mlp_only_layers).",
     )
     router_bias: bool = Field(
@@ -84,8 +87,11 @@ class MoESpec(_Frozen):
     @classmethod
     def _few_enough(cls, value: Any) -> Any:
         # refused before its items are: 100k bad items make 100k errors, seconds to report
-        if isinstance(value, list | tuple) and len(value) > _MAX_LAYERS:
-            raise ValueError(f"at most {_MAX_LAYERS} layer indices, got {len(value)}")
+        if isinstance(value, list | tuple) and len(value) > _MAX_DENSE_LAYERS:
+            raise ValueError(
+                f"at most {_MAX_DENSE_LAYERS} layer indices (layer_freq and dense_first_layers "
+                f"describe a regular pattern), got {len(value)}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -198,4 +204,37 @@ class ModelSpec(_Frozen):
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        return self.moe_layers_between(0, self.num_layers)
+
+    def moe_layers_between(self, start: int, stop: int) -> int:
+        """How many of layers ``start`` … ``stop - 1`` use routed experts (counted, not walked:
+        a 4,096-layer model costs what a 4-layer one does)."""
+        moe = self.moe
+        if moe is None:
+            return 0
+        first, every = moe.dense_first_layers, moe.layer_freq
+        start = max(start, first)
+        if stop <= start:
+            return 0
+        # layers first + m·every in [start, stop), less those forced dense
+        pattern = (stop - 1 - first) // every - (start - 1 - first) // every
+        forced = {i for i in moe.dense_layers if start <= i < stop and (i - first) % every == 0}
+        return pattern - len(forced)
+
+    def moe_flags(self, start: int, stop: int) -> bytes:
+        """One byte for each of layers ``start`` … ``stop - 1``: 1 where it uses routed experts
+        (bytes: a byte per layer, and hashed once)."""
+        moe = self.moe
+        if moe is None:
+            return bytes(max(stop - start, 0))
+        first, every, forced = moe.dense_first_layers, moe.layer_freq, set(moe.dense_layers)
+        return bytes(
+            i >= first and (i - first) % every == 0 and i not in forced for i in range(start, stop)
+        )
+
+
+def spec_bytes(model: ModelSpec) -> int:
+    """An upper bound of the bytes a parsed spec holds: what a cache entry that keeps it alive
+    weighs (``planner._memo``)."""
+    text = len(model.name) + len(model.source or "")
+    return 4096 + 4 * text + (64 * len(model.moe.dense_layers) if model.moe else 0)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from headroom.planner._memo import identity_memo
-from headroom.planner.model import ModelSpec
+from headroom.planner._memo import SMALL_ENTRY_BYTES, identity_memo
+from headroom.planner.model import ModelSpec, spec_bytes
 
 #: kinds whose tensors are split across tensor-parallel ranks; others stay whole on every rank
 TP_SHARDED_KINDS = frozenset({"embedding", "head", "attention", "mlp", "shared_expert", "expert"})
@@ -149,9 +149,8 @@ def _moe_ffn(model: ModelSpec, prefix: str) -> list[Tensor]:
     return tensors
 
 
-def _layer(model: ModelSpec, index: int, prefix: str) -> Unit:
+def _layer(model: ModelSpec, is_moe: bool, prefix: str) -> Unit:
     h = model.hidden_size
-    is_moe = model.is_moe_layer(index)
     tensors = [
         *_norm(f"{prefix}.input_layernorm", model, h),
         *_attention(model, f"{prefix}.self_attn"),
@@ -164,50 +163,77 @@ def _layer(model: ModelSpec, index: int, prefix: str) -> Unit:
     return Unit(prefix, tuple(tensors), is_moe)
 
 
-@identity_memo(256)
+class UnitKinds(NamedTuple):
+    """One unit of each kind: every dense layer of a model is the same unit (up to its name),
+    and so is every MoE layer; the estimator reads these with each kind's count, never a unit
+    per layer, so its work and memory do not grow with the number of layers."""
+
+    embed: Unit
+    dense: Unit  # a dense layer (named ``layers.N``)
+    moe: Unit | None  # an MoE layer (None: the model has no experts)
+    head: Unit  # the final norm, and the head matrix unless tied to the embedding
+
+
+#: a model's units by kind: a few dozen named tensors
+_UNITS_BYTES = 24576
+
+
+@identity_memo(256, 2 << 20, nbytes=lambda model: spec_bytes(model) + _UNITS_BYTES)
+def unit_kinds(model: ModelSpec) -> UnitKinds:
+    """The model's units by kind (see ``UnitKinds``)."""
+    h, v = model.hidden_size, model.vocab_size
+    embed = Unit("embed_tokens", (Tensor("embed_tokens.weight", v, h, 1, "embedding"),), False)
+    head_tensors = list(_norm("norm", model, h))
+    if not model.tied_embeddings:
+        head_tensors.append(Tensor("lm_head.weight", v, h, 1, "head"))
+    moe = _layer(model, True, "layers.N") if model.moe is not None else None
+    return UnitKinds(
+        embed, _layer(model, False, "layers.N"), moe, Unit("lm_head", tuple(head_tensors), False)
+    )
+
+
 def units(model: ModelSpec) -> tuple[Unit, ...]:
     """The model's streamable units in module order: embedding, layers, then norm + head.
 
     With tied embeddings the head unit holds only the final norm: the shared matrix is counted
-    once, in the embedding unit.
+    once, in the embedding unit. One unit per layer, named as the checkpoint names it: an
+    inventory to read, which the estimator does not build (``unit_kinds``).
     """
-    h, v = model.hidden_size, model.vocab_size
-    embed = Unit("embed_tokens", (Tensor("embed_tokens.weight", v, h, 1, "embedding"),), False)
-    layers = tuple(_layer(model, i, f"layers.{i}") for i in range(model.num_layers))
-    head_tensors = list(_norm("norm", model, h))
-    if not model.tied_embeddings:
-        head_tensors.append(Tensor("lm_head.weight", v, h, 1, "head"))
-    return (embed, *layers, Unit("lm_head", tuple(head_tensors), False))
+    kinds = unit_kinds(model)
+    layers = tuple(
+        _layer(model, model.is_moe_layer(i), f"layers.{i}") for i in range(model.num_layers)
+    )
+    return (kinds.embed, *layers, kinds.head)
 
 
-def mtp_tensors(model: ModelSpec) -> tuple[Tensor, ...]:
-    """Tensors of the multi-token-prediction modules (DeepSeek-V3), sharing embedding and head."""
+def _mtp_module_numel(model: ModelSpec, layer: Unit) -> int:
+    """Parameters of one multi-token-prediction module (DeepSeek-V3) around ``layer``: its
+    norms and projection; the embedding and head are shared."""
     h = model.hidden_size
-    tensors: list[Tensor] = []
-    for k in range(model.num_mtp_layers):
-        index = model.num_layers + k
-        prefix = f"mtp.{k}"
-        tensors += _norm(f"{prefix}.enorm", model, h)
-        tensors += _norm(f"{prefix}.hnorm", model, h)
-        tensors.append(Tensor(f"{prefix}.eh_proj.weight", h, 2 * h, 1, "mlp"))
-        tensors += _layer(model, index, prefix).tensors
-        tensors += _norm(f"{prefix}.shared_head.norm", model, h)
-    return tuple(tensors)
+    norms = 3 * sum(t.numel for t in _norm("norm", model, h))  # enorm, hnorm, shared_head.norm
+    return norms + 2 * h * h + layer.numel  # eh_proj: 2h -> h
 
 
-@identity_memo(256)
+@identity_memo(256, 2 << 20, nbytes=lambda model: spec_bytes(model) + SMALL_ENTRY_BYTES)
 def count_params(model: ModelSpec) -> ParamCount:
     """Exact parameter totals; ``per_token_active`` counts only ``top_k`` routed experts."""
-    all_units = units(model)
-    total = sum(u.numel for u in all_units)
-    embedding = all_units[0].numel
-    head = sum(t.numel for t in all_units[-1].tensors if t.kind == "head")
+    kinds = unit_kinds(model)
+    num_moe = model.moe_layers_between(0, model.num_layers)
+    num_dense = model.num_layers - num_moe
+    total = kinds.embed.numel + num_dense * kinds.dense.numel + kinds.head.numel
+    embedding = kinds.embed.numel
+    head = sum(t.numel for t in kinds.head.tensors if t.kind == "head")
     inactive = 0
-    if model.moe is not None:
+    mtp_moe = model.moe_layers_between(model.num_layers, model.num_layers + model.num_mtp_layers)
+    mtp = (model.num_mtp_layers - mtp_moe) * _mtp_module_numel(model, kinds.dense)
+    if model.moe is not None and kinds.moe is not None:
         moe = model.moe
-        for unit in all_units:
-            for t in unit.tensors:
-                if t.kind == "expert":
-                    inactive += t.numel // moe.num_experts * (moe.num_experts - moe.top_k)
-    mtp = sum(t.numel for t in mtp_tensors(model))
+        total += num_moe * kinds.moe.numel
+        per_layer = sum(
+            t.numel // moe.num_experts * (moe.num_experts - moe.top_k)
+            for t in kinds.moe.tensors
+            if t.kind == "expert"
+        )
+        inactive = num_moe * per_layer
+        mtp += mtp_moe * _mtp_module_numel(model, kinds.moe)
     return ParamCount(total, embedding, head, total - inactive, mtp)

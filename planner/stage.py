@@ -7,15 +7,14 @@ ZeRO sharding over data parallelism is applied later, per tensor class (dense or
 
 from __future__ import annotations
 
-import bisect
 import math
-from itertools import accumulate
+from itertools import groupby
 from typing import Generic, NamedTuple, TypeVar
 
-from headroom.planner._memo import identity_memo
+from headroom.planner._memo import SMALL_ENTRY_BYTES, identity_memo
 from headroom.planner.errors import SpecError
-from headroom.planner.model import ModelSpec
-from headroom.planner.params import TP_SHARDED_KINDS, Tensor, Unit, units
+from headroom.planner.model import ModelSpec, spec_bytes
+from headroom.planner.params import TP_SHARDED_KINDS, Tensor, Unit, unit_kinds
 
 T = TypeVar("T")
 
@@ -54,9 +53,10 @@ class StageParams(NamedTuple):
     adafactor_expert_numel: int
     adam8bit_dense_bytes: int
     adam8bit_expert_bytes: int
-    order_numel: tuple[int, ...]
-    order_is_expert: tuple[bool, ...]
-    moe_flags: tuple[bool, ...]
+    unit_tensors: tuple[tuple[tuple[int, bool], ...], ...]  # (local numel, is expert) of each
+    # tensor of the embedding, a dense layer, an MoE layer and the head unit (``UNIT_*``), in
+    # module order; a unit the stage does not hold has none
+    moe_flags: bytes  # a byte per layer of the stage: 1 for an MoE layer, 0 for a dense one
 
 
 def _local(t: Tensor, tp: int, ep: int) -> tuple[int, int]:
@@ -126,35 +126,57 @@ def check_layout(model: ModelSpec, tp: int, pp: int, ep: int) -> None:
         )
 
 
-@identity_memo(1024)
+#: ``StageParams.unit_tensors``' units
+UNIT_EMBED, UNIT_DENSE, UNIT_MOE, UNIT_HEAD = range(4)
+
+
+def stage_bytes(sp: StageParams) -> int:
+    """An upper bound of the bytes ``sp`` holds: its numbers, each unit's tensors and a byte
+    per layer (a cache entry's weight, ``planner._memo``)."""
+    return 16384 + len(sp.moe_flags)
+
+
+def _stage_entry_bytes(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> int:
+    return spec_bytes(model) + 16384 + -(-model.num_layers // pp)
+
+
+@identity_memo(1024, 8 << 20, nbytes=_stage_entry_bytes)
 def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> StageParams:
     """Local parameter facts of ``stage`` under the given TP/PP/EP degrees (which
-    ``check_layout`` must accept: it runs here, once per memoised entry)."""
+    ``check_layout`` must accept: it runs here, once per memoised entry).
+
+    Each kind of unit is read once and counted as often as the stage holds it, so a stage of
+    4,096 layers costs what one of four does (but for its list of layer kinds)."""
     check_layout(model, tp, pp, ep)
-    all_units = units(model)
+    kinds = unit_kinds(model)
     layer_range = stage_layer_ranges(model.num_layers, pp)[stage]
     has_embedding = stage == 0
     has_head = stage == pp - 1
-    chosen: list[Unit] = []
-    if has_embedding:
-        chosen.append(all_units[0])
-    chosen += [all_units[1 + i] for i in layer_range]
-    if has_head:
-        chosen.append(all_units[-1])
+    moe_flags = model.moe_flags(layer_range.start, layer_range.stop)
+    num_moe = sum(moe_flags)
+    held: list[tuple[Unit | None, int]] = [
+        (kinds.embed, int(has_embedding)),
+        (kinds.dense, len(moe_flags) - num_moe),
+        (kinds.moe, num_moe),
+        (kinds.head, int(has_head)),
+    ]
     dense = expert = embed = head_unit = 0
     largest = largest_matrix = 0
     matrix = [0, 0]
     adafactor = [0, 0]
     adam8 = [0, 0]
-    order_numel: list[int] = []
-    order_is_expert: list[bool] = []
+    unit_tensors: list[tuple[tuple[int, bool], ...]] = []
     unit_sizes = []
     layer_numel = [0, 0, 0]  # a dense layer; an MoE layer's dense part and its experts
     mlp_numel = [0, 0]  # a dense layer's MLP; an MoE layer's shared experts
-    for unit in chosen:
+    for index, (unit, count) in enumerate(held):
+        if unit is None or not count:
+            unit_tensors.append(())
+            continue
         unit_numel = 0
         unit_expert = 0
         unit_mlp = 0
+        local: list[tuple[int, bool]] = []
         for t in unit.tensors:
             rows, cols = _local(t, tp, ep)
             numel = rows * cols
@@ -164,32 +186,31 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             if t.kind in ("mlp", "shared_expert"):
                 unit_mlp += numel
             if is_expert:
-                expert += numel
+                expert += count * numel
                 unit_expert += numel
             else:
-                dense += numel
+                dense += count * numel
             per_tensor = rows * (cols // max(t.copies, 1)) if t.copies > 1 else numel
             largest = max(largest, per_tensor)
-            if t.is_matrix:
-                matrix[k] += numel
-                largest_matrix = max(largest_matrix, per_tensor)
-                copies = numel // per_tensor if per_tensor else 0
-                adafactor[k] += copies * (rows + per_tensor // rows)
-            else:
-                adafactor[k] += numel
             copies = numel // per_tensor if per_tensor else 0
-            if per_tensor >= 4096:  # bitsandbytes keeps smaller tensors' states in fp32
-                adam8[k] += copies * (2 * per_tensor + 8 * -(-per_tensor // 2048))
+            if t.is_matrix:
+                matrix[k] += count * numel
+                largest_matrix = max(largest_matrix, per_tensor)
+                adafactor[k] += count * copies * (rows + per_tensor // rows)
             else:
-                adam8[k] += 8 * numel
-            order_numel.append(numel)
-            order_is_expert.append(is_expert)
+                adafactor[k] += count * numel
+            if per_tensor >= 4096:  # bitsandbytes keeps smaller tensors' states in fp32
+                adam8[k] += count * copies * (2 * per_tensor + 8 * -(-per_tensor // 2048))
+            else:
+                adam8[k] += count * 8 * numel
+            local.append((numel, is_expert))
+        unit_tensors.append(tuple(local))
         unit_sizes.append(unit_numel)
-        if unit.name == "embed_tokens":
+        if index == UNIT_EMBED:
             embed = unit_numel
-        elif unit.name == "lm_head":
+        elif index == UNIT_HEAD:
             head_unit = unit_numel
-        elif unit.is_moe:
+        elif index == UNIT_MOE:
             layer_numel[1:] = [unit_numel - unit_expert, unit_expert]
             mlp_numel[1] = unit_mlp
         else:
@@ -197,14 +218,12 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             mlp_numel[0] = unit_mlp
     # A tied head streams the embedding matrix again: the largest unit is at least that big.
     if model.tied_embeddings and has_head:
-        tied = _local(all_units[0].tensors[0], tp, ep)
+        tied = _local(kinds.embed.tensors[0], tp, ep)
         unit_sizes.append(head_unit + tied[0] * tied[1])
-    layer_ids = list(layer_range)
-    moe_flags = [model.is_moe_layer(i) for i in layer_ids]
     return StageParams(
         stage=stage,
-        num_layers=len(layer_ids),
-        num_moe_layers=sum(moe_flags),
+        num_layers=len(moe_flags),
+        num_moe_layers=num_moe,
         has_embedding=has_embedding,
         has_head=has_head,
         tied_embeddings=model.tied_embeddings and has_embedding and has_head,
@@ -226,36 +245,75 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
         adafactor_expert_numel=adafactor[1],
         adam8bit_dense_bytes=adam8[0],
         adam8bit_expert_bytes=adam8[1],
-        order_numel=tuple(order_numel),
-        order_is_expert=tuple(order_is_expert),
-        moe_flags=tuple(moe_flags),
+        unit_tensors=tuple(unit_tensors),
+        moe_flags=moe_flags,
     )
 
 
-@identity_memo(4096)
+def unit_order(sp: StageParams) -> list[tuple[int, int]]:
+    """The stage's units in module order as runs: (``UNIT_*``, how many in a row)."""
+    runs = [(UNIT_EMBED, 1)] if sp.has_embedding else []
+    runs += [
+        (UNIT_MOE if is_moe else UNIT_DENSE, sum(1 for _ in run))
+        for is_moe, run in groupby(sp.moe_flags)
+    ]
+    if sp.has_head:
+        runs.append((UNIT_HEAD, 1))
+    return runs
+
+
+@identity_memo(4096, 2 << 20, nbytes=lambda sp, *_: SMALL_ENTRY_BYTES + stage_bytes(sp))
 def offloaded_numel(
     sp: StageParams, zero_dense: int, zero_expert: int, fraction: float
 ) -> tuple[int, int]:
     """(dense, expert) numel whose optimizer state is offloaded at ``fraction``.
 
     Megatron's HybridDeviceOptimizer semantics: walk the tensors in order and offload whole
-    tensors while the offloaded count is below ``fraction`` x total.
+    tensors while the offloaded count is below ``fraction`` x total (the tensor that reaches
+    it included). Runs of identical layers are stepped over whole, or into at the layer where
+    the count reaches it.
     """
+    whole = -(-sp.dense_numel // zero_dense), -(-sp.expert_numel // zero_expert)
     if fraction <= 0.0:
         return 0, 0
     if fraction >= 1.0:  # everything, rounded as the shard itself is
-        return -(-sp.dense_numel // zero_dense), -(-sp.expert_numel // zero_expert)
-    sizes = [
-        n // (zero_expert if e else zero_dense)
-        for n, e in zip(sp.order_numel, sp.order_is_expert, strict=True)
+        return whole
+    # each unit's tensors as (shard size, is expert), and its totals (all, dense, expert)
+    shards = [[(n // (zero_expert if e else zero_dense), e) for n, e in u] for u in sp.unit_tensors]
+    sums = [
+        (sum(s for s, _ in u), sum(s for s, e in u if not e), sum(s for s, e in u if e))
+        for u in shards
     ]
-    total = sum(sizes)
-    threshold = total * fraction
-    cumulative = list(accumulate(sizes))
-    # offload tensor i while the sum before it is < threshold
-    cut = bisect.bisect_left(cumulative, threshold) + 1
-    if cut >= len(sizes):  # every tensor: the whole shard, rounded as the shard itself is
-        return -(-sp.dense_numel // zero_dense), -(-sp.expert_numel // zero_expert)
-    dense = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if not e)
-    expert = sum(s for s, e in zip(sizes[:cut], sp.order_is_expert[:cut], strict=True) if e)
-    return dense, expert
+    order = unit_order(sp)
+    threshold = sum(sums[u][0] * count for u, count in order) * fraction
+    before = dense = expert = 0  # the count so far, and its dense and expert parts
+    for i, (u, count) in enumerate(order):
+        total, unit_dense, unit_expert = sums[u]
+        if before + count * total < threshold:  # the whole run stays below: offloaded
+            before += count * total
+            dense += count * unit_dense
+            expert += count * unit_expert
+            continue
+        # the unit in the run that reaches the threshold: the first whose end does
+        skip = 0
+        if total:
+            skip = min(max(math.ceil((threshold - before) / total) - 1, 0), count - 1)
+            while skip and before + skip * total >= threshold:
+                skip -= 1
+            while before + (skip + 1) * total < threshold:
+                skip += 1
+        before += skip * total
+        dense += skip * unit_dense
+        expert += skip * unit_expert
+        for position, (size, is_expert) in enumerate(shards[u]):
+            before += size
+            if is_expert:
+                expert += size
+            else:
+                dense += size
+            if before >= threshold:
+                last_unit = i == len(order) - 1 and skip == count - 1
+                if last_unit and position == len(shards[u]) - 1:  # every tensor: the shard
+                    return whole
+                return dense, expert
+    return whole

@@ -12,7 +12,13 @@ from typing import NamedTuple
 
 from headroom.planner import buckets as b
 from headroom.planner.model import ModelSpec
-from headroom.planner.stage import PerKind, StageParams, offloaded_numel, stage_params
+from headroom.planner.stage import (
+    PerKind,
+    StageParams,
+    offloaded_numel,
+    stage_bytes,
+    stage_params,
+)
 
 
 class StatesInputs(NamedTuple):
@@ -87,6 +93,12 @@ class ModelStates(NamedTuple):
     ema: int
     transfer_buffers: int
     host: HostBytes
+
+
+def states_bytes(states: ModelStates) -> int:
+    """An upper bound of the bytes ``states`` holds (its stage's facts included): a cache
+    entry's weight (``planner._memo``)."""
+    return 4096 + stage_bytes(states.stage_params)
 
 
 def _zero_shards(group: int, zero_stage: int) -> ZeroShards:

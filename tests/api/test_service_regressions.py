@@ -8,6 +8,7 @@ fuzz of the planner's loaders, or while checking those findings on PostgreSQL.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,14 +203,23 @@ def test_huge_layer_counts_are_422_at_once(
 
 
 def test_many_bad_items_make_a_short_message(client: TestClient) -> None:
-    moe = {**MOE["moe"], "dense_layers": list(range(4096, 8192))}  # 4096 items, all too large
+    moe = {**MOE["moe"], "dense_layers": list(range(4096, 4352))}  # 256 items, all too large
     problem = assert_422(post(client, "estimate", {"model": {**MOE, "moe": moe}}), "model.moe")
-    assert len(problem["detail"]) < 2000 and "and 4086 more" in problem["detail"]
+    assert len(problem["detail"]) < 2000 and "and 246 more" in problem["detail"]
+
+
+def test_more_dense_layers_than_the_bound_are_422_naming_the_field(client: TestClient) -> None:
+    """Each layer forced dense breaks the layers' pattern, which the backward (and a search
+    over it) weighs around every break: at most 256, a regular pattern has layer_freq."""
+    moe = {**MOE["moe"], "dense_layers": list(range(257))}
+    problem = assert_422(post(client, "fit", {"model": {**MOE, "moe": moe}}), "model.moe")
+    assert "at most 256 layer indices" in problem["detail"]
 
 
 def test_largest_allowed_model_is_estimated_in_time(client: TestClient) -> None:
     huge = {**DENSE, "num_layers": 4096, "num_mtp_layers": 4096, "hidden_size": 2**24}
-    huge["moe"] = {**MOE["moe"], "dense_layers": list(range(1, 4096))}
+    irregular = sorted(random.Random(0).sample(range(1, 4096), 256))
+    huge["moe"] = {**MOE["moe"], "dense_layers": irregular}
     body = {"model": huge, "train": {"parallel": {"pp": 4096}}}
     start = time.perf_counter()
     response = post(client, "estimate", body)

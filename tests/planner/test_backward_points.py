@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +59,41 @@ def _every_layer(case: Case) -> int:
     return best
 
 
+def _first_largest(case: Case) -> Triple | None:
+    """(grads, activations, dispatch) at the first layer whose backward holds the most, walked
+    layer by layer, each layer at its own peak (``layer_peak``)."""
+    flags, k, sizes, grads, own, temporaries = case
+    a_dense, a_moe, dispatch, a_input = sizes
+    peaks = [
+        layer_peak(
+            LayerGrads(layer=0, mlp_peak=share, mlp=whole, start=at_start),
+            LayerTemporaries(*temps),
+        )
+        for (share, whole, at_start), temps in zip(own, temporaries, strict=True)
+    ]
+    n = len(flags)
+    size = n if k is None else k
+    best: Triple | None = None
+    for j in range(n):
+        b0 = j // size * size
+        held = (b0 // size) * a_input if k is not None else 0
+        held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
+        disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
+        above = sum(grads[int(flags[i])] for i in range(j + 1, n))
+        own_grads, temps = peaks[int(flags[j])]
+        point = (above + own_grads, held + temps, disp)
+        if best is None or sum(point) > sum(best):
+            best = point
+    return best
+
+
+def _periodic(spec: tuple[int, int, int, list[int]]) -> tuple[bool, ...]:
+    """``n`` layers, the first ``first`` dense, then an MoE layer every ``every``-th, some of
+    them forced dense."""
+    n, first, every, forced = spec
+    return tuple(i >= first and (i - first) % every == 0 and i not in forced for i in range(n))
+
+
 _SIZE = st.integers(0, 10**6)
 _KIND = st.tuples(_SIZE, _SIZE)
 _TRIPLE = st.tuples(_SIZE, _SIZE, _SIZE)
@@ -66,7 +102,13 @@ _CASES = st.builds(
     flags=st.lists(st.booleans(), min_size=1, max_size=24).map(tuple)
     | st.tuples(st.integers(0, 4), st.integers(1, 30)).map(
         lambda d: (False,) * d[0] + (True,) * d[1]
-    ),
+    )
+    | st.tuples(
+        st.integers(1, 90),
+        st.integers(0, 5),
+        st.integers(1, 5),
+        st.lists(st.integers(0, 90), max_size=4),
+    ).map(_periodic),
     k=st.none() | st.integers(1, 30),
     sizes=st.tuples(_SIZE, _SIZE, _SIZE, _SIZE),
     grads=_KIND,
@@ -90,6 +132,23 @@ def test_the_kept_points_hold_the_largest_layer_backward(case: Case) -> None:
     )
     kept = through_layers(points, 0, case.grads, (dense, moe), 0, 0)
     assert (sum(kept) if kept is not None else 0) == _every_layer(case)
+    # and the same point: the first layer that holds the most (its split is what the budget
+    # shows)
+    assert kept == _first_largest(case)
+
+
+@pytest.mark.parametrize("k", [None, 1, 2, 3, 4, 7, 16, 100, 1000])
+@pytest.mark.parametrize(
+    ("first", "every"), [(0, 1), (0, 2), (1, 3), (3, 7), (0, 64), (5, 4095)], ids=str
+)
+def test_periodic_layers_keep_few_points_however_many(
+    first: int, every: int, k: int | None
+) -> None:
+    """4,096 layers with an MoE layer every ``every``-th one: the points repeat with the
+    pattern, and only the ends of each run of them are kept (every other layer's was kept
+    once: 2,048 points and more)."""
+    flags = _periodic((4096, first, every, []))
+    assert len(backward_points(flags, k, 9, 11, 3, 1)) <= 256
 
 
 def test_a_uniform_stage_keeps_few_points() -> None:

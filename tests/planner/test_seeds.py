@@ -190,7 +190,7 @@ def test_offload_takes_tensors_in_module_order() -> None:
     dense, expert = offloaded_numel(sp, 1, 1, 0.01)
     assert expert == 0
     # 1% of 8.03 B is 80 M: the 525 M-element embedding alone crosses the threshold
-    assert dense == sp.order_numel[0] == 128256 * 4096
+    assert dense == sp.embedding_numel == 128256 * 4096
 
 
 def test_deepseek_v3_walkthrough_under_its_conventions() -> None:

@@ -3,7 +3,8 @@
 Eviction used to be ``del cache[next(iter(cache))]`` on a shared dict: two threads evicting at
 once gave ``KeyError`` or "dictionary changed size during iteration". The caches are shrunk to a
 few entries here so that every miss evicts, and the interpreter switches threads as often as it
-can, so a race shows within a few seconds.
+can, so a race shows within a few seconds; the bytes a cache counts must still be those of the
+entries it holds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from headroom import planner
 from headroom.planner import estimator
-from headroom.planner._memo import identity_memo
+from headroom.planner._memo import SMALL_ENTRY_BYTES, identity_memo
 
 THREADS = 8
 SECONDS = 3.0
@@ -59,7 +60,7 @@ def _hammer(work: Callable[[int, int], None], seconds: float = SECONDS) -> list[
 
 
 def test_identity_memo_evicts_safely_from_many_threads() -> None:
-    @identity_memo(2)
+    @identity_memo(2, 1 << 20)
     def double(box: list[int]) -> int:
         return 2 * box[0]
 
@@ -70,6 +71,9 @@ def test_identity_memo_evicts_safely_from_many_threads() -> None:
 
     errors = _hammer(work, seconds=2.0)
     assert not errors, repr(errors[0])
+    # the weights still add up: every entry weighs the default
+    assert len(double.cache) <= 2
+    assert double.cache.held_bytes == len(double.cache) * SMALL_ENTRY_BYTES
 
 
 def _specs() -> list[tuple[planner.ModelSpec, dict[str, Any]]]:
@@ -115,7 +119,8 @@ def test_estimate_fit_and_evaluate_agree_from_many_threads(
     fitted = planner.fit(fit_model, fit_train, small).model_dump()
 
     # every miss now evicts another thread's entry
-    monkeypatch.setattr(estimator, "_CACHE_SIZE", 2)
+    for cache in (estimator._STATES, estimator._ACTS):
+        monkeypatch.setattr(cache, "maxsize", 2)
     estimator.clear_spec_caches()
 
     def work(thread: int, i: int) -> None:
@@ -131,5 +136,7 @@ def test_estimate_fit_and_evaluate_agree_from_many_threads(
 
     errors = _hammer(work)
     assert not errors, repr(errors[0])
-    # still bounded: at most the inserts that raced the last eviction over the size
-    assert len(estimator._STATES) <= 2 + THREADS and len(estimator._ACTS) <= 2 + THREADS
+    # still bounded, and the weights held are those of the entries there
+    for cache in (estimator._STATES, estimator._ACTS):
+        assert len(cache) <= 2
+        assert 0 < cache.held_bytes == sum(cache._weights[key] for key in cache)

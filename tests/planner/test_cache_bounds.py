@@ -1,0 +1,94 @@
+"""The planner's caches keep at most their stated bytes, whatever they are sent.
+
+A service parses every custom model a request brings, and the identity-keyed caches keep each
+parsed spec alive with its terms. Each cache entry once held a unit per layer: a 4,096-layer
+model kept ~10 MB, and 575 distinct ones took a server from 237 MB to 2.9 GB. Every cache now
+counts the bytes its entries keep alive (``planner._memo``) and forgets its oldest beyond its
+bound; ``tracemalloc`` checks here that the weights it counts cover what is really kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from headroom import planner
+from headroom.planner import _memo
+
+#: what the planner's caches may hold together (docs/PERFORMANCE.md)
+BUDGET_BYTES = 64 << 20
+#: what a run of estimates keeps that is no cache's (interpreter and library internals)
+SLACK_BYTES = 2 << 20
+
+
+def _deep_model(i: int) -> dict[str, Any]:
+    """A distinct 4,096-layer MoE model as heavy as the schema lets it be: 256 layers forced
+    dense at random (each breaks the layer pattern) and the longest source text."""
+    dense = sorted(random.Random(i).sample(range(4096), 256))
+    return {
+        "name": f"deep-{i}",
+        "vocab_size": 32000 + i,
+        "hidden_size": 4096,
+        "num_layers": 4096,
+        "num_heads": 32,
+        "ffn_hidden_size": 11008,
+        "source": "s" * 4000,
+        "moe": {"num_experts": 256, "top_k": 8, "expert_ffn_size": 2048, "dense_layers": dense},
+    }
+
+
+@pytest.fixture
+def traced() -> Iterator[None]:
+    for cache in _memo.caches():
+        cache.clear()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+        for cache in _memo.caches():
+            cache.clear()
+
+
+def _held() -> int:
+    return sum(cache.held_bytes for cache in _memo.caches())
+
+
+def _run(models: int, fits: int) -> None:
+    hw = planner.gpu("H100-80GB")
+    for i in range(models):
+        model = planner.load_model(_deep_model(i))
+        spec = {"micro_batch_size": 1 + i % 4, "recompute": ["none", {"every_k": 4}][i % 2]}
+        if i % 3 == 0:
+            spec["parallel"] = {"pp": 2, "dp": 2}
+        planner.estimate(model, planner.load_train(spec), hw).model_dump()
+        if i < fits:
+            planner.fit(model, planner.load_train({"micro_batch_size": 64}), hw)
+
+
+def test_every_cache_is_bounded_in_bytes() -> None:
+    caches = _memo.caches()
+    assert len(caches) >= 11
+    assert all(cache.maxbytes > 0 for cache in caches)
+    assert sum(cache.maxbytes for cache in caches) <= BUDGET_BYTES
+
+
+def test_many_distinct_4096_layer_models_stay_within_the_budget(traced: None) -> None:
+    """More models than the bounds hold: the oldest are forgotten, each cache stays within its
+    bound, and what the estimates keep is within what the caches count (so within the
+    budget)."""
+    start = tracemalloc.get_traced_memory()[0]
+    _run(models=40, fits=2)
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - start
+    caches = _memo.caches()
+    assert all(cache.held_bytes <= cache.maxbytes for cache in caches)
+    assert sum(cache.held_bytes > cache.maxbytes * 0.9 for cache in caches) >= 2  # evicting
+    assert 1 << 20 < kept <= _held() + SLACK_BYTES, (kept, _held())
+    assert _held() <= BUDGET_BYTES
