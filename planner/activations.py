@@ -334,11 +334,36 @@ def activation_terms(
 
 #: an upper bound of the bytes one backward point holds (a named tuple of five numbers)
 POINT_BYTES = 256
+#: point sets this long or longer are ``ManyPoints``
+MANY_POINTS = 32
+#: pairs of layer gradients whose best points one ``ManyPoints`` remembers
+_REMEMBERED = 64
+
+
+class ManyPoints(tuple[BackwardPoint, ...]):
+    """A stage's backward points when there are many (layers of irregular kinds): the tuple,
+    which also remembers each kind's best point per pair of layer gradients
+    (``planner.phases``), so a search walks them once per pair rather than once per candidate.
+    What it remembers lives and dies with the points."""
+
+    best: dict[tuple[int, int], tuple[BackwardPoint, ...]]
+
+    def __new__(cls, points: Sequence[BackwardPoint]) -> ManyPoints:
+        self = super().__new__(cls, points)
+        self.best = {}
+        return self
+
+    def remember(self, key: tuple[int, int], best: tuple[BackwardPoint, ...]) -> None:
+        """Keep ``best`` for ``key`` (up to a few dozen pairs: the rest are walked again)."""
+        if len(self.best) < _REMEMBERED:
+            self.best[key] = best
 
 
 def terms_bytes(terms: ActivationTerms) -> int:
     """An upper bound of the bytes ``terms`` holds: a cache entry's weight (``planner._memo``)."""
-    return 4096 + POINT_BYTES * len(terms.backward_points)
+    points = terms.backward_points
+    remembered = _REMEMBERED * 512 if isinstance(points, ManyPoints) else 0
+    return 4096 + POINT_BYTES * len(points) + remembered
 
 
 def backward_points(
@@ -360,7 +385,7 @@ def backward_points(
     checkpoint.
     """
     # unpacked and built by position: a search builds these for every new batch shape
-    return tuple(
+    points = tuple(
         BackwardPoint(
             dense,
             moe,
@@ -370,6 +395,7 @@ def backward_points(
         )
         for dense, moe, checkpoints, held_dense, held_moe, is_moe in point_layout(flags, k)
     )
+    return ManyPoints(points) if len(points) >= MANY_POINTS else points
 
 
 #: ``point_layout``'s memo: (layer kinds, block size) -> the layouts

@@ -15,12 +15,11 @@ of its rows (``phase_totals``), and the Budget's per-bucket views and ``explain`
 
 from __future__ import annotations
 
-from headroom.planner._memo import BoundedDict
 from headroom.planner.activations import (
-    POINT_BYTES,
     ActivationTerms,
     BackwardPoint,
     LayerTemporaries,
+    ManyPoints,
 )
 from headroom.planner.states import LayerGrads, ModelStates
 
@@ -68,7 +67,7 @@ def through_layers(
     best = None
     best_total = -1
     dense_grads, moe_grads = layer_grads
-    if len(points) >= _REMEMBER_FROM:
+    if isinstance(points, ManyPoints):
         points = _kinds_best(points, dense_grads, moe_grads)
     # unpacked rather than read by attribute: this loop is most of a search's time
     for dense_layers, moe_layers, activations, dispatch, is_moe in points:
@@ -82,25 +81,16 @@ def through_layers(
     return best
 
 
-#: point sets this long or longer (layers of irregular kinds) are searched once per pair of
-#: layer gradients (``_kinds_best``); shorter ones are simply walked
-_REMEMBER_FROM = 32
-_BEST: BoundedDict[
-    tuple[int, int, int], tuple[tuple[BackwardPoint, ...], tuple[BackwardPoint, ...]]
-] = BoundedDict(4096, 6 << 20)
-
-
-def _kinds_best(
-    points: tuple[BackwardPoint, ...], dense_grads: int, moe_grads: int
-) -> tuple[BackwardPoint, ...]:
+def _kinds_best(points: ManyPoints, dense_grads: int, moe_grads: int) -> tuple[BackwardPoint, ...]:
     """The first point of each kind with the most gradients, activations and dispatch, in
-    their order (memoised). Everything else a point's total adds is the same for every point
-    of its kind, so the first largest of all is one of these: a search through a stage of
-    irregular layers walks its points once per pair of layer gradients, not per candidate."""
-    key = (id(points), dense_grads, moe_grads)
-    hit = _BEST.get(key)
+    their order (remembered by the points). Everything else a point's total adds is the same
+    for every point of its kind, so the first largest of all is one of these: a search through
+    a stage of irregular layers walks its points once per pair of layer gradients, not once
+    per candidate."""
+    key = (dense_grads, moe_grads)
+    hit = points.best.get(key)
     if hit is not None:
-        return hit[1]
+        return hit
     top = [-1, -1]
     where = [-1, -1]
     for i, (dense_layers, moe_layers, activations, dispatch, is_moe) in enumerate(points):
@@ -108,8 +98,8 @@ def _kinds_best(
         if total > top[is_moe]:
             top[is_moe], where[is_moe] = total, i
     best = tuple(points[i] for i in sorted(where) if i >= 0)
-    # the entry keeps the points alive (their id is its key)
-    return _BEST.put(key, (points, best), POINT_BYTES * len(points) + 512)[1]
+    points.remember(key, best)
+    return best
 
 
 def stage_layer_backward(

@@ -19,6 +19,7 @@ import pytest
 
 from headroom import planner
 from headroom.planner import _memo
+from headroom.planner.coefficients import _default_coefficients
 
 #: what the planner's caches may hold together (docs/PERFORMANCE.md)
 BUDGET_BYTES = 64 << 20
@@ -74,7 +75,7 @@ def _run(models: int, fits: int) -> None:
 
 def test_every_cache_is_bounded_in_bytes() -> None:
     caches = _memo.caches()
-    assert len(caches) >= 11
+    assert len(caches) >= 10
     assert all(cache.maxbytes > 0 for cache in caches)
     assert sum(cache.maxbytes for cache in caches) <= BUDGET_BYTES
 
@@ -92,3 +93,12 @@ def test_many_distinct_4096_layer_models_stay_within_the_budget(traced: None) ->
     assert sum(cache.held_bytes > cache.maxbytes * 0.9 for cache in caches) >= 2  # evicting
     assert 1 << 20 < kept <= _held() + SLACK_BYTES, (kept, _held())
     assert _held() <= BUDGET_BYTES
+
+
+def test_gpu_names_do_not_grow_the_coefficients_memo() -> None:
+    """Any GPU name was a new entry of an unbounded memo; only shipped device names are kept
+    (a name without a set of its own gets the generic set)."""
+    generic = planner.default_coefficients("textbook")
+    for i in range(2000):
+        assert planner.default_coefficients("textbook", f"gpu-{i}") is generic
+    assert _default_coefficients.cache_info().currsize <= 4 * len(planner.profiles())
