@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
+from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
 
@@ -61,7 +62,9 @@ MarginPct = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=100)]
 _MARGIN = "Safety margin in % of the peak (default: the coefficients' margin)."
 
 
-class _In(BaseModel):
+class _In(FewUnknownKeys):
+    """A request body: unknown keys are refused (many of them at once, ``planner._keys``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     _model_is_preset = field_validator("model", check_fields=False)(_preset_model)
@@ -102,9 +105,10 @@ class Measured(_In):
     allocated_bytes: int = Field(gt=0, le=2**50, description="Peak allocated bytes on the GPU.")
     reserved_bytes: int | None = Field(default=None, gt=0, le=2**50)
     phase: PhaseName | None = Field(default=None, description="Phase the peak was measured in.")
-    buckets: dict[BucketName, Annotated[int, Field(ge=0, le=2**50)]] | None = Field(
-        default=None, description="Measured bytes per GPU bucket, where attributable."
-    )
+    buckets: Annotated[
+        dict[BucketName, Annotated[int, Field(ge=0, le=2**50)]] | None,
+        at_most(len(GPU_BUCKETS), "buckets"),
+    ] = Field(default=None, description="Measured bytes per GPU bucket, where attributable.")
     forward_transient_bytes: int | None = Field(
         default=None,
         ge=0,

@@ -12,12 +12,13 @@ import json
 from functools import cache
 from importlib import resources
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from headroom.planner._keys import FewUnknownKeys
 from headroom.planner.errors import SpecError
 
 
-class Coefficients(BaseModel):
+class Coefficients(FewUnknownKeys):
     """Multipliers and constants one activation profile applies."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -11,8 +11,9 @@ from functools import cache
 from importlib import resources
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner._numbers import Float, Int
 from headroom.planner.errors import UnknownPresetError
 
@@ -22,16 +23,21 @@ _TEXT = r"^[^\x00]*$"
 #: GPUs that may share one host's RAM (the host-RAM check multiplies by it): the CLI's
 #: ``--gpus-per-node`` and the service's ``gpus_per_node`` are held to the same bound
 MAX_GPUS_PER_NODE = 1024
+#: other names of a preset (each a key of the preset table)
+_MAX_ALIASES = 32
 
 
-class Hardware(BaseModel):
+class Hardware(FewUnknownKeys):
     """One GPU and its share of the host."""
 
     # finite numbers in ranges that keep every estimate and step time finite
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(max_length=100, pattern=_TEXT)
-    aliases: tuple[Annotated[str, Field(max_length=100, pattern=_TEXT)], ...] = ()
+    aliases: Annotated[
+        tuple[Annotated[str, Field(max_length=100, pattern=_TEXT)], ...],
+        at_most(_MAX_ALIASES, "aliases"),
+    ] = ()
     memory_bytes: Int = Field(ge=1, le=2**50, description="Device memory as the driver reports it.")
     bf16_flops: Float = Field(ge=1, le=1e21, description="Dense bf16 tensor-core FLOP/s.")
     memory_bandwidth_bytes_per_s: Float = Field(ge=1, le=1e16)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from headroom.planner._keys import FewUnknownKeys
 from headroom.planner._numbers import Float, Int
 
 #: upper bounds that keep every estimate finite and fast: sizes (vocab, hidden, FFN, head and
@@ -27,7 +28,7 @@ _MAX_FACTOR = 10_000.0
 _TEXT = r"^[^\x00]*$"
 
 
-class _Frozen(BaseModel):
+class _Frozen(FewUnknownKeys):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 

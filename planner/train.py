@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from headroom.planner._keys import FewUnknownKeys
 from headroom.planner._numbers import Float, Int
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
@@ -29,7 +30,7 @@ MAX_MICRO_BATCH = 2**20
 MAX_GRAD_ACCUM = 2**30
 
 
-class _Frozen(BaseModel):
+class _Frozen(FewUnknownKeys):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
