@@ -2,18 +2,67 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 
 from headroom import planner
-from headroom.api.deps import MetricsDep
 from headroom.api.metrics import Metrics
-from headroom.api.problems import responses
+from headroom.api.problems import problem, responses
 from headroom.api.schemas import EstimateRequest, FitRequest, GateRequest
 from headroom.launch.devices import local_gpus
 
-router = APIRouter(tags=["planning"])
+T = TypeVar("T")
+
+#: the largest body a planning route reads: what its schema can hold (a model's 4,000-character
+#: source and 256 dense layers, a GPU's source and aliases, a config.json's other keys) with
+#: room to spare. JSON costs the event loop ~30 ms per MiB to read: bodies of 1 MiB of junk
+#: from four clients slowed every other request to a crawl.
+PLANNING_BODY_BYTES = 128 << 10
+
+
+class _SmallBodies(APIRoute):
+    """A route that refuses a body over ``PLANNING_BODY_BYTES`` (413) before reading it."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def limited(request: Request) -> Response:
+            if request.method == "POST":
+                length = request.headers.get("content-length")
+                if length is None:  # streamed: the service's BodyLimit has read it already
+                    size = len(await request.body())
+                else:
+                    size = int(length) if length.isdigit() else PLANNING_BODY_BYTES + 1
+                if size > PLANNING_BODY_BYTES:
+                    detail = f"request body is larger than {PLANNING_BODY_BYTES} bytes"
+                    return problem(413, detail)
+            return await handler(request)
+
+        return limited
+
+
+router = APIRouter(tags=["planning"], route_class=_SmallBodies)
+
+
+# The planner's work on what a body brings runs in threads, so the event loop stays free for
+# health checks and preset estimates: searches in one, custom models' estimates in another
+# (milliseconds each, so they do not queue behind a search). Searches wait for each other:
+# with the GIL more threads would not finish sooner, and each thread that computes makes the
+# loop (and every other thread) wait longer for its turn (docs/PERFORMANCE.md).
+SEARCH_THREADS = 1
+ESTIMATE_THREADS = 1
+_search_threads = anyio.CapacityLimiter(SEARCH_THREADS)
+_estimate_threads = anyio.CapacityLimiter(ESTIMATE_THREADS)
+
+
+async def _in_thread(limiter: anyio.CapacityLimiter, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread of ``limiter``'s (the others wait their turn)."""
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 def _budget(body: EstimateRequest) -> planner.Budget:
@@ -23,6 +72,15 @@ def _budget(body: EstimateRequest) -> planner.Budget:
         body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
     )
     return planner.estimate(model, train, hw)
+
+
+async def _estimated(body: EstimateRequest) -> planner.Budget:
+    """The budget: on the event loop for a preset model (microseconds, its terms cached), in an
+    estimate thread for a model the body brings (parsed and worked out afresh: up to
+    milliseconds)."""
+    if isinstance(body.model, str):
+        return _budget(body)
+    return await _in_thread(_estimate_threads, _budget, body)
 
 
 @router.get("/presets")
@@ -44,14 +102,14 @@ def gpus() -> dict[str, Any]:
 
 
 # The hot path of the service, kept cheap (see docs/PERFORMANCE.md): ``async def`` with no
-# sync dependency, so nothing goes through the thread pool (the estimate is ~100 µs of CPU), and
+# sync dependency, so a preset's estimate goes through no thread pool (~100 µs of CPU), and
 # the body is serialised once by the same model as ``response_model`` (which stays for the
 # OpenAPI schema; FastAPI neither re-validates nor re-serialises a returned Response).
 @router.post("/estimate", response_model=planner.BudgetModel, responses=responses(413, 422))
 async def estimate(body: EstimateRequest, request: Request) -> Response:
     """Per-bucket GPU and host memory by phase, the peak and the verdict (a predicted OOM is a
     200 with ``fits: false``)."""
-    budget = _budget(body)
+    budget = await _estimated(body)
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("estimate").inc()
     metrics.verdicts.labels(str(budget.fits).lower()).inc()
@@ -59,24 +117,32 @@ async def estimate(body: EstimateRequest, request: Request) -> Response:
 
 
 @router.post("/gate", response_model=planner.Verdict, responses=responses(413, 422))
-def gate(body: GateRequest, metrics: MetricsDep) -> planner.Verdict:
+async def gate(body: GateRequest, request: Request) -> planner.Verdict:
     """Launch or not: ``fits``, ``oom`` or ``undecided`` with the exit code the CLI would use."""
-    verdict = planner.gate(_budget(body), body.margin_pct, body.require_calibration)
+    verdict = planner.gate(await _estimated(body), body.margin_pct, body.require_calibration)
+    metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("gate").inc()
     metrics.verdicts.labels(str(verdict.fits).lower()).inc()
     return verdict
 
 
-@router.post("/fit", response_model=planner.FitResult, responses=responses(413, 422))
-def fit(body: FitRequest, metrics: MetricsDep) -> planner.FitResult:
-    """The fastest ladder candidate (offload, micro-batch, recompute, ZeRO) that fits, the
-    runners-up, and why others were rejected. Nothing fitting is a 200 with ``fits: false``."""
+def _fit(body: FitRequest) -> tuple[planner.FitResult, str]:
+    """The search and its JSON (both in the search thread: the loop only sends it)."""
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(
         body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
     )
     result = planner.fit(model, train, hw, margin_pct=body.margin_pct)
+    return result, result.model_dump_json()
+
+
+@router.post("/fit", response_model=planner.FitResult, responses=responses(413, 422))
+async def fit(body: FitRequest, request: Request) -> Response:
+    """The fastest ladder candidate (offload, micro-batch, recompute, ZeRO) that fits, the
+    runners-up, and why others were rejected. Nothing fitting is a 200 with ``fits: false``."""
+    result, content = await _in_thread(_search_threads, _fit, body)
+    metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("fit").inc(result.candidates_considered)
     metrics.verdicts.labels(str(result.fits).lower()).inc()
-    return result
+    return Response(content, media_type="application/json")

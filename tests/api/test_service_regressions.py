@@ -186,7 +186,7 @@ def test_hf_config_integral_numbers_still_read() -> None:
         ({"model": {**DENSE, "num_mtp_layers": 10**9}}, "model.num_mtp_layers"),
         ({"model": "tiny-dense", "train": {"parallel": {"pp": 10**9}}}, "train.parallel.pp"),
         (
-            {"model": {**MOE, "moe": {**MOE["moe"], "dense_layers": list(range(10**5))}}},
+            {"model": {**MOE, "moe": {**MOE["moe"], "dense_layers": list(range(10**4))}}},
             "model.moe.dense_layers",
         ),
         ({"model": {**QWEN_MOE, "num_hidden_layers": 10**12}}, "model"),  # config.json
