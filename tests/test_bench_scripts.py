@@ -41,3 +41,16 @@ def test_the_service_load_bench_migrates_serves_and_answers() -> None:
         "1",
     )
     assert "errors: non-200 0, socket 0" in out
+
+
+def test_the_service_cost_bench_runs_every_section() -> None:
+    out = _bench(
+        "bench/api_cost.py",
+        *("--models", "20", "--at-once", "2", "--seconds", "0.3"),
+        *("--threads", "2", "--mixed-seconds", "1"),
+        # the figures mean nothing on a busy test machine: only that every section runs
+        *("--max-rss-mib", "100000", "--worst-budget-s", "1000", "--health-budget-ms", "1e6"),
+    )
+    for section in ("memory:", "worst:", "junk:", "mixed:"):
+        assert section in out, out
+    assert "FAILED" not in out
