@@ -21,7 +21,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headroom import planner, store
 from headroom.api.metrics import Metrics
-from headroom.api.problems import document_validation_problems, problem, responses
+from headroom.api.problems import (
+    database_unavailable,
+    document_validation_problems,
+    problem,
+    responses,
+)
 from headroom.api.routes import page, planning, records
 from headroom.api.security import AuthError
 from headroom.api.settings import Settings
@@ -187,6 +192,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if len(found) > len(errors):
             detail += f"; and {len(found) - len(errors)} more"
         return problem(422, detail, errors=errors, errors_total=len(found))
+
+    for unavailable in store.UNAVAILABLE_ERRORS:  # the database is away: 503, Retry-After
+        app.add_exception_handler(unavailable, database_unavailable)
 
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:

@@ -28,7 +28,8 @@ from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
 
-router = APIRouter()
+#: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable
+router = APIRouter(responses=responses(503))
 
 
 class NotFound(Exception):
