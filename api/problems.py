@@ -16,6 +16,7 @@ _TITLES = {
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
+    410: "Gone",
     413: "Content too large",
     415: "Unsupported media type",
     422: "Invalid input",
