@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from headroom import planner, store
 from headroom.api.metrics import Metrics
 from headroom.api.problems import (
+    RETRY_AFTER_S,
     database_unavailable,
     document_validation_problems,
     problem,
@@ -235,10 +236,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with engine.connect() as connection:
                 current = store.revision_of(connection)  # reads alembic_version: reachable
         except Exception as exc:  # any driver error means not ready
-            return problem(503, f"database unreachable: {type(exc).__name__}", title="Not ready")
+            return problem(
+                503,
+                f"database unreachable: {type(exc).__name__}",
+                title="Not ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         if current != head:
             return problem(
-                503, f"database at revision {current}, expected {head}", title="Not ready"
+                503,
+                f"database at revision {current}, expected {head}",
+                title="Not ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         return JSONResponse({"status": "ready", "revision": current})
 

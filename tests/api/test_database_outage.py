@@ -174,7 +174,8 @@ def test_runs_end_with_their_true_reason_and_routes_answer_503_through_an_outage
             ("get", "/api/v1/coefficients", None),
         ]:
             assert_unavailable(client.request(method, path, json=body, headers=AUTH))
-        assert client.get("/api/v1/readyz").status_code == 503
+        ready = client.get("/api/v1/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"].isdigit()
         assert client.get("/api/v1/healthz").status_code == 200
         assert client.post("/api/v1/estimate", json=TINY).status_code == 200
 
