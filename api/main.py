@@ -23,6 +23,7 @@ from headroom import planner, store
 from headroom.api.metrics import Metrics
 from headroom.api.problems import document_validation_problems, problem, responses
 from headroom.api.routes import page, planning, records
+from headroom.api.routing import HeadAsGet, allowed_methods
 from headroom.api.security import AuthError
 from headroom.api.settings import Settings
 from headroom.launch import Supervisor
@@ -199,6 +200,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # Starlette names the methods of one route of the path
+            allow = allowed_methods(app.routes, request.scope)
+            detail = f"{request.method} is not served at {request.url.path}; allowed: {allow}"
+            return problem(405, detail, headers={**(headers or {}), "Allow": allow})
         if exc.status_code == 400:
             # FastAPI's only 400: a body it could not decode (not UTF-8, nested too deep for
             # the JSON parser); that is invalid input like any other
@@ -248,6 +253,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
         app
     ).expose(app, endpoint="/metrics", include_in_schema=False)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 

@@ -15,6 +15,7 @@ from fastapi.responses import PlainTextResponse
 from headroom import launch, planner, store
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
 from headroom.api.problems import responses
+from headroom.api.routing import single_valued_query
 from headroom.api.schemas import (
     CalibrationIn,
     CalibrationOut,
@@ -28,7 +29,7 @@ from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(single_valued_query)])
 
 
 class NotFound(Exception):
