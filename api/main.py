@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from headroom import planner, store
 from headroom.api.metrics import Metrics
 from headroom.api.problems import document_validation_problems, problem, responses
-from headroom.api.routes import page, planning, records
+from headroom.api.routes import docs, page, planning, records
 from headroom.api.routing import HeadAsGet, allowed_methods
 from headroom.api.security import AuthError
 from headroom.api.settings import Settings
@@ -155,7 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Memory-budget planner and OOM predictor for training large transformers.",
         openapi_url=f"{PREFIX}/openapi.json",
-        docs_url=f"{PREFIX}/docs",
+        docs_url=None,  # served by api.routes.docs, from the package
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -240,6 +240,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ready", "revision": current})
 
     app.include_router(page.router)
+    app.include_router(docs.router, prefix=PREFIX)
     app.include_router(planning.router, prefix=PREFIX)
     app.include_router(records.router, prefix=PREFIX)
 
