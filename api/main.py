@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
@@ -24,7 +24,7 @@ from headroom.api.metrics import Metrics
 from headroom.api.problems import document_validation_problems, problem, responses
 from headroom.api.routes import docs, page, planning, records
 from headroom.api.routing import HeadAsGet, allowed_methods
-from headroom.api.security import AuthError
+from headroom.api.security import AuthError, require_token
 from headroom.api.settings import Settings
 from headroom.launch import Supervisor
 
@@ -242,7 +242,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(page.router)
     app.include_router(docs.router, prefix=PREFIX)
     app.include_router(planning.router, prefix=PREFIX)
-    app.include_router(records.router, prefix=PREFIX)
+    # writes always need the token (records.py); reads of the records on request
+    reads = [Depends(require_token)] if settings.require_token_for_reads else []
+    app.include_router(records.router, prefix=PREFIX, dependencies=reads)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -39,6 +39,7 @@ router = APIRouter(include_in_schema=False)
 @router.get("/docs")
 def docs(request: Request) -> HTMLResponse:
     """Swagger UI for this API's OpenAPI document."""
+
     def asset(name: str) -> str:
         return request.url_for("docs_asset", name=name).path
 
