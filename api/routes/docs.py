@@ -37,7 +37,7 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/docs")
-def docs(request: Request) -> HTMLResponse:
+def swagger_ui(request: Request) -> HTMLResponse:
     """Swagger UI for this API's OpenAPI document."""
 
     def asset(name: str) -> str:
