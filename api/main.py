@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
@@ -28,8 +28,9 @@ from headroom.api.problems import (
     problem,
     responses,
 )
-from headroom.api.routes import page, planning, records
-from headroom.api.security import AuthError
+from headroom.api.routes import docs, page, planning, records
+from headroom.api.routing import HeadAsGet, allowed_methods
+from headroom.api.security import AuthError, require_token
 from headroom.api.settings import Settings
 from headroom.launch import Supervisor
 
@@ -160,7 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Memory-budget planner and OOM predictor for training large transformers.",
         openapi_url=f"{PREFIX}/openapi.json",
-        docs_url=f"{PREFIX}/docs",
+        docs_url=None,  # served by api.routes.docs, from the package
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -208,6 +209,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # Starlette names the methods of one route of the path
+            allow = allowed_methods(app.routes, request.scope)
+            detail = f"{request.method} is not served at {request.url.path}; allowed: {allow}"
+            return problem(405, detail, headers={**(headers or {}), "Allow": allow})
         if exc.status_code == 400:
             # FastAPI's only 400: a body it could not decode (not UTF-8, nested too deep for
             # the JSON parser); that is invalid input like any other
@@ -252,8 +257,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ready", "revision": current})
 
     app.include_router(page.router)
+    app.include_router(docs.router, prefix=PREFIX)
     app.include_router(planning.router, prefix=PREFIX)
-    app.include_router(records.router, prefix=PREFIX)
+    # writes always need the token (records.py); reads of the records on request
+    reads = [Depends(require_token)] if settings.require_token_for_reads else []
+    app.include_router(records.router, prefix=PREFIX, dependencies=reads)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -265,6 +273,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
         app
     ).expose(app, endpoint="/metrics", include_in_schema=False)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 

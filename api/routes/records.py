@@ -15,6 +15,7 @@ from fastapi.responses import PlainTextResponse
 from headroom import launch, planner, store
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
 from headroom.api.problems import responses
+from headroom.api.routing import single_valued_query
 from headroom.api.schemas import (
     CalibrationIn,
     CalibrationOut,
@@ -29,7 +30,7 @@ from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
 
 #: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable
-router = APIRouter(responses=responses(503))
+router = APIRouter(dependencies=[Depends(single_valued_query)], responses=responses(503))
 
 
 class NotFound(Exception):
