@@ -2,7 +2,7 @@
 
 ``create_app`` (``api.main``) builds the FastAPI app from ``Settings`` (``api.settings``,
 ``HEADROOM_*``); ``headroom serve`` runs it under uvicorn. Every route lives under ``/api/v1``
-(OpenAPI at ``/api/v1/openapi.json``) in one of three routers, each handler named after what it
+(OpenAPI at ``/api/v1/openapi.json``) in one of four routers, each handler named after what it
 does:
 
 - ``api.routes.planning``: ``GET /presets`` (``presets``), ``GET /gpus`` (``gpus``),
@@ -12,7 +12,8 @@ does:
   (``coefficients``), ``GET|POST /runs`` (``list_runs``, ``add_run``), ``GET /runs/{id}``
   (``get_run``), ``GET /runs/{id}/logs`` (``run_logs``), ``POST /runs/{id}/cancel``
   (``cancel_run``);
-- ``api.routes.page``: the budget page at ``/`` and its assets.
+- ``api.routes.page``: the budget page at ``/`` and its assets;
+- ``api.routes.docs``: Swagger UI at ``/api/v1/docs``, its files served from the package.
 
 Request and response bodies are ``api.schemas``; errors are RFC 9457 problem+json
 (``api.problems``); bearer-token checks are ``api.security``; the Prometheus counters

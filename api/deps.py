@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from headroom import store
 from headroom.api.metrics import Metrics
 from headroom.api.settings import Settings
 
 
 def session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessionmaker() as s:
+    s = request.app.state.sessionmaker()
+    try:
         yield s
+    finally:
+        # a connection the database dropped fails even to roll back: there is nothing left to
+        # release, and the answer (often sent already) stands
+        with contextlib.suppress(*store.UNAVAILABLE_ERRORS):
+            s.close()
 
 
 def settings(request: Request) -> Settings:

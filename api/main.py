@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
@@ -22,9 +22,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from headroom import planner, store
 from headroom.api.latency import settle_for_serving
 from headroom.api.metrics import Metrics
-from headroom.api.problems import document_validation_problems, problem, responses
-from headroom.api.routes import page, planning, records
-from headroom.api.security import AuthError
+from headroom.api.problems import (
+    RETRY_AFTER_S,
+    database_unavailable,
+    document_validation_problems,
+    problem,
+    responses,
+)
+from headroom.api.routes import docs, page, planning, records
+from headroom.api.routing import HeadAsGet, allowed_methods
+from headroom.api.security import AuthError, require_token
 from headroom.api.settings import Settings
 from headroom.launch import Supervisor
 
@@ -155,7 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Memory-budget planner and OOM predictor for training large transformers.",
         openapi_url=f"{PREFIX}/openapi.json",
-        docs_url=f"{PREFIX}/docs",
+        docs_url=None,  # served by api.routes.docs, from the package
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -189,6 +196,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             detail += f"; and {len(found) - len(errors)} more"
         return problem(422, detail, errors=errors, errors_total=len(found))
 
+    for unavailable in store.UNAVAILABLE_ERRORS:  # the database is away: 503, Retry-After
+        app.add_exception_handler(unavailable, database_unavailable)
+
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:
         return problem(401, exc.detail, headers={"WWW-Authenticate": "Bearer"})
@@ -200,6 +210,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # Starlette names the methods of one route of the path
+            allow = allowed_methods(app.routes, request.scope)
+            detail = f"{request.method} is not served at {request.url.path}; allowed: {allow}"
+            return problem(405, detail, headers={**(headers or {}), "Allow": allow})
         if exc.status_code == 400:
             # FastAPI's only 400: a body it could not decode (not UTF-8, nested too deep for
             # the JSON parser); that is invalid input like any other
@@ -229,16 +243,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with engine.connect() as connection:
                 current = store.revision_of(connection)  # reads alembic_version: reachable
         except Exception as exc:  # any driver error means not ready
-            return problem(503, f"database unreachable: {type(exc).__name__}", title="Not ready")
+            return problem(
+                503,
+                f"database unreachable: {type(exc).__name__}",
+                title="Not ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
         if current != head:
             return problem(
-                503, f"database at revision {current}, expected {head}", title="Not ready"
+                503,
+                f"database at revision {current}, expected {head}",
+                title="Not ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         return JSONResponse({"status": "ready", "revision": current})
 
     app.include_router(page.router)
+    app.include_router(docs.router, prefix=PREFIX)
     app.include_router(planning.router, prefix=PREFIX)
-    app.include_router(records.router, prefix=PREFIX)
+    # writes always need the token (records.py); reads of the records on request
+    reads = [Depends(require_token)] if settings.require_token_for_reads else []
+    app.include_router(records.router, prefix=PREFIX, dependencies=reads)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -250,6 +275,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Instrumentator(registry=metrics.registry, excluded_handlers=["/metrics"]).instrument(
         app
     ).expose(app, endpoint="/metrics", include_in_schema=False)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 PROBLEM_JSON = "application/problem+json"
@@ -15,6 +16,7 @@ _TITLES = {
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
+    410: "Gone",
     413: "Content too large",
     415: "Unsupported media type",
     422: "Invalid input",
@@ -40,6 +42,21 @@ def problem(
         **extra,
     }
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+#: seconds a client is asked to wait before retrying what the database could not serve
+RETRY_AFTER_S = 5
+
+
+async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """The answer while the database cannot be reached (``store.UNAVAILABLE_ERRORS``): a 503
+    to retry, not a 500. A write retried with its ``uid`` is stored once, whether or not the
+    first attempt reached the database."""
+    return problem(
+        503,
+        f"the database is unavailable; retry in {RETRY_AFTER_S} s",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 #: OpenAPI description of the problem responses, for routes to declare

@@ -6,10 +6,18 @@ import datetime as dt
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
+from headroom.api.forms import GpuInput, HostMemoryInput, ModelInput, TrainInput
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
@@ -17,8 +25,12 @@ from headroom.planner.hardware import MAX_GPUS_PER_NODE
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
 BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]
 
-_MODEL = "A bundled model name, our model spec, or a Hugging Face config.json."
-_GPU = "A GPU preset name (GET /presets) or a hardware object."
+_MODEL = (
+    "A bundled model preset by name, our model spec, or a Hugging Face config.json of a "
+    "supported model_type."
+)
+_GPU = "A GPU preset by name or alias (GET /presets; any case) or a hardware object."
+_TRAIN = "The training spec (default: every key's default)."
 
 
 #: text that ends up in a database column: PostgreSQL refuses NUL in text
@@ -57,8 +69,18 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _not_a_boolean(value: Any) -> Any:
+    # pydantic's lax int and float read a JSON true as 1: one byte of host RAM, one GPU
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
+    return value
+
+
+#: a number that is not a boolean, for a bounded field inside a union or a collection
+#: (``Annotated[int, Field(ge=0), NUMBER] | None``: bounds first, or the schema loses them)
+NUMBER = BeforeValidator(_not_a_boolean)
 #: a safety margin in % of the peak: a finite number from 0 to 100
-MarginPct = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=100)]
+MarginPct = Annotated[float, Field(ge=0, le=100), BeforeValidator(_finite), NUMBER]
 _MARGIN = "Safety margin in % of the peak (default: the coefficients' margin)."
 
 
@@ -72,26 +94,22 @@ class _In(FewUnknownKeys):
 
 
 class EstimateRequest(_In):
-    model: str | dict[str, Any] = Field(description=_MODEL)
-    train: dict[str, Any] | None = Field(default=None, description="Training spec (planner keys).")
-    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
-    host_memory: str | int | None = Field(
+    model: ModelInput = Field(description=_MODEL)
+    train: TrainInput = Field(default=None, description=_TRAIN)
+    gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
+    host_memory: HostMemoryInput = Field(
         default=None, description="Host RAM per node, e.g. '1.5TiB', or bytes."
     )
     gpus_per_node: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_NODE)
 
-    @field_validator("host_memory", "gpus_per_node", mode="before")
-    @classmethod
-    def _not_a_boolean(cls, value: Any) -> Any:
-        # pydantic's lax int reads a JSON true as 1: one byte of host RAM, one GPU
-        if isinstance(value, bool):
-            raise ValueError(f"must be a number, not a boolean ({str(value).lower()})")
-        return value
+    _numbers_not_booleans = field_validator("host_memory", "gpus_per_node", mode="before")(
+        _not_a_boolean
+    )
 
 
 class GateRequest(EstimateRequest):
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
-    require_calibration: bool = Field(
+    require_calibration: StrictBool = Field(
         default=False,
         description="Refuse to decide (decision 'undecided') on uncalibrated coefficients.",
     )
@@ -102,17 +120,17 @@ class FitRequest(EstimateRequest):
 
 
 class Measured(_In):
-    allocated_bytes: int = Field(gt=0, le=2**50, description="Peak allocated bytes on the GPU.")
-    reserved_bytes: int | None = Field(default=None, gt=0, le=2**50)
+    allocated_bytes: Annotated[int, NUMBER] = Field(
+        gt=0, le=2**50, description="Peak allocated bytes on the GPU."
+    )
+    reserved_bytes: Annotated[int, Field(gt=0, le=2**50), NUMBER] | None = None
     phase: PhaseName | None = Field(default=None, description="Phase the peak was measured in.")
     buckets: Annotated[
-        dict[BucketName, Annotated[int, Field(ge=0, le=2**50)]] | None,
+        dict[BucketName, Annotated[int, Field(ge=0, le=2**50), NUMBER]] | None,
         at_most(len(GPU_BUCKETS), "buckets"),
     ] = Field(default=None, description="Measured bytes per GPU bucket, where attributable.")
-    forward_transient_bytes: int | None = Field(
+    forward_transient_bytes: Annotated[int, Field(ge=0, le=2**50), NUMBER] | None = Field(
         default=None,
-        ge=0,
-        le=2**50,
         description="Transient bytes (activations, logits, MoE dispatch) live at the end of a "
         "steady-state forward, where measured (CPU traces): what calibrate fit fits the "
         "activation terms to.",
@@ -127,9 +145,9 @@ class CalibrationIn(_In):
         pattern=r"^[A-Za-z0-9._:-]+$",
         description="Client-chosen id: posting the same uid again returns the stored record.",
     )
-    model: str | dict[str, Any] = Field(description=_MODEL)
-    train: dict[str, Any] | None = None
-    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
+    model: ModelInput = Field(description=_MODEL)
+    train: TrainInput = Field(default=None, description=_TRAIN)
+    gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
     measured: Measured
     source: Literal["runtime", "probe", "trace", "external"] = "external"
     notes: str = Field(default="", max_length=4000, pattern=_NO_NUL)
@@ -172,17 +190,17 @@ class RunIn(_In):
         description="Client-chosen id (posting the same uid again returns the stored run); it "
         f"names the run's directory, so: {store.RUN_UID_RULE}.",
     )
-    model: str | dict[str, Any] = Field(description=_MODEL)
-    train: dict[str, Any] | None = None
-    gpu: str | dict[str, Any] = Field(default="H100-80GB", description=_GPU)
-    steps: int = Field(default=10, ge=1, le=10_000_000)
+    model: ModelInput = Field(description=_MODEL)
+    train: TrainInput = Field(default=None, description=_TRAIN)
+    gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
+    steps: Annotated[int, NUMBER] = Field(default=10, ge=1, le=10_000_000)
     backend: Literal["local", "torchrun"] = "local"
-    fit: bool = Field(
+    fit: StrictBool = Field(
         default=True,
         description="Let the auto-fit ladder choose the plan (otherwise the given spec must be "
         "predicted to fit).",
     )
-    probe: bool = Field(
+    probe: StrictBool = Field(
         default=False,
         description="Confirm the plan with a probe into step 2 before launching (recorded as a "
         "calibration; steps down on out-of-memory).",

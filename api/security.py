@@ -1,4 +1,5 @@
-"""Bearer-token guard for mutating endpoints; with no token configured they are refused."""
+"""Bearer-token guard for mutating endpoints (and, with ``HEADROOM_REQUIRE_TOKEN_FOR_READS``,
+the reads of stored records); with no token configured they are refused."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from headroom.launch import LaunchSettings
 
@@ -15,6 +15,11 @@ class Settings(LaunchSettings):
     token: SecretStr | None = Field(
         default=None,
         description="Bearer token for mutating endpoints; without one they are refused.",
+    )
+    require_token_for_reads: bool = Field(
+        default=False,
+        description="Reads of stored records (calibrations, coefficients, runs and their logs) "
+        "need the bearer token too; needs a token.",
     )
     max_body_bytes: int = Field(
         default=1_048_576, ge=1024, description="Largest accepted request body (413 above)."
@@ -33,4 +38,11 @@ class Settings(LaunchSettings):
         # HEADROOM_TOKEN="" must not count as a configured (and trivially guessed) token
         if value is None or (isinstance(value, str) and not value.strip()):
             return None
+        return value
+
+    @field_validator("require_token_for_reads")
+    @classmethod
+    def _reads_need_a_token_to_check(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("token") is None:
+            raise ValueError("needs HEADROOM_TOKEN to be set as well (else nothing could read)")
         return value

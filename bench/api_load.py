@@ -3,8 +3,9 @@ with p99 <= 10 ms on the development machine).
 
 The script migrates a throwaway SQLite database once, starts ``uvicorn headroom.api.main:app`` on it
 as a subprocess on a free local port (``--workers N``, ``HEADROOM_MIGRATE=false`` so the
-workers do not race to migrate, uvloop and httptools when installed: with several workers
-the plain asyncio loop leaves Nagle on and every keep-alive answer waits ~40 ms), checks that
+workers do not race to migrate, uvloop and ``headroom serve``'s httptools protocol when
+installed: with several workers the plain asyncio loop leaves Nagle on and every keep-alive
+answer waits ~40 ms), checks that
 every request body in the mix answers 200, warms the server up, then drives
 ``POST /api/v1/estimate`` for a fixed duration over keep-alive connections with a mix of
 bodies (several models, training specs, GPUs and host sizes, so the run is not one cached
@@ -157,6 +158,10 @@ def machine() -> str:
     )
 
 
+#: the HTTP protocol ``headroom serve`` runs (httptools with a bounded request head)
+PROTOCOL = "headroom.api.protocol:HeadLimitedProtocol"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,8 +189,8 @@ def server_command(args: argparse.Namespace, port: int) -> list[str]:
     if loop == "auto":
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     http = args.http
-    if http == "auto":
-        http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if http == "auto":  # what ``headroom serve`` runs: httptools with a bounded request head
+        http = PROTOCOL if importlib.util.find_spec("httptools") else "h11"
     return [*cmd, "--loop", loop, "--http", http, "--backlog", "4096"]
 
 
@@ -421,7 +426,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured load")
     parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--loop", default="auto", help="uvicorn --loop (auto: uvloop if found)")
-    parser.add_argument("--http", default="auto", help="uvicorn --http (auto: httptools)")
+    parser.add_argument("--http", default="auto", help="uvicorn --http (auto: headroom serve's)")
     parser.add_argument("--app", default="headroom.api.main:app", help="what uvicorn serves")
     parser.add_argument("--factory", action="store_true", help="--app is an app factory")
     parser.add_argument("--url", help="measure this running server instead of starting one")

@@ -5,12 +5,14 @@
 - ``transitions``: every change of a run's state, named (claim, finish, cancel, ...);
 - ``supervisor``: the ``Supervisor`` that claims queued runs, starts and watches them, and
   reconciles the runs a stopped service left running;
+- ``rundirs``: a run's private directory, the ending kept there, and its retention;
 - ``backends``: the ``Launcher`` protocol and its ``local`` and ``torchrun`` backends;
 - ``probing``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
 - ``recording``: each probe kept as a calibration record;
 - ``devices``: this host's GPUs and RAM;
 - ``settings``: ``LaunchSettings``, where runs go (``HEADROOM_RUN_DIR``, ``HEADROOM_RUN_DEVICE``,
-  ``HEADROOM_MAX_RUNNING``) on top of the store's ``HEADROOM_DATABASE_URL``.
+  ``HEADROOM_MAX_RUNNING``, ``HEADROOM_RUN_RETENTION_DAYS``) on top of the store's
+  ``HEADROOM_DATABASE_URL``.
 
 The command line and the service both call it. It imports the planner, the store and
 calibration, never the runtime (it starts the trainer as a process), the service or the CLI.
@@ -21,8 +23,9 @@ from headroom.launch.devices import local_gpus, resolve_device
 from headroom.launch.plan import NoPlanFits, Prediction, RunPlan, plan_run, queue_run
 from headroom.launch.probing import AutoFitResult, ProbeOutcome, ProbeRecord, autofit
 from headroom.launch.recording import probe_recorder
+from headroom.launch.rundirs import inside_run_dir, removed_by_retention
 from headroom.launch.settings import LaunchSettings
-from headroom.launch.supervisor import Supervisor, cancel, inside_run_dir, report_of
+from headroom.launch.supervisor import Supervisor, cancel, report_of
 
 __all__ = [
     "BACKENDS",
@@ -45,6 +48,7 @@ __all__ = [
     "plan_run",
     "probe_recorder",
     "queue_run",
+    "removed_by_retention",
     "report_of",
     "resolve_device",
 ]

@@ -2,10 +2,10 @@
 
 A backend turns the trainer's arguments into an argument vector and starts it in a new session
 (its own process group, so cancelling ends the trainer and everything it started), with stdout
-and stderr captured in the run's log. No shell is involved and only ``headroom train`` is ever
-run: the arguments name files the launch wrote itself (the validated model and training specs)
-and numbers. A cluster engine plugs in as another ``Launcher``: ``argv`` for what to run and
-``start`` for how.
+and stderr captured in the run's log and umask 077 (what it writes is private). No shell is
+involved and only ``headroom train`` is ever run: the arguments name files the launch wrote
+itself (the validated model and training specs) and numbers. A cluster engine plugs in as
+another ``Launcher``: ``argv`` for what to run and ``start`` for how.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from typing import IO, Protocol, TypeAlias
 BACKENDS = ("local", "torchrun")
 #: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
 EXIT_OOM = 3
+#: the trainer's umask: what it writes into its run directory is its user's alone
+TRAINER_UMASK = 0o077
 
 
 class Launcher(Protocol):
@@ -60,6 +62,7 @@ class LocalLauncher:
             cwd=cwd,
             env=env,
             start_new_session=True,
+            umask=TRAINER_UMASK,
         )
 
 

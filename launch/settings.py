@@ -1,8 +1,10 @@
-"""Where launched runs go and how many run at once: ``HEADROOM_*`` environment variables.
+"""Where launched runs go, how many run at once and how long their directories are kept:
+``HEADROOM_*`` environment variables.
 
 ``LaunchSettings`` extends the store's (``HEADROOM_DATABASE_URL``) with what a ``Supervisor``
-reads; the service's ``Settings`` extends it in turn, and ``headroom launch`` uses it directly,
-so launching from the command line needs no web stack.
+reads (where runs go, where they train, how many at once, how long their directories stay);
+the service's ``Settings`` extends it in turn, and ``headroom launch`` uses it directly, so
+launching from the command line needs no web stack.
 """
 
 from __future__ import annotations
@@ -24,4 +26,10 @@ class LaunchSettings(StoreSettings):
     )
     max_running: int = Field(
         default=1, ge=1, le=64, description="Runs one service process trains at a time."
+    )
+    run_retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Days after a run ended until its directory (log, specs, report) is "
+        "removed; the run's record stays. Unset: run directories are kept.",
     )

@@ -6,9 +6,19 @@ start the same run; writes each run's validated specs into its own directory; st
 ``headroom train`` through the run's launcher backend in a new process group; and records how
 it ended (``transitions.finish``): the exit code and a reason read from the trainer's report
 (which phase ran out of memory) or from the signal that killed it. Cancelling ends the whole
-process group. Runs that a stopped service left ``running`` are reconciled when a supervisor
-starts: a trainer still alive is stopped, and the run ends as failed with the reason, or as
-succeeded if its report shows it finished.
+process group.
+
+A trainer stays the supervisor's (``Child``) until its ending is in the store: how it ended is
+kept in its run directory first (``rundirs.save_ending``), and a write the database refused is
+tried again each tick, so a database that is away for a while delays the record, never loses
+it. Such an outage is logged once when it begins and once when it ends.
+
+Runs that a stopped service left ``running`` are reconciled when a supervisor starts (and from
+time to time after): a trainer still alive is stopped; the run ends with the ending its
+supervisor kept, or as failed with the reason, or as succeeded if its report shows it finished.
+Runs this supervisor claimed but lost track of (the database failed while one started) are
+ended the same way. The directories of runs that ended longer ago than
+``HEADROOM_RUN_RETENTION_DAYS`` are removed (``rundirs.remove_expired``).
 """
 
 from __future__ import annotations
@@ -16,9 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -38,18 +52,30 @@ from headroom.launch.backends import (
 )
 from headroom.launch.devices import host_ram_available, resolve_device
 from headroom.launch.plan import RunPlan
+from headroom.launch.rundirs import (
+    Ending,
+    RunDirSettings,
+    inside_run_dir,
+    make_private_dir,
+    open_log,
+    read_ending,
+    remove_expired,
+    run_dir,
+    save_ending,
+    write_private,
+)
 from headroom.planner.report import TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
 from headroom.store import Run
 
 log = logging.getLogger("headroom.runs")
+#: seconds between two reconciliations, and between two sweeps of expired run directories
+RECONCILE_EVERY_S = 30.0
+SWEEP_EVERY_S = 300.0
 
 
-class SupervisorSettings(Protocol):
+class SupervisorSettings(RunDirSettings, Protocol):
     """What a supervisor reads of its settings (the service's ``Settings`` has them)."""
-
-    @property
-    def run_dir(self) -> Path: ...
 
     @property
     def run_device(self) -> str: ...
@@ -64,13 +90,15 @@ def this_process() -> str:
 
 
 def owner_alive(owner: str | None) -> bool | None:
-    """Whether the process ``owner`` names still runs (None: it is on another host)."""
+    """Whether the process ``owner`` names still runs (None: it is on another host). An owner
+    tag is ``this_process()``, and a supervisor's adds its own instance after it."""
     if not owner:
         return False
     host, _, rest = owner.partition(":")
     if host != socket.gethostname():
         return None
-    pid_text, _, ticks = rest.partition(":")
+    pid_text, _, rest = rest.partition(":")
+    ticks = rest.partition(":")[0]
     try:
         pid = int(pid_text)
     except ValueError:
@@ -78,33 +106,7 @@ def owner_alive(owner: str | None) -> bool | None:
     return str(process_start_ticks(pid)) == ticks
 
 
-def run_dir(settings: SupervisorSettings, run: Run) -> Path:
-    """The run's own directory, ``RUN_DIR/<uid>``, resolved. A uid that would not name a
-    directory directly inside RUN_DIR (``.``, ``..``, a separator, a link out: a row stored
-    before uids were checked, or by hand) is refused with ``ValueError``: a run never writes
-    outside RUN_DIR."""
-    base = Path(settings.run_dir).resolve()
-    directory = (base / run.uid).resolve()
-    if directory.parent != base:
-        raise ValueError(
-            f"uid: {run.uid[:64]!r} does not name a directory inside the run directory; "
-            f"allowed: {store.RUN_UID_RULE}"
-        )
-    return directory
-
-
-def inside_run_dir(settings: SupervisorSettings, path: str | Path) -> Path:
-    """``path`` resolved, if it lies inside RUN_DIR; ``ValueError`` if not. Every file a run's
-    row names (its log, its report) is read through here, so a stored path cannot point the
-    service at another file."""
-    base = Path(settings.run_dir).resolve()
-    resolved = Path(path).resolve()
-    if resolved == base or not resolved.is_relative_to(base):
-        raise ValueError("the path is not inside the run directory")
-    return resolved
-
-
-def report_of(run: Run, settings: SupervisorSettings | None = None) -> TrainerReport:
+def report_of(run: Run, settings: RunDirSettings | None = None) -> TrainerReport:
     """The trainer's report, if it wrote one (an empty report if not, or if ``settings`` are
     given and the report would lie outside their RUN_DIR)."""
     if not run.log_path:
@@ -132,31 +134,32 @@ def _ours(run: Run) -> bool:
     return bool(run.pid) and run.uid in process_cmdline(run.pid or 0)
 
 
-def ending(run: Run, code: int, settings: SupervisorSettings) -> tuple[str, str]:
-    """(status, reason) of a trainer that exited with ``code``."""
-    report = report_of(run, settings)
+def ending(code: int, directory: Path) -> Ending:
+    """How a trainer that exited with ``code`` ended, read from its report and log in
+    ``directory``: succeeded, or failed with the phase it ran out of memory in, the signal that
+    killed it, or its exit code and last line of output."""
+    report = read_report(directory / "report.json")
     if code == 0:
-        return "succeeded", f"completed {report.completed_steps} step(s)"
+        return Ending("succeeded", f"completed {report.completed_steps} step(s)", code)
     reason = describe_exit(code)
     if code == EXIT_OOM and report.oom is not None:
         oom = report.oom
         reason = f"out of memory in {oom.phase}, step {oom.step} (exit {EXIT_OOM})"
-    elif code > 0 and run.log_path:
+    elif code > 0:
         try:
-            log_path = inside_run_dir(settings, run.log_path)
-            lines = log_path.read_text(errors="replace").strip().splitlines()
-        except (OSError, ValueError):
+            lines = (directory / "log.txt").read_text(errors="replace").strip().splitlines()
+        except OSError:
             lines = []
         if lines:
             reason += f": {lines[-1][:500]}"
-    return "failed", reason
+    return Ending("failed", reason, code)
 
 
 def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
-    """Write the run's validated specs into its directory; the trainer's arguments."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "model.json").write_text(json.dumps(plan.model.model_dump(mode="json")))
-    (directory / "train.json").write_text(json.dumps(plan.train.model_dump(mode="json")))
+    """Write the run's validated specs into its (private) directory; the trainer's arguments."""
+    make_private_dir(directory)
+    write_private(directory / "model.json", json.dumps(plan.model.model_dump(mode="json")))
+    write_private(directory / "train.json", json.dumps(plan.train.model_dump(mode="json")))
     device = run.device or "cpu"
     args = [
         str(directory / "model.json"),
@@ -191,17 +194,49 @@ def cpu_refusal(plan: RunPlan, run: Run) -> str | None:
     return None
 
 
+@dataclass(eq=False)
+class Child:
+    """A run this supervisor started (or failed to start), kept until its ending is in the
+    store: ``noted`` once the store knows its pid and log, ``ending`` once it has ended."""
+
+    run_id: int
+    directory: Path | None
+    proc: subprocess.Popen[bytes] | None = None
+    logfile: IO[bytes] | None = None
+    backend: str = "local"
+    noted: bool = True
+    ending: Ending | None = None
+
+    def poll(self) -> None:
+        """Learn whether the trainer has ended, and how (kept in its directory at once)."""
+        if self.ending is not None or self.proc is None:
+            return
+        code = self.proc.poll()
+        if code is None:
+            return
+        if self.logfile is not None:
+            self.logfile.close()
+        assert self.directory is not None  # a started trainer has its directory
+        self.ending = ending(code, self.directory)
+        save_ending(self.directory, self.ending)
+
+
 class Supervisor:
     """Launches queued runs and watches them (see the module docstring)."""
 
     def __init__(self, sessions: sessionmaker[Session], settings: SupervisorSettings) -> None:
         self.sessions = sessions
         self.settings = settings
-        self.owner = this_process()
-        self.children: dict[int, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+        # the process and this supervisor in it: another supervisor in the same process (a
+        # test's, a second app's) is alive, so it leaves this one's runs alone, and vice versa
+        self.owner = f"{this_process()}:{secrets.token_hex(4)}"
+        self.children: dict[int, Child] = {}
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.device: str | None = None
+        self.outage = False  # the database could not be reached at the last attempt
+        self._recovered = False  # ... and has been reached since: reconcile again
+        self._failures: dict[str, str] = {}  # per step, the error last logged
 
     # -- the loop ---------------------------------------------------------------------------
     def start(self, interval_s: float = 0.25) -> None:
@@ -216,32 +251,93 @@ class Supervisor:
             self.thread.join(timeout=10)
         # the service is going away: its trainers go with it, recorded as such; all are
         # signalled at once and share one grace, so N trainers take one grace, not N
-        children = list(self.children.items())
-        end_process_groups([proc for _, (proc, _) in children], grace_s=5)
-        for run_id, (proc, logfile) in children:
-            proc.wait()
-            logfile.close()
-            with self.sessions() as session:
-                transitions.finish(
-                    session,
-                    run_id,
-                    status="failed",
-                    reason="stopped: the service shut down while it ran",
-                    exit_code=proc.returncode,
-                )
-            del self.children[run_id]
+        for child in self.children.values():
+            child.poll()  # one that ended by itself keeps its own ending
+        running = [c for c in self.children.values() if c.proc is not None and c.ending is None]
+        end_process_groups([c.proc for c in running if c.proc is not None], grace_s=5)
+        for child in running:
+            assert child.proc is not None
+            child.proc.wait()
+            if child.logfile is not None:
+                child.logfile.close()
+            child.ending = Ending(
+                "failed", "stopped: the service shut down while it ran", child.proc.returncode
+            )
+            save_ending(child.directory, child.ending)
+        if not self._guarded(self.tick_children, only_outages=True) and self.children:
+            log.warning(
+                "the endings of %d run(s) are kept in their directories; the next supervisor "
+                "to start records them",
+                len(self.children),
+            )
 
     def _loop(self, interval_s: float) -> None:
-        reconciled = False
-        while not self.stop.wait(0 if not reconciled else interval_s):
-            try:
-                if not reconciled:  # first, the runs a stopped service left running
-                    self.reconcile()
-                    reconciled = True
-                self.tick()
-            except Exception:  # keep supervising (e.g. a database not yet migrated); logged
-                log.exception("run supervisor tick failed")
-                self.stop.wait(max(interval_s, 1.0))
+        reconciled = swept = -float("inf")
+        wait = 0.0  # the runs a stopped service left running come first
+        while not self.stop.wait(wait):
+            now = time.monotonic()
+            if now - reconciled >= RECONCILE_EVERY_S or self._recovered:
+                self._recovered = False
+                self._guarded(self._reconcile_step)
+                reconciled = now
+            if now - swept >= SWEEP_EVERY_S:
+                self._guarded(self._sweep_step)
+                swept = now
+            wait = interval_s if self._guarded(self._tick_step) else max(interval_s, 1.0)
+
+    def _guarded(self, step: Callable[[], bool], only_outages: bool = False) -> bool:
+        """Run one step of the loop; False if it failed. A database that cannot be reached is
+        logged once when it goes (one line) and once when a step reaches it again (``step``
+        returns whether it used the database); another error's traceback is logged once, not
+        again while the same step fails the same way (``only_outages``: it is raised)."""
+        name = getattr(step, "__name__", "step")
+        try:
+            used_database = step()
+        except Exception as exc:
+            if only_outages and not store.unavailable(exc):
+                raise
+            if store.unavailable(exc):
+                if not self.outage:
+                    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+                    log.warning(
+                        "database unreachable (%s); trainers are watched and how they end is "
+                        "recorded when it returns",
+                        reason[0] if reason else type(exc).__name__,
+                    )
+                self.outage = True
+            else:
+                failure = f"{type(exc).__name__}: {exc}"
+                if self._failures.get(name) != failure:  # e.g. a database not yet migrated
+                    log.exception("run supervisor step %s failed", name)
+                self._failures[name] = failure
+            return False
+        self._failures.pop(name, None)
+        if used_database and self.outage:
+            self.outage, self._recovered = False, True
+            pending = sum(c.ending is not None for c in self.children.values())
+            log.info("database reachable again; %d run ending(s) to record", pending)
+        return True
+
+    def _tick_step(self) -> bool:
+        self.tick()
+        return True
+
+    def _reconcile_step(self) -> bool:
+        self.reconcile()
+        return True
+
+    def _sweep_step(self) -> bool:
+        if self.settings.run_retention_days is None:
+            return False
+        with self.sessions() as session:
+            removed = remove_expired(session, self.settings, keep=set(self.children))
+        if removed:
+            log.info(
+                "removed %d run directories of runs that ended over %g day(s) ago",
+                removed,
+                self.settings.run_retention_days,
+            )
+        return True
 
     def tick(self) -> None:
         """Record children that ended, then start queued runs up to the limit."""
@@ -249,24 +345,54 @@ class Supervisor:
         while len(self.children) < self.settings.max_running and self._start_next():
             pass
 
-    def tick_children(self) -> None:
-        """Record how each child that ended did."""
-        for run_id, (proc, logfile) in list(self.children.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            logfile.close()
-            del self.children[run_id]
-            with self.sessions() as session:
-                run = session.get(Run, run_id)
-                if run is None:
-                    continue
-                status, reason = ending(run, code, self.settings)
-                if not transitions.finish(
-                    session, run_id, status=status, reason=reason, exit_code=code
-                ):
-                    run.exit_code = code  # cancelled meanwhile: keep how the trainer ended
-                    session.commit()
+    def tick_children(self) -> bool:
+        """Record each child's start and, once it ended, how it ended; a child is forgotten only
+        once its ending is in the store (a write that fails is tried again next tick). Whether
+        the store was written."""
+        wrote = False
+        for child in self.children.values():  # every ending is learnt (and kept) before a write
+            child.poll()
+        for child in list(self.children.values()):
+            if not child.noted:
+                with self.sessions() as session:
+                    self._note_started(session, child)
+                wrote = True
+            if child.ending is not None:
+                with self.sessions() as session:
+                    self._record(session, child)
+                wrote = True
+        return wrote
+
+    def _note_started(self, session: Session, child: Child) -> None:
+        """Tell the store the child's pid and log; a run cancelled meanwhile has its trainer
+        ended."""
+        assert child.proc is not None and child.directory is not None
+        started = transitions.note_started(
+            session,
+            child.run_id,
+            pid=child.proc.pid,
+            log_path=str(child.directory / "log.txt"),
+            backend=child.backend,
+        )
+        child.noted = True
+        if not started and child.ending is None:
+            end_process_group(child.proc)  # cancelled between the claim and the start
+            child.poll()
+
+    def _record(self, session: Session, child: Child) -> None:
+        """Write the child's ending, and forget the child."""
+        assert child.ending is not None
+        finished = transitions.finish(
+            session,
+            child.run_id,
+            status=child.ending.status,
+            reason=child.ending.reason,
+            exit_code=child.ending.exit_code,
+        )
+        if not finished and child.proc is not None:
+            # cancelled meanwhile: the run stays cancelled, with how its trainer ended
+            transitions.note_exit(session, child.run_id, exit_code=child.ending.exit_code)
+        del self.children[child.run_id]
 
     # -- starting ---------------------------------------------------------------------------
     def _start_next(self) -> bool:
@@ -283,22 +409,27 @@ class Supervisor:
             return True
 
     def _claim(self, session: Session, run_id: int) -> bool:
-        """queued → running, owned by this process; False if another claimed it first."""
+        """queued → running, owned by this supervisor; False if another claimed it first."""
         if self.device is None:
             self.device = resolve_device(self.settings.run_device)
         return transitions.claim(session, run_id, owner=self.owner, device=self.device)
 
-    def _fail(self, session: Session, run: Run, reason: str) -> None:
-        transitions.finish(session, run.id, status="failed", reason=reason, exit_code=None)
+    def _fail(self, session: Session, run: Run, reason: str, directory: Path | None) -> None:
+        """End a run that could not start; kept as a child until the store has its ending."""
+        failed = Ending("failed", reason, None)
+        self.children[run.id] = child = Child(run.id, directory, ending=failed)
+        save_ending(directory, failed)
+        self._record(session, child)
 
     def launch(self, session: Session, run: Run, plan: RunPlan | None = None) -> None:
         """Start a claimed run's trainer (or end the run with the reason it cannot start);
         ``plan`` is the run's, where the caller has it validated already."""
+        directory: Path | None = None
         try:
             plan = plan or plan_of(run)
             refusal = cpu_refusal(plan, run)
             if refusal is not None:
-                self._fail(session, run, refusal)
+                self._fail(session, run, refusal, directory)
                 return
             directory = run_dir(self.settings, run)
             args = write_specs(plan, run, directory)
@@ -309,10 +440,9 @@ class Supervisor:
                 plan = confirmed
                 args = write_specs(plan, run, directory)
             backend = launcher(run.backend)
-            log_path = directory / "log.txt"
-            logfile = open(log_path, "ab")  # noqa: SIM115 - closed when the child is reaped
+            logfile = open_log(directory / "log.txt")  # closed when the child is reaped
         except (OSError, ValueError, planner.HeadroomError) as exc:
-            self._fail(session, run, f"could not start: {exc}")
+            self._fail(session, run, f"could not start: {exc}", directory)
             return
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if plan.train.expandable_segments:
@@ -321,14 +451,11 @@ class Supervisor:
             proc = backend.start(args, logfile, directory, env)
         except OSError as exc:
             logfile.close()
-            self._fail(session, run, f"could not start: {exc}")
+            self._fail(session, run, f"could not start: {exc}", directory)
             return
-        self.children[run.id] = (proc, logfile)
-        started = transitions.note_started(
-            session, run.id, pid=proc.pid, log_path=str(log_path), backend=backend.name
-        )
-        if not started:
-            end_process_group(proc)  # cancelled between the claim and the start
+        child = Child(run.id, directory, proc, logfile, backend=backend.name, noted=False)
+        self.children[run.id] = child  # before any write: a failed one is tried again
+        self._note_started(session, child)
 
     def probe(self, session: Session, run: Run, plan: RunPlan, directory: Path) -> RunPlan | None:
         """Confirm the run's plan with probes (``launch.probing``), each recorded as a
@@ -350,68 +477,95 @@ class Supervisor:
             stored["train"] = result.plan
         transitions.record_probes(session, run, stored)
         if not result.fits:
-            self._fail(session, run, f"no plan confirmed by probes: {result.reason}")
+            self._fail(session, run, f"no plan confirmed by probes: {result.reason}", directory)
             return None
         return RunPlan.of_fit(plan.model, result.fit, plan.hw, result.confirmed)
 
     def run_now(self, run_id: int, plan: RunPlan | None = None, poll_s: float = 0.2) -> Run:
         """Claim, start and wait for one queued run in the foreground (``headroom launch``),
-        ``plan`` being its validated plan; an interrupt cancels it, ending its process group."""
+        ``plan`` being its validated plan; an interrupt cancels it, ending its process group.
+        A database that goes away meanwhile is waited for, as the service's supervisor does."""
         with self.sessions() as session:
             claimed = self._claim(session, run_id)
-            run = session.get(Run, run_id)
-            assert run is not None
+            claimed_run = session.get(Run, run_id)
+            assert claimed_run is not None
             if claimed:
-                session.refresh(run)
-                self.launch(session, run, plan)
+                session.refresh(claimed_run)
+
+                def start() -> bool:
+                    self.launch(session, claimed_run, plan)
+                    return True
+
+                self._guarded(start, only_outages=True)
         try:
             while run_id in self.children:
                 self.stop.wait(poll_s)
-                self.tick_children()
+                self._guarded(self.tick_children, only_outages=True)
         except KeyboardInterrupt:
-            with self.sessions() as session:
-                run = session.get(Run, run_id)
-                if run is not None:
-                    cancel(session, run, end_group=False)
-            proc, _ = self.children.get(run_id, (None, None))
-            if proc is not None:  # our own child: end its group here, and wait for it
-                end_process_group(proc)  # reaped there: gone as soon as it exits
-                proc.wait()
-            self.tick_children()
+            self._guarded(lambda: self._cancel_own(run_id), only_outages=True)
+            child = self.children.get(run_id)
+            if child is not None and child.proc is not None:
+                # our own child: end its group here, and wait for it (reaped there: gone as
+                # soon as it exits)
+                end_process_group(child.proc)
+                child.proc.wait()
+            # once: if the database is away, the ending stays in the run's directory
+            self._guarded(self.tick_children, only_outages=True)
         with self.sessions() as session:
             run = session.get(Run, run_id)
             assert run is not None
             return run
 
+    def _cancel_own(self, run_id: int) -> bool:
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            if run is not None:
+                cancel(session, run, end_group=False)
+        return True
+
     # -- restarts ---------------------------------------------------------------------------
     def reconcile(self) -> int:
-        """End the runs that a stopped supervisor left ``running``; how many were ended."""
+        """End the runs left ``running`` by a stopped supervisor, or claimed by this one and
+        lost (never in ``children``); how many were ended."""
         ended = 0
         with self.sessions() as session:
             for run in session.scalars(select(Run).where(Run.status == "running")):
-                if run.owner == self.owner or owner_alive(run.owner) is not False:
+                if run.id in self.children:
+                    continue
+                if run.owner != self.owner and owner_alive(run.owner) is not False:
                     continue
                 alive = _ours(run)
                 if alive:
                     end_process_group(run.pid or 0)
-                report = report_of(run, self.settings)
-                if not alive and report.losses and report.oom is None:
-                    status, reason = (
-                        "succeeded",
-                        f"completed {report.completed_steps} step(s) while its service was down",
-                    )
-                else:
-                    status = "failed"
-                    reason = (
-                        "orphaned: the service supervising it stopped; the trainer was ended"
-                        if alive
-                        else "orphaned: the service supervising it stopped and the trainer is "
-                        "gone; its exit status was lost"
-                    )
+                status, reason, code = self._lost_ending(run, alive)
                 ended += transitions.finish(
-                    session, run.id, status=status, reason=reason, exit_code=None
+                    session, run.id, status=status, reason=reason, exit_code=code
                 )
         return ended
+
+    def _lost_ending(self, run: Run, alive: bool) -> tuple[str, str, int | None]:
+        """How a run whose supervisor is gone (or lost it) ended: the ending its supervisor
+        kept, else what its report and the trainer's state say."""
+        try:
+            kept = read_ending(run_dir(self.settings, run))
+        except ValueError:
+            kept = None
+        if kept is not None:
+            return kept.status, kept.reason, kept.exit_code
+        if run.owner == self.owner:  # claimed here, then the database failed before it started
+            return "failed", "could not start: the database failed while it started", None
+        report = report_of(run, self.settings)
+        if not alive and report.losses and report.oom is None:
+            reason = f"completed {report.completed_steps} step(s) while its service was down"
+            return "succeeded", reason, None
+        return (
+            "failed",
+            "orphaned: the service supervising it stopped; the trainer was ended"
+            if alive
+            else "orphaned: the service supervising it stopped and the trainer is gone; its "
+            "exit status was lost",
+            None,
+        )
 
 
 def cancel(session: Session, run: Run, end_group: bool = True) -> Run:

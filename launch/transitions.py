@@ -6,8 +6,8 @@
 
 ``queue_run`` (``launch.plan``) writes a run ``queued``. Each transition updates the row only
 if it is still in the state the transition leaves, so two supervisors, a cancel and a finish
-racing each other leave one winner and the others see ``False``. ``note_started`` and
-``note_probing`` change what a running run says, not its state.
+racing each other leave one winner and the others see ``False``. ``note_started``,
+``note_probing`` and ``note_exit`` change what a run says, not its state.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ def finish(
         exit_code=exit_code,
         finished_at=utcnow(),
     )
+
+
+def note_exit(session: Session, run_id: int, *, exit_code: int | None) -> None:
+    """A cancelled run keeps how its trainer ended (its state stays cancelled)."""
+    _changed(session, run_id, "cancelled", exit_code=exit_code)
 
 
 def cancel(session: Session, run: Run) -> bool:

@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from headroom.planner._keys import FewUnknownKeys, at_most
-from headroom.planner._numbers import Float, Int
+from headroom.planner._numbers import INTEGER, Float, Int
 from headroom.planner.errors import UnknownPresetError
 
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
@@ -23,6 +23,9 @@ _TEXT = r"^[^\x00]*$"
 #: GPUs that may share one host's RAM (the host-RAM check multiplies by it): the CLI's
 #: ``--gpus-per-node`` and the service's ``gpus_per_node`` are held to the same bound
 MAX_GPUS_PER_NODE = 1024
+#: host RAM of one node: at most 1 PiB, a number every JSON client holds exactly (a double holds
+#: integers to 2^53; at 2^60 the bound itself was not one a client could check)
+MAX_HOST_MEMORY_BYTES = 2**50
 #: other names of a preset (each a key of the preset table)
 _MAX_ALIASES = 32
 
@@ -51,8 +54,8 @@ class Hardware(FewUnknownKeys):
     allocator_overhead_fraction: Float = Field(
         ge=0, lt=1, description="Uncalibrated default: reserved minus allocated, over allocated."
     )
-    host_memory_bytes: Int | None = Field(
-        default=None, ge=1, le=2**60, description="Host RAM available to the GPUs of one node."
+    host_memory_bytes: Annotated[int, Field(ge=1, le=MAX_HOST_MEMORY_BYTES), INTEGER] | None = (
+        Field(default=None, description="Host RAM available to the GPUs of one node.")
     )
     gpus_per_node: Int = Field(
         default=1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs sharing the host RAM."

@@ -44,6 +44,14 @@ def _int(config: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean field (absent or null: ``default``); ``1`` or ``"true"`` is no boolean."""
+    value = _get(config, key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"config.json: {key} must be true or false, got {_show(value)}", field=key)
+    return value
+
+
 def _required_int(config: Mapping[str, Any], key: str) -> int:
     """A required integer field: ``num_hidden_layers: true`` is no 1-layer model."""
     _get(config, key, required=True)
@@ -91,20 +99,20 @@ def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
         "ffn_hidden_size": _required_int(config, "intermediate_size"),
         "ffn_kind": _ffn_kind(config),
         "norm": "rmsnorm",
-        "tied_embeddings": bool(_get(config, "tie_word_embeddings", False)),
+        "tied_embeddings": _bool(config, "tie_word_embeddings", False),
     }
 
 
 def _attention_bias(spec: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """Llama's and Qwen3's ``attention_bias``: biases on Q, K, V and the output projection."""
-    bias = bool(_get(config, "attention_bias", False))
+    bias = _bool(config, "attention_bias", False)
     spec.update(qkv_bias=bias, attention_out_bias=bias)
     return spec
 
 
 def _llama(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _attention_bias(_common(config, name), config)
-    spec["mlp_bias"] = bool(_get(config, "mlp_bias", False))
+    spec["mlp_bias"] = _bool(config, "mlp_bias", False)
     return spec
 
 
@@ -145,7 +153,7 @@ def _qwen_moe(config: Mapping[str, Any], **shared: Any) -> MoESpec:
 
 def _qwen2_moe(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _common(config, name)
-    spec["qkv_bias"] = bool(_get(config, "qkv_bias", True))  # Qwen2MoeConfig's, default on
+    spec["qkv_bias"] = _bool(config, "qkv_bias", True)  # Qwen2MoeConfig's, default on
     shared = _int(config, "shared_expert_intermediate_size", 0)
     spec["moe"] = _qwen_moe(
         config,

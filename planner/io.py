@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from headroom.planner.errors import InputFormatError, SpecError, UnknownPresetError
-from headroom.planner.hardware import MAX_GPUS_PER_NODE, Hardware, gpu
+from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
 from headroom.planner.hf import from_hf_config
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
@@ -196,10 +196,6 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-#: Hardware.host_memory_bytes' bound (``model_copy`` below does not validate)
-_MAX_HOST_MEMORY = 2**60
-
-
 def _base_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardware:
     if isinstance(source, Hardware):
         return source
@@ -225,9 +221,10 @@ def load_hardware(
     update: dict[str, Any] = {}
     if host_memory is not None:
         size = parse_size(host_memory, field=host_memory_field)
-        if not 1 <= size <= _MAX_HOST_MEMORY:
+        # Hardware.host_memory_bytes' bound (``model_copy`` below does not validate)
+        if not 1 <= size <= MAX_HOST_MEMORY_BYTES:
             raise SpecError(
-                f"{host_memory_field}: must be between 1 byte and 1 EiB, got {size} bytes",
+                f"{host_memory_field}: must be between 1 byte and 1 PiB, got {size} bytes",
                 field=host_memory_field,
             )
         update["host_memory_bytes"] = size

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from headroom.planner._keys import FewUnknownKeys
-from headroom.planner._numbers import Float, Int
+from headroom.planner._numbers import INTEGER, NUMBER, Int
 
 #: upper bounds that keep every estimate finite and fast: sizes (vocab, hidden, FFN, head and
 #: rank dims), counts (heads, experts), layers (the estimator walks every layer) and factors
@@ -43,13 +43,11 @@ class MoESpec(_Frozen):
     num_shared_experts: Int = Field(
         default=0, ge=0, le=_MAX_COUNT, description="Always-active shared experts."
     )
-    shared_expert_ffn_size: Int | None = Field(
+    shared_expert_ffn_size: Annotated[int, Field(ge=1, le=_MAX_SIZE), INTEGER] | None = Field(
         default=None,
-        ge=1,
-        le=_MAX_SIZE,
         description="Intermediate size of one shared expert (default: expert).",
     )
-    shared_expert_gate: bool = Field(
+    shared_expert_gate: StrictBool = Field(
         default=False, description="A sigmoid gate (hidden -> 1) on the shared expert (Qwen2-MoE)."
     )
     dense_first_layers: Int = Field(
@@ -64,23 +62,21 @@ class MoESpec(_Frozen):
         le=_MAX_LAYERS,
         description="After the dense-first layers, every k-th layer is MoE.",
     )
-    dense_layers: tuple[Annotated[Int, Field(ge=0, lt=_MAX_LAYERS)], ...] = Field(
+    dense_layers: tuple[Annotated[int, Field(ge=0, lt=_MAX_LAYERS), INTEGER], ...] = Field(
         default=(),
         max_length=_MAX_DENSE_LAYERS,
         description="Layer indices forced dense (Qwen2-MoE mlp_only_layers).",
     )
-    router_bias: bool = Field(
+    router_bias: StrictBool = Field(
         default=False, description="A per-expert routing bias (DeepSeek-V3 aux-loss-free)."
     )
-    routing_weights_fp32: bool = Field(
+    routing_weights_fp32: StrictBool = Field(
         default=False,
         description="The experts' outputs are scaled by fp32 routing weights before they are "
         "cast back (DeepSeek-V2/V3): the products and their gradients are fp32, slot-wide.",
     )
-    capacity_factor: Float | None = Field(
+    capacity_factor: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(
         default=None,
-        gt=0,
-        le=_MAX_FACTOR,
         description="Architecture's capacity factor; training spec overrides.",
     )
 
@@ -112,8 +108,8 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and joint KV projections."""
 
-    q_lora_rank: Int | None = Field(
-        default=None, ge=1, le=_MAX_SIZE, description="Q down-projection rank."
+    q_lora_rank: Annotated[int, Field(ge=1, le=_MAX_SIZE), INTEGER] | None = Field(
+        default=None, description="Q down-projection rank."
     )
     kv_lora_rank: Int = Field(ge=1, le=_MAX_SIZE, description="Joint KV compression rank.")
     qk_nope_head_dim: Int = Field(ge=1, le=_MAX_SIZE, description="Per-head Q/K dims without RoPE.")
@@ -131,30 +127,38 @@ class ModelSpec(_Frozen):
     hidden_size: Int = Field(ge=1, le=_MAX_SIZE)
     num_layers: Int = Field(ge=1, le=_MAX_LAYERS)
     num_heads: Int = Field(ge=1, le=_MAX_COUNT)
-    num_kv_heads: Int | None = Field(
-        default=None, ge=1, le=_MAX_COUNT, description="GQA groups (default MHA)."
+    num_kv_heads: Annotated[int, Field(ge=1, le=_MAX_COUNT), INTEGER] | None = Field(
+        default=None, description="GQA groups (default MHA)."
     )
-    head_dim: Int | None = Field(
-        default=None, ge=1, le=_MAX_SIZE, description="Default hidden / heads."
+    head_dim: Annotated[int, Field(ge=1, le=_MAX_SIZE), INTEGER] | None = Field(
+        default=None, description="Default hidden / heads."
     )
     ffn_hidden_size: Int = Field(ge=1, le=_MAX_SIZE, description="Dense FFN intermediate size.")
     ffn_kind: Literal["swiglu", "gelu"] = "swiglu"
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    tied_embeddings: bool = False
-    qkv_bias: bool = Field(default=False, description="Biases on Q, K, V projections (Qwen2).")
-    attention_out_bias: bool = Field(
+    tied_embeddings: StrictBool = False
+    qkv_bias: StrictBool = Field(
+        default=False, description="Biases on Q, K, V projections (Qwen2)."
+    )
+    attention_out_bias: StrictBool = Field(
         default=False,
         description="A bias on the attention output projection (Llama's and Qwen3's "
         "attention_bias, which also biases Q, K and V).",
     )
-    mlp_bias: bool = Field(default=False, description="Biases on the dense MLP (Llama's mlp_bias).")
-    qk_norm: bool = Field(
+    mlp_bias: StrictBool = Field(
+        default=False, description="Biases on the dense MLP (Llama's mlp_bias)."
+    )
+    qk_norm: StrictBool = Field(
         default=False,
         description="A norm over each head's queries and keys before RoPE, one head_dim weight "
         "each for Q and K (Qwen3).",
     )
-    linear_bias: bool = Field(default=False, description="Biases on every linear (GPT-2 style).")
-    dropout: bool = Field(default=False, description="Dropout layers saving masks (GPT style).")
+    linear_bias: StrictBool = Field(
+        default=False, description="Biases on every linear (GPT-2 style)."
+    )
+    dropout: StrictBool = Field(
+        default=False, description="Dropout layers saving masks (GPT style)."
+    )
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     num_mtp_layers: Int = Field(

@@ -7,12 +7,14 @@ flash attention, no recompute, no offload, every parallel degree 1, ZeRO 0.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, StrictBool, model_validator
+from pydantic.config import JsonDict, JsonValue
 
 from headroom.planner._keys import FewUnknownKeys
-from headroom.planner._numbers import Float, Int
+from headroom.planner._numbers import INTEGER, NUMBER, Float, Int
+from headroom.planner.coefficients import profiles
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
@@ -64,7 +66,9 @@ class Parallel(_Frozen):
     cp: Int = Field(
         default=1, ge=1, le=_MAX_DEGREE, description="Context-parallel degree (sequence split)."
     )
-    sequence_parallel: bool = Field(default=False, description="Megatron sequence parallelism.")
+    sequence_parallel: StrictBool = Field(
+        default=False, description="Megatron sequence parallelism."
+    )
     zero_stage: Int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
 
     @model_validator(mode="after")
@@ -89,15 +93,18 @@ class Offload(_Frozen):
     fraction: Float = Field(
         default=1.0, ge=0.0, le=1.0, description="Optimizer mode: share of parameters offloaded."
     )
-    checkpoint_every: Int | None = Field(
+    checkpoint_every: Annotated[int, Field(ge=1, le=_MAX_STAGES), INTEGER] | None = Field(
         default=None,
-        ge=1,
-        le=_MAX_STAGES,
         description="Streaming mode: layers per checkpointed block (default 1).",
     )
     num_buffers: Int = Field(
         default=2, ge=2, le=1024, description="Streaming mode: device weight buffers."
     )
+
+
+def _shipped_profiles(schema: JsonDict) -> None:
+    """The JSON schema names the profiles with shipped coefficients (the estimate checks it)."""
+    schema["enum"] = list[JsonValue](profiles())
 
 
 class TrainSpec(_Frozen):
@@ -115,23 +122,26 @@ class TrainSpec(_Frozen):
     )
     recompute: RecomputePolicy = "none"
     attention: Literal["flash", "eager"] = "flash"
-    activation_profile: str = Field(default="textbook", min_length=1, max_length=64)
+    activation_profile: str = Field(
+        default="textbook",
+        min_length=1,
+        max_length=64,
+        json_schema_extra=_shipped_profiles,
+    )
     ema: Literal["none", "gpu", "host"] = "none"
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
-    moe_capacity_factor: Float | None = Field(
-        default=None, gt=0, le=_MAX_FACTOR, description="Default: the model's, else 1.25."
+    moe_capacity_factor: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(
+        default=None, description="Default: the model's, else 1.25."
     )
     moe_imbalance: Float = Field(
         default=1.0, ge=1.0, le=_MAX_FACTOR, description="Hottest expert load / mean."
     )
-    expandable_segments: bool = Field(
+    expandable_segments: StrictBool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
-    max_grad_norm: Float | None = Field(
+    max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False), NUMBER] | None = Field(
         default=1.0,
-        gt=0,
-        allow_inf_nan=False,
         description="Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_); null: "
         "none. Streaming with clipping updates after the step's norm is known, overlapping the "
         "next forward; without, each unit is updated as its last gradient lands, overlapping "

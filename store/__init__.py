@@ -23,7 +23,13 @@ from headroom.store.calibrations import (
     save_coefficient_set,
     spec_dump,
 )
-from headroom.store.engine import StoreSettings, make_engine, make_sessionmaker
+from headroom.store.engine import (
+    UNAVAILABLE_ERRORS,
+    StoreSettings,
+    make_engine,
+    make_sessionmaker,
+    unavailable,
+)
 from headroom.store.migrate import (
     current_revision,
     downgrade,
@@ -57,6 +63,7 @@ __all__ = [
     "RUN_STATUSES",
     "RUN_UID_PATTERN",
     "RUN_UID_RULE",
+    "UNAVAILABLE_ERRORS",
     "Base",
     "Calibration",
     "CoefficientSet",
@@ -83,6 +90,7 @@ __all__ = [
     "run_by_uid",
     "save_coefficient_set",
     "spec_dump",
+    "unavailable",
     "upgrade",
     "utcnow",
 ]

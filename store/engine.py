@@ -10,8 +10,28 @@ from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc, make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+#: what SQLAlchemy raises when the database cannot serve a request now (unreachable, the
+#: connection broke, SQLite locked, the pool exhausted): the service answers 503 and the run
+#: supervisor waits for the database to return, rather than treating it as a bug
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    exc.OperationalError,
+    exc.InterfaceError,
+    exc.DisconnectionError,
+    exc.TimeoutError,
+)
+#: seconds a PostgreSQL connection attempt may take before the database counts as unreachable
+CONNECT_TIMEOUT_S = 5
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database is unavailable now (``UNAVAILABLE_ERRORS``, or a
+    driver error that broke the connection), not that a statement is wrong."""
+    if isinstance(error, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(error, exc.DBAPIError) and error.connection_invalidated
 
 
 class StoreSettings(BaseSettings):
@@ -42,6 +62,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
+    if url.startswith("postgresql") and "connect_timeout" not in make_url(url).query:
+        # a database that went away fails a request in seconds, not after TCP's retries
+        kwargs.setdefault("connect_args", {"connect_timeout": CONNECT_TIMEOUT_S})
     return create_engine(url, pool_pre_ping=True, **kwargs)
 
 

@@ -43,6 +43,11 @@ def test_the_service_load_bench_migrates_serves_and_answers() -> None:
     assert "errors: non-200 0, socket 0" in out
 
 
+def test_the_request_head_bench_runs() -> None:
+    out = _bench("bench/request_head.py", "--requests", "200", "--batches", "1")
+    assert "| HttpToolsProtocol |" in out and "| HeadLimitedProtocol |" in out
+
+
 def test_the_service_cost_bench_runs_every_section() -> None:
     out = _bench(
         "bench/api_cost.py",

@@ -9,12 +9,13 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from headroom import launch, planner, store
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
 from headroom.api.problems import responses
+from headroom.api.routing import single_valued_query
 from headroom.api.schemas import (
     CalibrationIn,
     CalibrationOut,
@@ -28,7 +29,8 @@ from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
 
-router = APIRouter()
+#: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable
+router = APIRouter(dependencies=[Depends(single_valued_query)], responses=responses(503))
 
 
 class NotFound(Exception):
@@ -198,10 +200,10 @@ def get_run(run_id: RowId, db: SessionDep) -> RunOut:
     "/runs/{run_id}/logs",
     tags=["runs"],
     response_class=PlainTextResponse,
-    responses=responses(404),
+    responses=responses(404, 410),
 )
 def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
-    """The run's captured output (empty until it starts)."""
+    """The run's captured output (empty until it starts; 410 once retention removed it)."""
     row = store.get_row(session=db, table=Run, row_id=run_id)
     if row is None:
         raise NotFound("run", run_id)
@@ -215,6 +217,13 @@ def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
         with open(log_path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except FileNotFoundError:
+        if launch.removed_by_retention(settings, row):
+            days = settings.run_retention_days
+            raise HTTPException(
+                410,
+                f"the log of run {run_id} was removed: its directory is kept {days:g} day(s) "
+                "after the run ends (HEADROOM_RUN_RETENTION_DAYS)",
+            ) from None
         return ""
 
 

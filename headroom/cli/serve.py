@@ -33,6 +33,7 @@ def serve_command(
         host=host,
         port=port,
         workers=workers,
+        http="headroom.api.protocol:HeadLimitedProtocol",  # httptools with a bounded head
         log_level="info",
         access_log=False,
     )

@@ -236,8 +236,10 @@ def test_not_ready_before_migrations(tmp_path: Path) -> None:
         )
     )
     with TestClient(app) as c:
-        body = _problem(c.get("/readyz"), 503)
+        ready = c.get("/readyz")
+        body = _problem(ready, 503)
         assert f"expected {head_revision()}" in str(body["detail"])
+        assert ready.headers["Retry-After"].isdigit()  # a probe knows when to ask again
 
 
 def test_local_gpus_says_why_there_are_none(client: TestClient) -> None:

@@ -348,3 +348,22 @@ def test_invalid_input_shows_the_servers_detail(page: webdriver.Chrome, server: 
         "the pasted config.json is estimated",
     )
     assert _text(page, "verdict") in ("fits", "does not fit")
+
+
+def test_the_api_docs_render_from_this_server(server: str, browser: webdriver.Chrome) -> None:
+    """Swagger UI draws every operation with nothing fetched from elsewhere and nothing its
+    Content-Security-Policy had to block."""
+    browser.get(server + "/api/v1/docs")
+    try:
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) >= 16
+        )
+    except TimeoutException:
+        logs = browser.get_log("browser")  # type: ignore[no-untyped-call]
+        pytest.fail(f"Swagger UI drew no operations; console: {logs}")
+    fetched = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert fetched and all(url.startswith(server + "/") for url in fetched), fetched
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
+    assert errors == [], errors

@@ -79,7 +79,12 @@ def test_train_seed_beyond_what_torch_takes() -> None:
 )
 @pytest.mark.parametrize(
     "command",
-    [["launch", "tiny-dense", "--device", "cpu"], ["calibrate", "fit"], ["calibrate", "report"]],
+    [
+        ["launch", "tiny-dense", "--device", "cpu"],
+        ["calibrate", "fit"],
+        ["calibrate", "report"],
+        ["serve", "--port", "1"],  # HEADROOM_MIGRATE (default true): upgraded before serving
+    ],
 )
 def test_a_database_url_that_cannot_be_used(command: list[str], url: str, reason: str) -> None:
     proc = run_headroom(*command, env=env(HEADROOM_DATABASE_URL=url), timeout=120)

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from headroom import planner, store
 from headroom.launch import RunPlan, Supervisor, queue_run, transitions
 from headroom.launch.backends import end_process_group, end_process_groups
+from headroom.launch.supervisor import Child
 
 #: sleeps until a signal ends it (SIGTERM's default action: exit at once)
 POLITE = "import sys, time; print('ready', flush=True); time.sleep(120)"
@@ -118,6 +119,7 @@ class _Settings:
         self.run_dir = run_dir
         self.run_device = "cpu"
         self.max_running = 3
+        self.run_retention_days = None
 
 
 def test_supervisor_close_ends_its_trainers_together(
@@ -129,8 +131,9 @@ def test_supervisor_close_ends_its_trainers_together(
         with sessions() as session:
             assert supervisor._claim(session, run_id)
         children.append(proc := _start(POLITE))
-        logfile = open(tmp_path / f"log-{run_id}.txt", "ab")  # noqa: SIM115 - closed by close()
-        supervisor.children[run_id] = (proc, logfile)
+        (directory := tmp_path / f"run-{run_id}").mkdir()
+        logfile = open(directory / "log.txt", "ab")  # noqa: SIM115 - closed by close()
+        supervisor.children[run_id] = Child(run_id, directory, proc, logfile)
         with sessions() as session:
             transitions.note_started(
                 session, run_id, pid=proc.pid, log_path=logfile.name, backend="local"
@@ -157,7 +160,7 @@ def test_an_interrupted_launch_ends_its_trainer_at_once(
         assert supervisor._claim(session, run_id)  # started already: run_now only watches it
     children.append(proc := _start(POLITE))
     logfile = open(tmp_path / "log.txt", "ab")  # noqa: SIM115 - closed when the child is reaped
-    supervisor.children[run_id] = (proc, logfile)
+    supervisor.children[run_id] = Child(run_id, tmp_path, proc, logfile)
     with sessions() as session:
         transitions.note_started(session, run_id, pid=proc.pid, log_path=logfile.name, backend="x")
 
