@@ -26,7 +26,7 @@ try:
 finally:
     sys.path.pop(0)
 
-#: what the server's resident memory may grow by: the planner's caches hold at most 64 MiB
+#: what the server's resident memory may grow by: the planner's caches hold at most 58 MiB
 RSS_GROWTH_MIB = 96
 #: the heaviest search's budget, queued behind another one (alone: 0.3-0.6 s)
 WORST_BUDGET_S = 3.0

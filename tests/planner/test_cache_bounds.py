@@ -22,7 +22,7 @@ from headroom.planner import _memo
 from headroom.planner.coefficients import _default_coefficients
 
 #: what the planner's caches may hold together (docs/PERFORMANCE.md)
-BUDGET_BYTES = 64 << 20
+BUDGET_BYTES = 58 << 20
 #: what a run of estimates keeps that is no cache's (interpreter and library internals)
 SLACK_BYTES = 2 << 20
 
