@@ -155,3 +155,22 @@ def test_tensor_parallelism_needs_a_model_it_can_split() -> None:
     with pytest.raises(planner.SpecError) as info:
         fsdp2.check_model(CONFIG, _train(2, 2, seq_len=63))
     assert info.value.field == "seq_len"
+
+
+def test_a_committed_record_is_traced_again_to_the_byte() -> None:
+    """The committed FSDP2 traces are what the harness measures today: a record with tensor
+    parallelism and checkpointing, traced again, is the committed record."""
+    from headroom.calibration.collect import fsdp2_record
+    from headroom.calibration.trace_records import load_framework_traces
+
+    traces = load_framework_traces("hf-fsdp2")
+    assert traces is not None and traces.framework == "fsdp2"
+    committed = next(
+        r
+        for r in traces.records
+        if r.train.parallel.tp == 8
+        and r.train.recompute == "full"
+        and r.model.name.startswith("llama3-8b")
+    )
+    again = fsdp2_record(committed.model, committed.train, committed.held_out)
+    assert again == committed
