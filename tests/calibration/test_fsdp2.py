@@ -4,11 +4,14 @@ model on rank 0 of a fake process group, under fake tensors as under real ones."
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from headroom_process import run_headroom
 
 from headroom import planner
 from headroom.calibration import hf
@@ -155,6 +158,35 @@ def test_tensor_parallelism_needs_a_model_it_can_split() -> None:
     with pytest.raises(planner.SpecError) as info:
         fsdp2.check_model(CONFIG, _train(2, 2, seq_len=63))
     assert info.value.field == "seq_len"
+
+
+def test_calibrate_trace_framework_flag(tmp_path: Path) -> None:
+    """``--framework fsdp2`` traces the hf model under FSDP2 and compares it with the estimate;
+    an unknown framework, an implementation it does not run and ``--record`` are refused with
+    one line and exit 2; the default stays the one-rank trace."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    args = ["--set", "parallel.dp=4", "--set", "parallel.zero_stage=3"]
+    args += ["--set", "precision.grads=fp32", "--set", "activation_profile=hf"]
+    proc = run_headroom(
+        "calibrate", "trace", str(config), "--framework", "fsdp2", *args, "--format", "json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["framework"], out["impl"]) == ("fsdp2", "hf")
+    trace = out["trace"]
+    assert out["measured_peak_bytes"] == trace["peak"]["total"]
+    assert trace["peak_phase"] in trace["phases"]
+    assert out["predicted"]["total"] > 0
+    for bad, field, allowed in (
+        (["--framework", "megatron"], "framework", "allowed: none, fsdp2"),
+        (["--framework", "fsdp2", "--impl", "runtime"], "impl", "runs hf models"),
+        (["--framework", "fsdp2", "--record"], "--record", "allowed with --framework none"),
+    ):
+        refused = run_headroom("calibrate", "trace", str(config), *bad, *args, timeout=120)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith(f"error: {field}:"), refused.stderr
+        assert allowed in refused.stderr and len(refused.stderr.splitlines()) == 1
 
 
 def test_a_committed_record_is_traced_again_to_the_byte() -> None:
