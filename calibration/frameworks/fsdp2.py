@@ -8,9 +8,11 @@ column-wise, their output projections row-wise back to sequence shards, the head
 with vocabulary-sharded logits and the loss computed under ``loss_parallel``); then, with
 ``recompute: full``, every decoder layer wrapped in a non-reentrant activation checkpoint; then
 ``fully_shard`` on every decoder layer and on the root with
-``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` and ``reshard_after_forward=True``. The
-sharded parameters are fp32 (``precision.master``), computed in ``precision.params`` (bf16) and
-reduced in ``precision.grads``. Each step clips the gradients' global norm when
+``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` and ``reshard_after_forward=True`` (the
+root's group holds the embedding, final norm and head; torchtitan's current ``apply_fsdp`` gives
+the embedding, and the norm with the head, groups of their own). The sharded parameters are
+fp32 (``precision.master``), computed in ``precision.params`` (bf16) and reduced in
+``precision.grads``. Each step clips the gradients' global norm when
 ``max_grad_norm`` is set and steps ``torch.optim.AdamW`` (``optimizer_impl``: torchtitan ships
 fused) over the sharded DTensor parameters.
 
