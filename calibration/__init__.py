@@ -5,7 +5,8 @@ Exported here (no torch, numpy or matplotlib needed to import them):
 
 - the designs the shipped coefficients are traced from (``calibration.design``, data in
   ``calibration/designs/*.json``) and the typed trace records and files
-  (``calibration.trace_records``, data in ``calibration/data/*-traces.json``);
+  (``calibration.trace_records``, data in ``calibration/data/*-traces.json``; a framework's
+  records and files, ``FrameworkTraceRecord``, add each phase's tracker categories);
 - ``compare`` (``calibration.comparison``: a budget against a measurement, per bucket) and
   ``attribute`` (``calibration.attribution``: a probed run's snapshots by what holds them);
 - the trust rule (``calibration.trust``).
@@ -14,7 +15,9 @@ Import by module, because they need the ``calibration`` extra or torch:
 ``calibration.regression`` (the least-squares regression of the coefficients, numpy),
 ``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.shipped`` rewrites
 them), ``calibration.refit`` (``headroom calibrate fit``), ``calibration.report``,
-``calibration.tracing`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers).
+``calibration.tracing`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers),
+``calibration.frameworks.fsdp2`` (a step under FSDP2 on a fake process group: torch and
+transformers; ``calibration.frameworks`` names the frameworks without them).
 """
 
 from headroom.calibration.attribution import attribute
@@ -29,10 +32,13 @@ from headroom.calibration.design import (
     load_design,
 )
 from headroom.calibration.trace_records import (
+    FrameworkTraceRecord,
+    FrameworkTracesFile,
     TracePeak,
     TraceRecord,
     TracesFile,
     fitted_records,
+    load_framework_traces,
     load_traces,
     traces_path,
 )
@@ -43,6 +49,8 @@ __all__ = [
     "Design",
     "DesignRun",
     "DesignShape",
+    "FrameworkTraceRecord",
+    "FrameworkTracesFile",
     "TracePeak",
     "TraceRecord",
     "TracesFile",
@@ -54,6 +62,7 @@ __all__ = [
     "deepseek_cut",
     "fitted_records",
     "load_design",
+    "load_framework_traces",
     "load_traces",
     "traces_path",
 ]

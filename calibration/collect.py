@@ -15,7 +15,14 @@ bf16 working parameters throughout (the trainer's GPU precision), torch AdamW (f
 spec's default). Fitting uses the records not held out; the tests check the others against
 the fitted estimate.
 
-Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf] [--output FILE]
+- ``--impl hf --framework fsdp2``: transformers llama and qwen2 models at published widths and
+  a few layers, traced under FSDP2 as torchtitan runs it (``calibration.frameworks.fsdp2``) on
+  rank 0 of a fake process group of 8 to 256 data-parallel ranks, with and without tensor
+  parallelism and per-layer checkpointing; written to ``hf-fsdp2-traces.json`` with each
+  phase's tracker categories.
+
+Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf]
+[--framework none|fsdp2] [--output FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ import torch
 
 from headroom import planner
 from headroom.calibration.design import IMPLS, configurations
-from headroom.calibration.trace_records import TracePeak, TraceRecord, TracesFile, traces_path
+from headroom.calibration.frameworks import FRAMEWORKS, check_framework, design_name
+from headroom.calibration.trace_records import (
+    FrameworkTraceRecord,
+    FrameworkTracesFile,
+    TracePeak,
+    TraceRecord,
+    TracesFile,
+    traces_path,
+)
 from headroom.calibration.tracing import layer_backward_peak, steady_forward_transient, trace
 
 
@@ -50,13 +65,62 @@ def record(
     )
 
 
+def fsdp2_record(
+    model: planner.ModelSpec, train: planner.TrainSpec, held_out: bool
+) -> FrameworkTraceRecord:
+    """Trace one configuration of the ``hf-fsdp2`` design."""
+    from headroom.calibration.frameworks import fsdp2
+
+    measured = fsdp2.trace(model, train)
+    layers = measured["layer_backward_peaks"]
+    return FrameworkTraceRecord(
+        model=model,
+        train=train,
+        held_out=held_out,
+        mode=measured["mode"],
+        forward_transient_bytes=fsdp2.transient_bytes(measured["forward_end"]),
+        peak_bytes=measured["peak"]["total"],
+        layer_backward_peak_bytes=max((p["total"] for p in layers), default=None),
+        peak=TracePeak.model_validate(measured["peak"]),
+        peak_phase=measured["peak_phase"],
+        phases=measured["phases"],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--impl", choices=IMPLS, default="runtime")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="none")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    output = args.output or traces_path(args.impl)
+    try:
+        check_framework(args.framework, args.impl)
+    except planner.SpecError as exc:
+        parser.error(str(exc))
+    name = design_name(args.impl, args.framework)
+    output = args.output or traces_path(name)
     torch.set_num_threads(1)
+    if args.framework == "fsdp2":
+        import transformers
+
+        traced = [fsdp2_record(m, t, h) for m, t, h in configurations(name)]
+        framework_traces = FrameworkTracesFile(
+            about="Traced training steps of transformers models under FSDP2 as torchtitan runs "
+            "it, on rank 0 of a fake process group (calibration/frameworks/fsdp2.py); per "
+            "phase, the FSDP memory tracker's categories at the phase's largest total.",
+            command=f"python -m headroom.calibration.collect --impl {args.impl} "
+            f"--framework {args.framework}",
+            torch=torch.__version__,
+            python=platform.python_version(),
+            created=dt.datetime.now(dt.UTC).date().isoformat(),
+            records=tuple(traced),
+            transformers=transformers.__version__,
+            framework=args.framework,
+        )
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(framework_traces.to_json_text())
+        print(f"{len(traced)} records → {output}")
+        return
     records = [record(m, t, h, args.impl) for m, t, h in configurations(args.impl)]
     transformers_version = None
     if args.impl == "hf":

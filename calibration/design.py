@@ -16,6 +16,11 @@ A run is a micro-batch, a sequence length, a recompute policy and a ``split``: `
 are what a fit uses, ``held_out`` ones check it. The split is written on every run, so adding
 or moving a run changes no other run's split. Every run is traced in bf16 throughout
 (:data:`PURE_BF16`, the trainer's GPU precision) with torch AdamW (fused, the spec's default).
+
+A framework's design (``framework`` other than ``none``: ``hf-fsdp2.json``) also gives each run
+its data-parallel ranks ``dp`` and tensor-parallel degree ``tp``, and traces it as that
+framework's default run: for ``fsdp2`` torchtitan's (:data:`FSDP2_PRECISION`, ZeRO stage 3,
+sequence parallelism with tensor parallelism, fused AdamW, gradient clipping at 1.0).
 """
 
 from __future__ import annotations
@@ -33,8 +38,13 @@ from headroom.planner.hf import from_hf_config
 #: the precision of every traced run: one a trace can run (torch AdamW on the working
 #: parameters, no master copy), bf16 as the trainer's GPU precision
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}
+#: torchtitan's FSDP2 precision: bf16 compute, fp32 reduction (``MixedPrecisionPolicy``),
+#: fp32 sharded parameters and AdamW states
+FSDP2_PRECISION = {"params": "bf16", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
 #: the implementations that have a design
 IMPLS = ("runtime", "hf")
+#: every design: one per implementation, and one per implementation and framework
+DESIGNS = (*IMPLS, "hf-fsdp2")
 
 Split = Literal["fitted", "held_out"]
 
@@ -52,6 +62,10 @@ class DesignRun(_Frozen):
     recompute: str | dict[str, int] = "none"
     #: "fitted": a fit uses its record; "held_out": its record checks the fit
     split: Split
+    #: data-parallel ranks (a framework's design only)
+    dp: int = 1
+    #: tensor-parallel degree (a framework's design only)
+    tp: int = 1
 
 
 class DesignShape(_Frozen):
@@ -88,6 +102,8 @@ class Design(_Frozen):
 
     about: str
     activation_profile: str
+    #: the framework the runs are traced under (``calibration.frameworks.FRAMEWORKS``)
+    framework: Literal["none", "fsdp2"] = "none"
     #: the preset whose choices ``model`` shapes start from
     base_model: str | None = None
     #: the ``source`` each design-built model spec carries
@@ -95,6 +111,14 @@ class Design(_Frozen):
     #: what each of a shape's model keys means (the file's own documentation)
     model_kinds: dict[str, str]
     shapes: tuple[DesignShape, ...]
+
+    @model_validator(mode="after")
+    def _parallel_only_under_a_framework(self) -> Self:
+        if self.framework == "none":
+            for shape in self.shapes:
+                if any(run.dp != 1 or run.tp != 1 for run in shape.runs):
+                    raise ValueError(f"shape {shape.name!r}: dp and tp need a framework (got none)")
+        return self
 
     def shape(self, name: str) -> DesignShape:
         """The shape named ``name``; KeyError naming the design's shapes if none is."""
@@ -123,15 +147,22 @@ class Design(_Frozen):
 
     def train_spec(self, run: DesignRun) -> planner.TrainSpec:
         """The training spec ``run`` is traced with."""
-        return planner.TrainSpec.model_validate(
-            {
-                "micro_batch_size": run.micro_batch_size,
-                "seq_len": run.seq_len,
-                "recompute": run.recompute,
-                "precision": PURE_BF16,
-                "activation_profile": self.activation_profile,
+        spec: dict[str, Any] = {
+            "micro_batch_size": run.micro_batch_size,
+            "seq_len": run.seq_len,
+            "recompute": run.recompute,
+            "precision": PURE_BF16,
+            "activation_profile": self.activation_profile,
+        }
+        if self.framework == "fsdp2":
+            spec["precision"] = FSDP2_PRECISION
+            spec["parallel"] = {
+                "dp": run.dp,
+                "tp": run.tp,
+                "zero_stage": 3,
+                "sequence_parallel": run.tp > 1,
             }
-        )
+        return planner.TrainSpec.model_validate(spec)
 
     def configurations(self) -> list[Configuration]:
         """Every run of every shape, in the file's order (the order of the traced records)."""
@@ -145,10 +176,11 @@ class Design(_Frozen):
 
 @cache
 def load_design(impl: str) -> Design:
-    """The shipped design of ``impl`` (``calibration/designs/<impl>.json``)."""
-    if impl not in IMPLS:
+    """The shipped design ``impl`` (``calibration/designs/<impl>.json``; one of
+    :data:`DESIGNS`)."""
+    if impl not in DESIGNS:
         raise planner.SpecError(
-            f"impl: no calibration design for {impl!r}; allowed: {', '.join(IMPLS)}",
+            f"impl: no calibration design for {impl!r}; allowed: {', '.join(DESIGNS)}",
             field="impl",
         )
     path = resources.files("headroom.calibration") / "designs" / f"{impl}.json"

@@ -1,6 +1,8 @@
 """Trace records: what one traced configuration measured, typed, and the committed files that
 hold them (``calibration/data/<profile>-traces.json``, written by
-``python -m headroom.calibration.collect``).
+``python -m headroom.calibration.collect``). A framework's traces (``hf-fsdp2-traces.json``)
+are :class:`FrameworkTraceRecord` s in a :class:`FrameworkTracesFile`: the same record, plus
+what the framework's tracker tells per phase.
 
 A record's JSON keys are its fields, in this order; a file written from these types is the
 file the collector has always written. Records read from the store (``headroom calibrate
@@ -92,6 +94,27 @@ class TracesFile(BaseModel):
         return json.dumps(payload, indent=1) + "\n"
 
 
+class FrameworkTraceRecord(TraceRecord):
+    """A configuration traced under a training framework (``calibration.frameworks``): the
+    record's fields, and per phase the framework tracker's categories at that phase's largest
+    total. Its ``peak`` sums the categories into the compared buckets (gathered parameters and
+    all-gather outputs in ``params``, reduce-scatter inputs in ``grads``)."""
+
+    #: the phase of the largest total (``calibration.frameworks.fsdp2.PHASES``)
+    peak_phase: str
+    #: phase → tracker category → bytes at the phase's largest total (zero categories left
+    #: out), and the phase's ``total``
+    phases: dict[str, dict[str, int]]
+
+
+class FrameworkTracesFile(TracesFile):
+    """A committed file of a framework's traces."""
+
+    #: the framework the records were traced under (``fsdp2``)
+    framework: str
+    records: tuple[FrameworkTraceRecord, ...]
+
+
 def traces_path(profile: str) -> Path:
     """Where the committed traces of ``profile`` live."""
     return Path(str(resources.files("headroom.calibration") / "data" / f"{profile}-traces.json"))
@@ -103,6 +126,14 @@ def load_traces(profile: str) -> TracesFile | None:
     if not path.is_file():
         return None
     return TracesFile.model_validate_json(path.read_text())
+
+
+def load_framework_traces(name: str) -> FrameworkTracesFile | None:
+    """The committed traces file ``name`` (``hf-fsdp2``) of a framework, None if there is none."""
+    path = traces_path(name)
+    if not path.is_file():
+        return None
+    return FrameworkTracesFile.model_validate_json(path.read_text())
 
 
 def fitted_records(traces: TracesFile | None) -> list[TraceRecord]:

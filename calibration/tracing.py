@@ -266,11 +266,13 @@ def compare_trace(budget: planner.Budget, measured: dict[str, Any]) -> dict[str,
     """The planner's prediction next to a trace, per bucket and at the peak.
 
     Predicted bytes are the allocated buckets of the budget's peak phase (no CUDA context or
-    allocator overhead: a CPU trace has neither). ``error`` is (predicted - measured) over
-    measured: positive is the safe side."""
+    allocator overhead: a CPU trace has neither); a sharded run's gathered parameters
+    (``transfer_buffers``) count with ``params``, as a framework trace's unsharded parameters
+    and all-gather outputs do. ``error`` is (predicted - measured) over measured: positive is
+    the safe side."""
     row = budget.gpu.phases[budget.peak_phase].buckets
     predicted = {
-        "params": row["params"] + row["master_params"],
+        "params": row["params"] + row["master_params"] + row["transfer_buffers"],
         "grads": row["grads"],
         "optimizer_states": row["optimizer_states"],
         "transient": sum(row[b] for b in TRANSIENT_BUCKETS),

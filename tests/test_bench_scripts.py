@@ -59,3 +59,10 @@ def test_the_service_cost_bench_runs_every_section() -> None:
     for section in ("memory:", "worst:", "junk:", "mixed:"):
         assert section in out, out
     assert "FAILED" not in out
+
+
+def test_the_fsdp2_trace_bench_runs() -> None:
+    out = _bench("bench/fsdp2_trace.py", "--layers", "1", "--world-sizes", "8")
+    assert "1 layer(s) W=8    full" in out and "planner" in out
+    out = _bench("bench/fsdp2_trace.py", "--records")
+    assert "llama3-70b-2l" in out and "held out" in out

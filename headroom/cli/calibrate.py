@@ -67,8 +67,22 @@ def trace_command(
     set_: SetOpt = None,
     gpu: GpuOpt = "H100-80GB",
     impl: Annotated[
-        Impl, typer.Option("--impl", help="Which implementation of the model to trace.")
-    ] = Impl.runtime,
+        Impl | None,
+        typer.Option(
+            "--impl",
+            help="Which implementation of the model to trace (default: runtime; hf under a "
+            "framework).",
+        ),
+    ] = None,
+    framework: Annotated[
+        str,
+        typer.Option(
+            "--framework",
+            help="The framework the step runs under: none (one rank, plain step) or fsdp2 "
+            "(FSDP2 as torchtitan runs it, rank 0 of parallel.dp x parallel.tp on a fake "
+            "process group; --impl hf).",
+        ),
+    ] = "none",
     steps: Annotated[int, typer.Option("--steps", min=1, max=10, help="Optimizer steps.")] = 2,
     record: Annotated[
         bool, typer.Option("--record", help="Store the comparison as a calibration record.")
@@ -79,19 +93,40 @@ def trace_command(
     tracker and print predicted vs traced bytes per bucket and at the peak.
 
     --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
-    headroom[hf]) built from MODEL's config.json, or from the spec's shape."""
+    headroom[hf]) built from MODEL's config.json, or from the spec's shape. --framework fsdp2
+    traces the hf model under FSDP2 (torchtitan's default run: parallel.zero_stage 3, fp32
+    master and optimizer states, precision.params the compute dtype, precision.grads the
+    reduce dtype; tensor parallelism with parallel.tp and parallel.sequence_parallel) and
+    prints each phase's peak too."""
+    from headroom.calibration.frameworks import check_framework
+
     config = None
     with user_errors():
+        chosen = impl or (Impl.runtime if framework == "none" else Impl.hf)
+        check_framework(framework, chosen.value)
+        if record and framework != "none":
+            raise planner.SpecError(
+                f"--record: the store keeps traces of one rank; allowed with --framework none "
+                f"(got {framework})",
+                field="--record",
+            )
         spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
-        from headroom.calibration.tracing import check_traceable
+        if framework == "fsdp2":
+            from headroom.calibration.frameworks import fsdp2
 
-        check_traceable(train_spec)
-        if impl is Impl.hf:
+            fsdp2.check_traceable(train_spec)
+        else:
+            from headroom.calibration.tracing import check_traceable
+
+            check_traceable(train_spec)
+        if chosen is Impl.hf:
             from headroom.calibration import hf
 
             hf.require_transformers()
             config = _hf_config(model) or hf.config_for(spec)
             hf.spec_of(config)  # one of the architectures it builds
+            if framework == "fsdp2":
+                fsdp2.check_model(config, train_spec)
         else:
             from headroom.planner.trainable import check_supported
 
@@ -100,10 +135,14 @@ def trace_command(
 
     budget = planner.estimate(spec, train_spec, hw)
     with user_errors():  # a config transformers cannot build
-        measured = trace(spec, train_spec, steps=steps, impl=impl.value, config=config)
+        if framework == "fsdp2":
+            measured = fsdp2.trace(spec, train_spec, steps=steps, config=config)
+        else:
+            measured = trace(spec, train_spec, steps=steps, impl=chosen.value, config=config)
     out = {
         "model": spec.name,
-        "impl": impl.value,
+        "impl": chosen.value,
+        "framework": framework,
         "gpu": hw.name,
         **compare_trace(budget, measured),
         "trace": measured,
@@ -135,7 +174,7 @@ def trace_command(
                     forward_transient_bytes=steady_forward_transient(measured),
                 ),
                 source="trace",
-                notes=f"{impl.value} trace ({measured['mode']} tensors, torch "
+                notes=f"{chosen.value} trace ({measured['mode']} tensors, torch "
                 f"{measured['torch']}); transient bytes at the peak: {peak['transient']}",
             )
         out["calibration_uid"] = uid
@@ -161,6 +200,16 @@ def trace_command(
         f"traced with {measured['mode']} tensors in {measured['seconds']:.1f} s; "
         f"transient = {' + '.join(out['transient_buckets'])}"
     )
+    if framework != "none":
+        console.print(
+            f"{framework}, rank 0 of {train_spec.parallel.dp * train_spec.parallel.tp}: traced "
+            f"peak in {measured['peak_phase']}; per phase "
+            + ", ".join(
+                f"{name} {planner.format_bytes(p['total'])}"
+                for name, p in measured["phases"].items()
+            ),
+            highlight=False,
+        )
 
 
 @calibrate_app.command("run")

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from headroom import planner
-from headroom.calibration.design import configurations, load_design
-from headroom.calibration.trace_records import TracesFile
+from headroom.calibration.design import DESIGNS, configurations, load_design
+from headroom.calibration.trace_records import FrameworkTracesFile, TracesFile
 
 DATA = Path(__file__).resolve().parents[2] / "calibration" / "data"
 
 
-@pytest.mark.parametrize("impl", ["runtime", "hf"])
+@pytest.mark.parametrize("impl", DESIGNS)
 def test_the_design_is_what_the_committed_traces_hold(impl: str) -> None:
     records: list[dict[str, Any]] = json.loads((DATA / f"{impl}-traces.json").read_text())[
         "records"
@@ -34,7 +34,7 @@ def test_the_design_is_what_the_committed_traces_hold(impl: str) -> None:
         assert held_out is record["held_out"], i
 
 
-@pytest.mark.parametrize("impl", ["runtime", "hf"])
+@pytest.mark.parametrize("impl", DESIGNS)
 def test_every_shape_says_why_and_every_run_names_its_split(impl: str) -> None:
     design = load_design(impl)
     names = [shape.name for shape in design.shapes]
@@ -57,6 +57,40 @@ def test_the_typed_records_write_the_committed_files() -> None:
         assert record["train"].pop("max_grad_norm") == 1.0
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
+    text = (DATA / "hf-fsdp2-traces.json").read_text()
+    assert FrameworkTracesFile.model_validate_json(text).to_json_text() == text
+
+
+def test_the_fsdp2_design_spans_the_runs_it_is_held_to() -> None:
+    """8 to 256 ranks, with and without checkpointing and tensor parallelism, llama and qwen2,
+    fitted and held out, every run as torchtitan's FSDP2 default (ZeRO-3, fp32 master and
+    states, bf16 compute, fp32 reduction, sequence parallelism with tensor parallelism)."""
+    runs = configurations("hf-fsdp2")
+    ranks = {t.parallel.dp * t.parallel.tp for _, t, _ in runs}
+    assert min(ranks) == 8 and max(ranks) == 256
+    # every (recompute, tensor parallel, qwen2's Q/K/V biases) fitted and held out
+    every = {(r, tp, q) for r in ("none", "full") for tp in (False, True) for q in (False, True)}
+    for held_out in (False, True):
+        kinds = {(t.recompute, t.parallel.tp > 1, m.qkv_bias) for m, t, h in runs if h == held_out}
+        assert kinds == every, held_out
+    for _, train, _ in runs:
+        assert train.parallel.zero_stage == 3
+        assert train.parallel.sequence_parallel is (train.parallel.tp > 1)
+        assert train.precision.model_dump() == {
+            "params": "bf16",
+            "grads": "fp32",
+            "master": "fp32",
+            "optimizer_states": "fp32",
+        }
+
+
+def test_a_design_without_a_framework_runs_one_rank() -> None:
+    from headroom.calibration.design import Design
+
+    design = load_design("hf").model_dump()
+    design["shapes"][0]["runs"][0]["dp"] = 8
+    with pytest.raises(ValueError, match="dp and tp need a framework"):
+        Design.model_validate(design)
 
 
 def test_the_shipped_coefficients_are_regressed_again_to_the_byte() -> None:
