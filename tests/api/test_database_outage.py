@@ -19,12 +19,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from api_client import wait_for
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 from tcp_proxy import TcpProxy
@@ -46,16 +46,6 @@ RECORD = {
     "source": "runtime",
 }
 ENDED = ("succeeded", "failed", "cancelled")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def process_state(pid: int) -> str:

@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_client import wait_for
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -46,16 +46,6 @@ def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Test
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with TestClient(create_app(settings)) as c:
         yield c
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 120, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_state(client: TestClient, run_id: int) -> dict[str, Any]:

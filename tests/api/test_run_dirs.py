@@ -11,11 +11,12 @@ import datetime as dt
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_client import wait_for
 from fastapi.testclient import TestClient
 
 from headroom import planner, store
@@ -27,16 +28,6 @@ from headroom.store import Run
 TOKEN = "dirs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TINY = {"model": "tiny-dense", "train": {"seq_len": 16, "micro_batch_size": 1}}
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 @pytest.fixture
