@@ -8,11 +8,6 @@ ChromeDriver: ``scripts/install-browser.sh`` installs them (``make test`` runs i
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from headroom_process import serve_headroom
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -38,13 +34,6 @@ PHASES = planner.PHASES
 WAIT_S = 10.0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _post(base: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(
         base + path,
@@ -61,44 +50,11 @@ def _post(base: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, An
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``uvicorn api.main:app`` process; yields its base URL."""
+    """A real ``headroom serve`` on its own SQLite database; yields its base URL."""
     tmp = tmp_path_factory.mktemp("page-server")
-    port = _free_port()
-    env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp}/page.db"}
-    log_path = tmp / "server.log"
-    base = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "uvicorn", "headroom.api.main:app", "--host", "127.0.0.1"]
-    command += ["--port", str(port)]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()}")
-                try:
-                    with urllib.request.urlopen(base + "/healthz", timeout=1) as response:
-                        if response.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(f"server not healthy after 30 s:\n{log_path.read_text()}")
-                time.sleep(0.1)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+    env = {"HEADROOM_DATABASE_URL": f"sqlite:///{tmp}/page.db"}
+    with serve_headroom(env, tmp / "server.log", timeout=30) as served:
+        yield served.url
 
 
 @pytest.fixture(scope="module")
