@@ -45,6 +45,23 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "llama-3-8b",
         {"offload": {"mode": "streaming", "checkpoint_every": 4}},
     ),
+    "llama-3-70b fsdp2 dp64 tp8 hf": (
+        "llama-3-70b",
+        {
+            "framework": "fsdp2",
+            "activation_profile": "hf",
+            "precision": {"grads": "fp32"},
+            "parallel": {"dp": 64, "tp": 8, "zero_stage": 3, "sequence_parallel": True},
+        },
+    ),
+    "mixtral fsdp2 dp32 ep8 no-reshard": (
+        "mixtral-8x7b",
+        {
+            "framework": "fsdp2",
+            "fsdp2": {"reshard_after_forward": False},
+            "parallel": {"dp": 32, "ep": 8, "zero_stage": 3},
+        },
+    ),
 }
 
 # recompute as knobs: (selective, checkpoint_every)

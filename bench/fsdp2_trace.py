@@ -5,11 +5,14 @@ Traces Llama 3 8B's decoder layers (4096 hidden, 14336 FFN, 32 heads over 8 KV h
 (``calibration.frameworks.fsdp2``: fake tensors, rank 0 of a fake process group) at each
 ``--world-sizes`` data-parallel size, with and without per-layer checkpointing, and prints the
 seconds each trace took, the traced peak per phase and the planner's estimate of the same run
-(``activation_profile: hf``, ``parallel: {dp: W, zero_stage: 3}``, torchtitan's precision; the
+(``framework: fsdp2``, ``activation_profile: hf``, ``parallel: {dp: W, zero_stage: 3}``,
+torchtitan's precision; the
 allocated buckets of its peak phase, no CUDA context or allocator overhead).
 
 ``--records`` prints, instead of tracing, the planner's error on every committed FSDP2 record
-(``calibration/data/hf-fsdp2-traces.json``).
+(``calibration/data/hf-fsdp2-traces.json``): the peak under ``framework: fsdp2`` (the records'
+own spec), the largest a decoder layer's backward holds, and the peak estimated as plain ZeRO-3
+(``framework: none``) beside it.
 
 Run: .venv/bin/python bench/fsdp2_trace.py [--layers 1 2] [--world-sizes 8 64 256]
 [--seq-len 8192] [--records]
@@ -47,6 +50,7 @@ def _train(dp: int, tp: int, seq_len: int, recompute: str) -> planner.TrainSpec:
             "micro_batch_size": 1,
             "seq_len": seq_len,
             "recompute": recompute,
+            "framework": "fsdp2",
             "precision": FSDP2_PRECISION,
             "activation_profile": "hf",
             "parallel": {"dp": dp, "tp": tp, "zero_stage": 3, "sequence_parallel": tp > 1},
@@ -88,16 +92,36 @@ def trace_table(layers: list[int], world_sizes: list[int], seq_len: int) -> None
 
 
 def records_table() -> None:
+    from headroom.planner.estimator import layer_backward_bytes
+
     traces = load_framework_traces("hf-fsdp2")
     assert traces is not None, "no committed FSDP2 traces"
+    errors: dict[bool, list[float]] = {True: [], False: []}
     for r in traces.records:
         p = r.train.parallel
-        assert r.peak is not None
+        assert r.peak is not None and r.layer_backward_peak_bytes is not None
+        peak = r.peak.model_dump()
+        error = compare_trace(
+            planner.estimate(r.model, r.train, planner.gpu(HARDWARE)), {"peak": peak}
+        )
+        errors[r.held_out].append(error["error"]["total"])
+        plain = r.train.model_copy(update={"framework": "none"})
+        layer = layer_backward_bytes(r.model, r.train) / r.layer_backward_peak_bytes - 1
         print(
             f"{r.model.name:16s} dp {p.dp:<4d}tp {p.tp} {r.train.recompute:4s} "
             f"{r.train.micro_batch_size}x{r.train.seq_len:<5d} "
-            f"{'held out' if r.held_out else 'fitted  '} traced {r.peak_bytes / GIB:7.3f} GiB "
-            f"({r.peak_phase})  " + _estimate(r.model, r.train, r.peak.model_dump())
+            f"{'held out' if r.held_out else 'design  '} traced {r.peak_bytes / GIB:7.3f} GiB "
+            f"({r.peak_phase})  "
+            + _estimate(r.model, r.train, peak)
+            + f"  layer backward {layer:+.1%}  as none: "
+            + _estimate(r.model, plain, peak).split("(")[-1].rstrip(")")
+        )
+    for held_out, values in errors.items():
+        magnitudes = sorted(abs(v) for v in values)
+        print(
+            f"{'held out' if held_out else 'design  '}: {len(values)} records, "
+            f"{min(values):+.1%} … {max(values):+.1%}, median |error| "
+            f"{magnitudes[len(magnitudes) // 2]:.2%}"
         )
 
 

@@ -155,6 +155,7 @@ class Design(_Frozen):
             "activation_profile": self.activation_profile,
         }
         if self.framework == "fsdp2":
+            spec["framework"] = "fsdp2"
             spec["precision"] = FSDP2_PRECISION
             spec["parallel"] = {
                 "dp": run.dp,

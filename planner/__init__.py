@@ -44,11 +44,20 @@ from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 from headroom.planner.params import ParamCount, count_params
 from headroom.planner.report import TrainerReport
-from headroom.planner.train import Offload, Parallel, Precision, Recompute, TrainSpec
+from headroom.planner.train import (
+    FRAMEWORKS,
+    Fsdp2,
+    Offload,
+    Parallel,
+    Precision,
+    Recompute,
+    TrainSpec,
+)
 from headroom.planner.units import format_bytes, parse_size
 from headroom.planner.verdict import Verdict, gate
 
 __all__ = [
+    "FRAMEWORKS",
     "GPU_BUCKETS",
     "HOST_BUCKETS",
     "PHASES",
@@ -57,6 +66,7 @@ __all__ = [
     "Coefficients",
     "Explanation",
     "FitResult",
+    "Fsdp2",
     "Hardware",
     "HeadroomError",
     "InputFormatError",

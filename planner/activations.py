@@ -77,8 +77,14 @@ def layer_activations(
     sequence_parallel: bool,
     capacity_factor: float,
     imbalance: float,
+    gathered_inputs: bool = False,
 ) -> LayerActivations:
-    """Saved-activation bytes of one dense and one MoE layer (see module docstring)."""
+    """Saved-activation bytes of one dense and one MoE layer (see module docstring).
+
+    ``gathered_inputs``: the attention's and the MLP's column-wise projections save their
+    input gathered over the sequence (DTensor's tensor parallelism, as torchtitan runs it:
+    the all-gather of a sequence-sharded input is the saved tensor), where Megatron's sequence
+    parallelism saves the local shard."""
     s_local = -(-seq_len // cp)
     tokens = micro_batch * s_local
     h, e = model.hidden_size, act_bytes
@@ -124,6 +130,11 @@ def layer_activations(
     attention = coeffs.attention_scale * (attn + scores)
     common = coeffs.norm_scale * norms + attention + coeffs.qk_norm_tensors * qk_norms
     mlp_dense = int(coeffs.mlp_scale * dense_mlp)
+    # the whole sequence's input of the attention's and the MLP's first projections, beside
+    # the local shard the terms above count (a fact of the framework, not scaled)
+    gathered = tokens * h * e - hidden_tokens * e if gathered_inputs else 0
+    common += gathered
+    mlp_dense += gathered
     dense = int(common) + mlp_dense
 
     back = coeffs.backward_ffn_tensors
@@ -142,6 +153,7 @@ def layer_activations(
         shared_width = moe.num_shared_experts * tokens * moe.shared_ffn
         shared = int(shared_width * ffn_tensors) * e // tp
         mlp_moe = int(coeffs.mlp_scale * mlp_in + coeffs.moe_scale * (experts + shared))
+        mlp_moe += gathered
         moe_bytes = int(common) + mlp_moe
         # the routed experts' slots: FFN-width gradients of their intermediates (batched over
         # the experts, fitted apart from a dense MLP's where a profile does), and hidden-width
@@ -204,6 +216,14 @@ class ActivationInputs(NamedTuple):
     imbalance: float
     selective: bool  # selective recompute: each layer re-runs its attention scores
     checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
+    gathered_tp_inputs: bool  # column-wise projections save their sequence-gathered input
+    # (DTensor's tensor parallelism under FSDP2; loss parallelism's fp32 tensor beside it)
+    edges: bool  # the stage's bottom and top layers are points of their own (FSDP2: no
+    # prefetch under the bottom layer, no reduce-scatter above the top one)
+
+
+#: a backward point's ``edge``: a layer between others, the stage's bottom, its top, both
+MIDDLE, BOTTOM, TOP, ONLY = 0, 1, 2, 3
 
 
 class LayerTemporaries(NamedTuple):
@@ -216,6 +236,7 @@ class LayerTemporaries(NamedTuple):
     # routed expert's gradient; 0: no such point)
     end: int  # held as its MLP's backward ends (an MoE layer's routed experts' input
     # gradients)
+    dispatch: int = 0  # its dispatch buffers, freed with its MLP's saved tensors
 
 
 class BackwardPoint(NamedTuple):
@@ -226,6 +247,8 @@ class BackwardPoint(NamedTuple):
     activations: int  # the micro-batch's saved activations then
     dispatch: int  # its dispatch buffers then
     is_moe: int  # the running layer's kind: 1 MoE, 0 dense (an index into a ``PerKind``)
+    edge: int  # ``MIDDLE``, ``BOTTOM``, ``TOP`` or ``ONLY`` (always ``MIDDLE`` unless the
+    # stage's edges were asked apart)
 
 
 class PointLayout(NamedTuple):
@@ -237,6 +260,7 @@ class PointLayout(NamedTuple):
     held_dense: int  # dense layers of the recomputed (or saved) block up to the running one
     held_moe: int  # MoE layers of it
     is_moe: int  # the running layer's kind
+    edge: int  # as ``BackwardPoint.edge``
 
 
 class ActivationTerms(NamedTuple):
@@ -275,6 +299,7 @@ def activation_terms(
         inputs.sequence_parallel,
         capacity_factor,
         inputs.imbalance,
+        inputs.gathered_tp_inputs and tp > 1,
     )
     n, n_moe = sp.num_layers, sp.num_moe_layers
     saved_dense, saved_moe, dispatch, layer_input = (
@@ -302,7 +327,9 @@ def activation_terms(
         rerun = int(coeffs.recompute_hidden_tensors * layer_input)
         throughout_dense += rerun
         throughout_moe += rerun
-    points = backward_points(sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input)
+    points = backward_points(
+        sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input, inputs.edges
+    )
     # built by position (fields in declaration order): a search builds these for every new
     # batch shape, and keyword arguments cost a named tuple a quarter of a microsecond more
     temporaries = PerKind(
@@ -310,9 +337,10 @@ def activation_terms(
         LayerTemporaries(
             throughout_moe,
             layer.backward_ffn_moe,
-            layer.mlp_moe + dispatch,  # mlp_saved: an MoE layer's MLP and its dispatch buffers
+            layer.mlp_moe,
             layer.backward_start_moe,
             layer.backward_end_moe,
+            dispatch,
         ),
     )
     logits_forward = logits_backward = 0
@@ -327,6 +355,13 @@ def activation_terms(
             whole = tp if inputs.sequence_parallel else 1
             head = int(coeffs.head_hidden_tensors * tokens * model.hidden_size * act_bytes)
             saved += head // whole
+        if inputs.gathered_tp_inputs and tp > 1:
+            # DTensor's column-wise head saves its input gathered over the sequence, beside
+            # the shard counted above; loss parallelism's backward holds an fp32 tensor per
+            # local logit beside the others
+            hidden = tokens * model.hidden_size * act_bytes
+            saved += hidden - hidden // tp
+            logits_backward += logits_bytes(tokens, vocab_local, 4)
     return ActivationTerms(
         layer, saved, dispatch_saved, points, temporaries, logits_forward, logits_backward
     )
@@ -373,6 +408,7 @@ def backward_points(
     saved_moe: int,
     dispatch: int,
     layer_input: int,
+    edges: bool = False,
 ) -> tuple[BackwardPoint, ...]:
     """Where one micro-batch's backward through the stage's layers can peak.
 
@@ -382,7 +418,8 @@ def backward_points(
     backward temporaries and gradients being made are the caller's, by kind). Which layers
     they are depends on the layout only (``point_layout``); ``saved_*`` are what a dense and
     an MoE layer save, ``dispatch`` an MoE layer's dispatch buffers, ``layer_input`` a
-    checkpoint.
+    checkpoint. With ``edges`` the stage's bottom and top layers (and the layers next to
+    them) are points of their own, marked in ``edge``.
     """
     # unpacked and built by position: a search builds these for every new batch shape
     points = tuple(
@@ -392,57 +429,81 @@ def backward_points(
             checkpoints * layer_input + held_dense * saved_dense + held_moe * saved_moe,
             held_moe * dispatch,
             is_moe,
+            edge,
         )
-        for dense, moe, checkpoints, held_dense, held_moe, is_moe in point_layout(flags, k)
+        for dense, moe, checkpoints, held_dense, held_moe, is_moe, edge in point_layout(
+            flags, k, edges
+        )
     )
     return ManyPoints(points) if len(points) >= MANY_POINTS else points
 
 
 #: ``point_layout``'s memo: (layer kinds, block size) -> the layouts
-_LAYOUTS: BoundedDict[tuple[Sequence[int], int | None], tuple[PointLayout, ...]] = BoundedDict(
-    1024, 8 << 20
+_LAYOUTS: BoundedDict[tuple[Sequence[int], int | None, bool], tuple[PointLayout, ...]] = (
+    BoundedDict(1024, 8 << 20)
 )
 
 
-def point_layout(flags: Sequence[int], k: int | None) -> tuple[PointLayout, ...]:
+def point_layout(
+    flags: Sequence[int], k: int | None, edges: bool = False
+) -> tuple[PointLayout, ...]:
     """The layers ``backward_points`` evaluates, as counts (memoised; ``flags``: 1 or True for
     each MoE layer of the stage, bytes or a tuple). Between two layers of one kind in one block
     the bytes change linearly, and so do they between consecutive blocks of the same shape, so
     the ends of such runs are the only candidates (a stage of one kind of layer has two to
-    six)."""
-    key = (flags, k)
+    six). With ``edges`` the bottom and top layers differ from the rest by more than their
+    counts (``PointLayout.edge``), so the layers next to them are candidates too."""
+    key = (flags, k, edges)
     hit = _LAYOUTS.get(key)
     if hit is None:
-        layouts = _point_layout(flags, k)
+        layouts = _point_layout(flags, k, edges)
         hit = _LAYOUTS.put(key, layouts, 8 * len(flags) + POINT_BYTES * len(layouts) + 512)
     return hit
 
 
-def _point_layout(flags: Sequence[int], k: int | None) -> tuple[PointLayout, ...]:
+def _edge(j: int, n: int, edges: bool) -> int:
+    """``PointLayout.edge`` of layer ``j`` of ``n``."""
+    if not edges:
+        return MIDDLE
+    return (BOTTOM if j == 0 else MIDDLE) | (TOP if j == n - 1 else MIDDLE)
+
+
+def _point_layout(flags: Sequence[int], k: int | None, edges: bool) -> tuple[PointLayout, ...]:
     n = len(flags)
     if not n:
         return ()
     size = n if k is None else k
+    # beside the bottom and the top layer, with edges, the layers next to them
+    near_edges = {j for j in (1, n - 2) if 0 < j < n - 1} if edges else set()
     if all(flags) or not any(flags):  # one kind: the bottom, last full and partial top blocks
         is_moe = int(flags[0])
         size = min(size, n)
         full = n // size
+        tops = {
+            b0 + layers - 1
+            for b0 in {0, (full - 1) * size, full * size} - {n}
+            for layers in {1, min(size, n - b0)}
+        }
         uniform = []
-        for b0 in sorted({0, (full - 1) * size, full * size} - {n}):
+        for j in sorted(tops | near_edges):
+            b0 = j // size * size
             checkpoints = 0 if k is None else b0 // size
-            for layers in sorted({1, min(size, n - b0)}):
-                above = n - b0 - layers
-                if is_moe:
-                    uniform.append(PointLayout(0, above, checkpoints, 0, layers, 1))
-                else:
-                    uniform.append(PointLayout(above, 0, checkpoints, layers, 0, 0))
+            layers, above, edge = j - b0 + 1, n - 1 - j, _edge(j, n, edges)
+            if is_moe:
+                uniform.append(PointLayout(0, above, checkpoints, 0, layers, 1, edge))
+            else:
+                uniform.append(PointLayout(above, 0, checkpoints, layers, 0, 0, edge))
         return tuple(uniform)
     # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
     blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
+    edge_blocks = {j // size for j in near_edges}
     chosen = [
         i
         for i, (_, shape) in enumerate(blocks)
-        if i in (0, len(blocks) - 1) or shape != blocks[i - 1][1] or shape != blocks[i + 1][1]
+        if i in (0, len(blocks) - 1)
+        or shape != blocks[i - 1][1]
+        or shape != blocks[i + 1][1]
+        or i in edge_blocks
     ]
     dense_above = [0] * (n + 1)  # dense_above[j]: dense layers at j or above
     for j in range(n - 1, -1, -1):
@@ -461,10 +522,11 @@ def _point_layout(flags: Sequence[int], k: int | None) -> tuple[PointLayout, ...
             held[kind] += 1
             last = offset == len(shape) - 1 or shape[offset + 1] != kind
             first = offset == 0 or shape[offset - 1] != kind
-            if first or last:
+            if first or last or j in near_edges:
                 dense = dense_above[j + 1]
                 moe = n - j - 1 - dense
-                point = PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind))
+                edge = _edge(j, n, edges)
+                point = PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind), edge)
                 found.append((point, (i, kind), (kind, offset, shape_number)))
     return _without_midpoints(found)
 

@@ -77,6 +77,9 @@ class Knobs(NamedTuple):
     expandable_segments: bool
     activation_profile: str
     clips_grad_norm: bool  # global-norm clipping: streaming's CPU update waits for the norm
+    framework: str = "none"  # none | fsdp2
+    reshard_after_forward: bool = True  # fsdp2's
+    reduce_bytes: int = 4  # bytes per element of a reduction's input (precision.grads)
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -126,11 +129,28 @@ def knobs(train: TrainSpec) -> Knobs:
         expandable_segments=train.expandable_segments,
         activation_profile=train.activation_profile,
         clips_grad_norm=train.max_grad_norm is not None,
+        framework=train.framework,
+        reshard_after_forward=train.fsdp2.reshard_after_forward,
+        reduce_bytes=BYTES_PER_ELEMENT[precision.grads],
     )
 
 
 def _check(train: TrainSpec) -> None:
     p = train.parallel
+    if train.framework == "fsdp2":
+        # torchtitan's FSDP2 shards parameters, gradients and optimizer state over dp x cp
+        if p.zero_stage != 3:
+            raise SpecError(
+                "parallel.zero_stage: framework fsdp2 shards parameters, gradients and "
+                f"optimizer state (ZeRO stage 3); allowed: 3, got {p.zero_stage}",
+                field="parallel.zero_stage",
+            )
+        if train.offload.mode != "none":
+            raise SpecError(
+                "offload.mode: framework fsdp2 keeps its state on the GPU; allowed: none, got "
+                f"{train.offload.mode}",
+                field="offload.mode",
+            )
     if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):
         raise SpecError(
             "offload.mode: streaming runs one layer stream per GPU; it needs parallel.tp=1 and "
@@ -218,6 +238,9 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         num_buffers=settings.num_buffers if streaming else 0,
         accumulating=settings.grad_accum > 1,
         backward_mlp_grads=coeffs.backward_mlp_grads,
+        framework=settings.framework,
+        reshard_after_forward=settings.reshard_after_forward,
+        reduce_bytes=settings.reduce_bytes if settings.framework == "fsdp2" else 4,
     )
 
 
@@ -237,6 +260,8 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         imbalance=settings.imbalance,
         selective=settings.selective,
         checkpoint_every=settings.checkpoint_every,
+        gathered_tp_inputs=settings.framework == "fsdp2",
+        edges=settings.framework == "fsdp2",
     )
 
 
@@ -434,7 +459,7 @@ def layer_backward_bytes(
     s = t.states
     layer = stage_layer_backward(s, t.activations, t.in_flight)
     through = sum(layer) if layer is not None else 0
-    return s.params + s.master_params + s.ema + s.transfer_buffers + s.optimizer_states + through
+    return s.params + s.master_params + s.ema + s.optimizer_states + through
 
 
 def clear_spec_caches() -> None:

@@ -19,6 +19,11 @@ from headroom.planner.train import TrainSpec
 
 _FOUNDATIONS = "seeds/memory-analysis-foundations.txt"
 _KORTHIKANTI = "Korthikanti et al. 2022 (seeds/memory-analysis-foundations.txt)"
+_FSDP2 = (
+    "fsdp2: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (unshard, post_backward), "
+    "_fsdp_collectives.py (foreach_all_gather, foreach_reduce); traced in "
+    "calibration/data/hf-fsdp2-traces.json"
+)
 
 
 class Explanation(BaseModel):
@@ -78,6 +83,38 @@ def explain(
             {"largest_unit_params": sp.max_unit_numel},
             "seeds/megatrain-streaming-offload.txt",
         )
+    elif settings.framework == "fsdp2":
+        fsdp2: dict[str, object] = {
+            **local,
+            "dp_shards": settings.dp * settings.cp,
+            "root_params": (sp.embedding_numel if sp.has_embedding else 0)
+            + (sp.head_unit_numel if sp.has_head else 0),
+            "block_params": sp.max_unit_numel,
+            "reshard_after_forward": settings.reshard_after_forward,
+            "param_dtype": prec.params,
+            "reduce_dtype": prec.grads,
+        }
+        rows["params"] = (
+            "fsdp2: local_params / dp_shards x bytes(master): the fp32 sharded parameters, "
+            "no separate master copy",
+            {**fsdp2, "precision": prec.master},
+            _FSDP2,
+        )
+        rows["grads"] = (
+            "fsdp2: sharded gradients of the blocks whose post-backward is done x bytes(master); "
+            "the running block's unsharded in param_dtype (backward_mlp_grads x its MLP's at "
+            "the MLP's peak); the head's unsharded until the root's post-backward",
+            {**fsdp2, "backward_mlp_grads": coeffs.backward_mlp_grads},
+            _FSDP2,
+        )
+        rows["transfer_buffers"] = (
+            "fsdp2: root gathered (param_dtype) + the block running + the block prefetched "
+            "(none under the bottom) + the block above's reduce-scatter input (reduce_dtype; "
+            "none above the top); forward: root + the last all-gather's block; "
+            "reshard_after_forward false: every block gathered until its backward is done",
+            fsdp2,
+            _FSDP2,
+        )
     else:
         rows["params"] = (
             "local_params / zero3_shards x bytes(params)",
@@ -125,9 +162,16 @@ def explain(
         {"ema": train.ema, **zero},
         "seeds/deepseek-v3-memory-tricks.txt",
     )
+    gathered = (
+        "; fsdp2 with tensor parallelism: the attention's, MLP's and head's inputs saved "
+        "gathered over the sequence (DTensor), loss parallelism's fp32 tensor per logit"
+        if settings.framework == "fsdp2" and settings.tp > 1
+        else ""
+    )
     rows["activations"] = (
         "in_flight x saved_per_micro_batch (+ one recomputed block in backward); per layer "
-        "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/QK-norm/SwiGLU/MoE",
+        "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/QK-norm/SwiGLU/MoE"
+        + gathered,
         {
             "in_flight_micro_batches": t.in_flight,
             "layers": sp.num_layers,

@@ -4,7 +4,8 @@ Candidates span: offload none → optimizer fractions 0.125 … 1.0 → streamin
 1, 2, 4, 8, 16 layers); every power-of-two micro-batch that divides the global batch per rank,
 with gradient accumulation set to keep it (within ``TrainSpec``'s bounds); recompute none →
 selective → every-K (powers of two below the layer count) → full; ZeRO stages up to 3 where
-data parallelism allows; the allocator's expandable segments on or as given. Each candidate is
+data parallelism allows (under ``framework: fsdp2`` ZeRO-3 and no offload, which it fixes); the
+allocator's expandable segments on or as given. Each candidate is
 estimated (``planner.evaluate`` on flattened knobs, no spec validation per candidate); the ones
 whose peak plus margin fits the GPU and whose host buckets fit host RAM are ranked by predicted
 tokens per second.
@@ -132,14 +133,16 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
     placements: list[tuple[dict[str, Any], dict[str, Any]]] = [
         ({"offload_mode": "none", "offload_fraction": 1.0}, {"offload": {"mode": "none"}})
     ]
+    fsdp2 = train.framework == "fsdp2"  # keeps its state on the GPU, sharded (ZeRO-3)
     placements += [
         (
             {"offload_mode": "optimizer", "offload_fraction": f},
             {"offload": {"mode": "optimizer", "fraction": f}},
         )
         for f in OFFLOAD_FRACTIONS
+        if not fsdp2
     ]
-    if p.tp == 1 and p.pp == 1:
+    if p.tp == 1 and p.pp == 1 and not fsdp2:
         placements += [
             (
                 {"offload_mode": "streaming", "offload_fraction": 1.0, "checkpoint_every": k},

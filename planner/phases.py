@@ -30,9 +30,10 @@ BucketRow = tuple[int, int, int, int, int, int, int, int, int]
 PhaseRows = tuple[BucketRow, BucketRow, BucketRow, BucketRow, BucketRow]
 
 
-def layer_peak(grads: LayerGrads, temporaries: LayerTemporaries) -> tuple[int, int]:
+def layer_peak(grads: LayerGrads, temporaries: LayerTemporaries) -> tuple[int, int, int]:
     """What a layer's backward holds at its peak beyond its saved tensors: (its own gradients
-    made by then, its temporaries then less its MLP's saved tensors once freed).
+    made by then, its temporaries then less its MLP's saved tensors once freed, less its
+    dispatch buffers once freed).
 
     The peak is the largest of: as it starts (an MoE layer, on its routed experts' outputs: of
     its gradients only its shared experts'), during its MLP's backward (the MLP's temporaries
@@ -44,59 +45,72 @@ def layer_peak(grads: LayerGrads, temporaries: LayerTemporaries) -> tuple[int, i
     at_start = grads.start if temporaries.start else 0
     in_mlp = temporaries.mlp + grads.mlp_peak
     starting = temporaries.start + at_start
-    after_mlp = grads.mlp - temporaries.mlp_saved + temporaries.end
+    freed = temporaries.mlp_saved + temporaries.dispatch
+    after_mlp = grads.mlp - freed + temporaries.end
     if in_mlp >= after_mlp and in_mlp >= starting:
-        return grads.mlp_peak, throughout + temporaries.mlp
+        return grads.mlp_peak, throughout + temporaries.mlp, 0
     if starting > after_mlp:
-        return at_start, throughout + temporaries.start
-    return grads.mlp, throughout - temporaries.mlp_saved + temporaries.end
+        return at_start, throughout + temporaries.start, 0
+    return grads.mlp, throughout - temporaries.mlp_saved + temporaries.end, -temporaries.dispatch
+
+
+#: ``through_layers``' held bytes when nothing but the layers' own terms varies
+NOTHING_HELD = (0, 0, 0, 0)
 
 
 def through_layers(
     points: tuple[BackwardPoint, ...],
     grads_start: int,
     layer_grads: tuple[int, int],
-    peaks: tuple[tuple[int, int], tuple[int, int]],
+    peaks: tuple[tuple[int, int, int], tuple[int, int, int]],
     other_activations: int,
     other_dispatch: int,
-) -> tuple[int, int, int] | None:
-    """(grads, activations, moe_dispatch) at the largest of the layers' backward points (None
-    without layers; the first of equal points wins). Per kind (dense, MoE): a layer's
+    held: tuple[int, int, int, int] = NOTHING_HELD,
+    released: tuple[int, int] = (0, 0),
+) -> tuple[int, int, int, int] | None:
+    """(grads, activations, moe_dispatch, held) at the largest of the layers' backward points
+    (None without layers; the first of equal points wins). Per kind (dense, MoE): a layer's
     gradients (``layer_grads``) and its backward's ``layer_peak`` (``peaks``). ``other_*`` is
-    what the other micro-batches in flight keep of their forwards."""
+    what the other micro-batches in flight keep of their forwards. ``held`` is what a
+    framework holds at a layer's backward by the layer's ``edge`` (middle, bottom, top, the
+    only layer), less ``released`` per layer above of each kind (FSDP2 without resharding
+    after forward: the blocks whose backward is done are no longer gathered)."""
     best = None
     best_total = -1
     dense_grads, moe_grads = layer_grads
+    dense_released, moe_released = released
     if isinstance(points, ManyPoints):
-        points = _kinds_best(points, dense_grads, moe_grads)
+        points = _kinds_best(points, dense_grads - dense_released, moe_grads - moe_released)
     # unpacked rather than read by attribute: this loop is most of a search's time
-    for dense_layers, moe_layers, activations, dispatch, is_moe in points:
-        own_grads, temporaries = peaks[is_moe]
+    for dense_layers, moe_layers, activations, dispatch, is_moe, edge in points:
+        own_grads, temporaries, freed = peaks[is_moe]
         grads = grads_start + dense_layers * dense_grads + moe_layers * moe_grads + own_grads
         activations += other_activations + temporaries
-        dispatch += other_dispatch
-        total = grads + activations + dispatch
+        dispatch += other_dispatch + freed
+        kept = held[edge] - dense_layers * dense_released - moe_layers * moe_released
+        total = grads + activations + dispatch + kept
         if total > best_total:
-            best, best_total = (grads, activations, dispatch), total
+            best, best_total = (grads, activations, dispatch, kept), total
     return best
 
 
 def _kinds_best(points: ManyPoints, dense_grads: int, moe_grads: int) -> tuple[BackwardPoint, ...]:
-    """The first point of each kind with the most gradients, activations and dispatch, in
-    their order (remembered by the points). Everything else a point's total adds is the same
-    for every point of its kind, so the first largest of all is one of these: a search through
-    a stage of irregular layers walks its points once per pair of layer gradients, not once
-    per candidate."""
+    """The first point of each kind and edge with the most gradients (less what it releases),
+    activations and dispatch, in their order (remembered by the points). Everything else a
+    point's total adds is the same for every point of its kind and edge, so the first largest
+    of all is one of these: a search through a stage of irregular layers walks its points
+    once per pair of layer gradients, not once per candidate."""
     key = (dense_grads, moe_grads)
     hit = points.best.get(key)
     if hit is not None:
         return hit
-    top = [-1, -1]
-    where = [-1, -1]
-    for i, (dense_layers, moe_layers, activations, dispatch, is_moe) in enumerate(points):
+    top = [-1] * 8
+    where = [-1] * 8
+    for i, (dense_layers, moe_layers, activations, dispatch, is_moe, edge) in enumerate(points):
         total = dense_layers * dense_grads + moe_layers * moe_grads + activations + dispatch
-        if total > top[is_moe]:
-            top[is_moe], where[is_moe] = total, i
+        group = 2 * edge + is_moe
+        if total > top[group]:
+            top[group], where[group] = total, i
     best = tuple(points[i] for i in sorted(where) if i >= 0)
     points.remember(key, best)
     return best
@@ -104,8 +118,9 @@ def _kinds_best(points: ManyPoints, dense_grads: int, moe_grads: int) -> tuple[B
 
 def stage_layer_backward(
     states: ModelStates, acts: ActivationTerms, in_flight: int
-) -> tuple[int, int, int] | None:
-    """``through_layers`` of one stage with ``in_flight`` micro-batches."""
+) -> tuple[int, int, int, int] | None:
+    """``through_layers`` of one stage with ``in_flight`` micro-batches: (grads, activations,
+    moe_dispatch, transfer_buffers) at the largest of its layers' backward points."""
     dense, moe = states.layer_grads
     temporaries = acts.temporaries
     return through_layers(
@@ -115,6 +130,8 @@ def stage_layer_backward(
         (layer_peak(dense, temporaries.dense), layer_peak(moe, temporaries.moe)),
         (in_flight - 1) * acts.activations_saved,
         (in_flight - 1) * acts.dispatch_saved,
+        states.layer_transfer,
+        states.released_transfer,
     )
 
 
@@ -139,17 +156,18 @@ def phase_rows(
     live_grads = states.grads_total if accumulating and not streaming else 0
     # streaming: gradients drain to the host during a forward only after an earlier
     # micro-batch's backward
-    forward_transfer = transfer if accumulating or not streaming else 0
+    forward_transfer = states.forward_transfer if accumulating or not streaming else 0
 
     # The backward's largest point (the earlier on a tie): the embedding's, every layer's
     # activations gone; a layer's; or the loss's, which runs before any gradient of a
     # parameter exists (the head's own follows it) unless the buffers are already live.
-    back = (states.grads_tail, 0, 0, 0, transfer)  # grads, activations, logits, dispatch, transfer
+    # grads, activations, logits, dispatch, transfer
+    back = (states.grads_tail, 0, 0, 0, states.tail_transfer)
     layer = stage_layer_backward(states, acts, in_flight)
-    if layer is not None and sum(layer) > states.grads_tail:
-        back = (layer[0], layer[1], 0, layer[2], transfer)
+    if layer is not None and sum(layer) > sum(back):
+        back = (layer[0], layer[1], 0, layer[2], layer[3])
     if logits:
-        loss_transfer = 0 if streaming else transfer
+        loss_transfer = states.loss_transfer
         loss_logits = logits + acts.logits_backward
         loss = (live_grads, activations, loss_logits, dispatch, loss_transfer)
         if sum(loss) > sum(back):

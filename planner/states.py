@@ -42,6 +42,9 @@ class StatesInputs(NamedTuple):
     accumulating: bool  # gradient accumulation over more than one micro-batch
     backward_mlp_grads: float  # coefficient: share of its MLP's gradients a layer holds at
     # the peak of its MLP's backward
+    framework: str = "none"  # none | fsdp2
+    reshard_after_forward: bool = True  # fsdp2: blocks gathered again for their backward
+    reduce_bytes: int = 4  # fsdp2: bytes per element of a reduce-scatter's input
 
 
 class ZeroShards(NamedTuple):
@@ -91,7 +94,13 @@ class ModelStates(NamedTuple):
     optimizer_states: int
     optimizer_temporaries: int  # the optimizer step's own
     ema: int
-    transfer_buffers: int
+    transfer_buffers: int  # at the backward's end (ZeRO-3: the gathered units)
+    forward_transfer: int  # through forward
+    loss_transfer: int  # at the loss's backward
+    layer_transfer: tuple[int, int, int, int]  # at a layer's backward, by the layer's edge
+    # (middle, bottom, top, the only layer: ``planner.activations.BackwardPoint.edge``)
+    released_transfer: tuple[int, int]  # less per dense and MoE layer above the running one
+    tail_transfer: int  # at the backward's end (the ``grads_tail`` point)
     host: HostBytes
 
 
@@ -115,6 +124,8 @@ _NO_LAYER_GRADS = LayerGrads(layer=0, mlp_peak=0, mlp=0, start=0)
 def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelStates:
     """Persistent state of ``stage``'s rank under ``inputs``."""
     sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+    if inputs.framework == "fsdp2":
+        return fsdp2_states(sp, inputs)
     streaming = inputs.offload_mode == "streaming"
     param_bytes, grad_bytes, master_bytes = (
         inputs.param_bytes,
@@ -183,6 +194,11 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
             optimizer_temporaries=0,
             ema=0,
             transfer_buffers=2 * unit_grads,  # gradient slabs draining to the host
+            forward_transfer=2 * unit_grads,
+            loss_transfer=0,  # the head runs before any gradient slab drains
+            layer_transfer=(2 * unit_grads,) * 4,
+            released_transfer=(0, 0),
+            tail_transfer=2 * unit_grads,
             host=HostBytes(
                 params=numel * param_bytes,
                 grads=numel * 4,
@@ -289,6 +305,11 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         optimizer_temporaries=opt_temp,
         ema=ema_total_gpu,
         transfer_buffers=transfer,
+        forward_transfer=transfer,
+        loss_transfer=transfer,
+        layer_transfer=(transfer,) * 4,
+        released_transfer=(0, 0),
+        tail_transfer=transfer,
         host=HostBytes(
             params=0,
             grads=offloaded * 4,
@@ -297,4 +318,173 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
             ema=ema_total if ema == "host" else 0,
             transfer_buffers=0,
         ),
+    )
+
+
+def _sharded(dense: int, expert: int, zero_dense: int, zero_expert: int, nbytes: int) -> int:
+    """Bytes of ``dense`` and ``expert`` elements sharded over their groups."""
+    return (-(-dense // zero_dense) + -(-expert // zero_expert)) * nbytes
+
+
+def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
+    """Persistent state of one stage's rank under FSDP2 as torchtitan applies it:
+    ``fully_shard`` on every decoder layer and on the root (the embedding, final norm and head),
+    ``MixedPrecisionPolicy(param_dtype=precision.params, reduce_dtype=precision.grads)``.
+
+    Read from ``torch/distributed/fsdp/_fully_shard`` (``_fsdp_param_group.py``,
+    ``_fsdp_collectives.py``) and the categories of FSDP2 traces
+    (``calibration/frameworks/fsdp2.py``):
+
+    - the parameters are sharded only, in ``precision.master`` (fp32): there is no separate
+      master copy; gradients are sharded in the same dtype once reduce-scattered;
+    - the root is gathered (``param_dtype``) from the first forward to its post-backward at
+      the end of backward; a block is gathered for its forward and, resharded after it, again
+      for its backward; the next block is prefetched while one runs (none below the bottom);
+      the last all-gather's block is held through the loss;
+    - a block's backward makes its gradients unsharded in ``param_dtype``; its post-backward
+      copies them into a reduce-scatter input in ``reduce_dtype``, held until the next
+      block's post-backward (so under every block's backward but the top's);
+    - the backward ends at the larger of the embedding's backward (a table-sized gradient;
+      under tensor parallelism the whole vocabulary's, beside the local table's) and the
+      root's post-backward (its gradients and their reduce-scatter input).
+    """
+    dp, ep = inputs.data_parallel, inputs.ep
+    zero_dense = ZeroShards(dp, dp, dp)
+    zero_expert = ZeroShards(dp // ep, dp // ep, dp // ep)
+    over_dense, over_expert = dp, max(1, dp // ep)
+    param_bytes, reduce_bytes, state_bytes = (
+        inputs.param_bytes,
+        inputs.reduce_bytes,
+        inputs.state_bytes,
+    )
+    shard_bytes = inputs.master_bytes or param_bytes
+    dense, expert = sp.dense_numel, sp.expert_numel
+    local_numel = -(-dense // over_dense) + -(-expert // over_expert)
+    params = _sharded(dense, expert, over_dense, over_expert, shard_bytes)
+    grads_total = params if shard_bytes == param_bytes else local_numel * shard_bytes
+    opt = b.optimizer_state_bytes(
+        inputs.optimizer,
+        dense,
+        state_bytes,
+        matrix_numel=sp.matrix_dense_numel,
+        adafactor_numel=sp.adafactor_dense_numel,
+        adam8bit_bytes=sp.adam8bit_dense_bytes,
+        zero1_shards=over_dense,
+    ) + b.optimizer_state_bytes(
+        inputs.optimizer,
+        expert,
+        state_bytes,
+        matrix_numel=sp.matrix_expert_numel,
+        adafactor_numel=sp.adafactor_expert_numel,
+        adam8bit_bytes=sp.adam8bit_expert_bytes,
+        zero1_shards=over_expert,
+    )
+    opt_temp = b.optimizer_temporary_bytes(
+        inputs.optimizer,
+        inputs.optimizer_impl,
+        local_numel,
+        -(-sp.largest_tensor_numel // over_dense),
+        -(-sp.largest_matrix_numel // over_dense),
+        state_bytes,
+        0,
+        mixed_states=shard_bytes == 4 and state_bytes < 4,
+    )
+    ema_total = _sharded(dense, expert, over_dense, over_expert, 4) if inputs.ema != "none" else 0
+
+    # gathered units: the root (embedding, final norm, head) and a block of each kind
+    root = (sp.embedding_numel if sp.has_embedding else 0) + (
+        sp.head_unit_numel if sp.has_head else 0
+    )
+    dense_unit = sp.dense_layer_numel
+    moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
+    n_moe = sp.num_moe_layers
+    n_dense = sp.num_layers - n_moe
+    unit = max(dense_unit if n_dense else 0, moe_unit if n_moe else 0)
+    root_gathered, unit_gathered = root * param_bytes, unit * param_bytes
+    reduce_input = unit * reduce_bytes  # a block's reduce-scatter input
+    if inputs.reshard_after_forward:
+        # the block running, the one prefetched below it, the last all-gather's through the
+        # loss
+        forward = loss = root_gathered + unit_gathered
+        middle = root_gathered + 2 * unit_gathered
+        bottom = middle - unit_gathered  # nothing to prefetch below the bottom block
+        top = middle
+        released = (0, 0)
+    else:
+        # every block stays gathered from its forward until its backward is done; the last
+        # all-gather's output is held through the forward too
+        gathered = root_gathered + (n_dense * dense_unit + n_moe * moe_unit) * param_bytes
+        forward, loss = gathered + unit_gathered, gathered
+        middle = bottom = top = gathered
+        released = (dense_unit * param_bytes, moe_unit * param_bytes)
+    # by edge: the layer above's reduce-scatter input is held under all but the top block
+    layer_transfer = (middle + reduce_input, bottom + reduce_input, top, bottom)
+    # one layer's gradients: sharded once its post-backward is done, unsharded in param_dtype
+    # while its backward makes them
+    layer_dense = -(-dense_unit // over_dense) * shard_bytes
+    layer_moe = (
+        -(-sp.moe_layer_numel // over_dense) * shard_bytes
+        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
+    )
+    layers_sharded = n_dense * layer_dense + n_moe * layer_moe
+    share = inputs.backward_mlp_grads
+    mlp_dense = sp.dense_layer_mlp_numel * param_bytes
+    shared = sp.moe_layer_shared_numel * param_bytes
+    mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
+    accumulating = inputs.accumulating
+    layer_grads = PerKind(
+        dense=LayerGrads(
+            layer=0 if accumulating else layer_dense,
+            mlp_peak=int(share * mlp_dense),
+            mlp=mlp_dense,
+            start=0,
+        ),
+        moe=LayerGrads(
+            layer=0 if accumulating else layer_moe,
+            mlp_peak=int(share * mlp_moe),
+            mlp=mlp_moe,
+            start=shared,
+        ),
+    )
+    # the head's gradients (a tied table's too) wait unsharded for the root's post-backward
+    head_grads = sp.head_unit_numel * param_bytes if sp.has_head else 0
+    table = sp.embedding_numel * param_bytes
+    if sp.tied_embeddings:
+        head_grads += table
+    live = grads_total if accumulating else 0
+    grads_start = live + head_grads
+    done = grads_total if accumulating else layers_sharded
+    # the root's post-backward: its parameters resharded, its gradients and their
+    # reduce-scatter input
+    tail_grads, tail_transfer = done + root * param_bytes, root * reduce_bytes
+    if sp.has_embedding:
+        # the embedding's backward: a table-sized gradient (under tensor parallelism the whole
+        # vocabulary's, reduced to the local table's), added out of place to a tied head's;
+        # the root gathered, the bottom block's reduce-scatter input held
+        made = table * (inputs.tp + 1 if inputs.tp > 1 else 1) + table * int(sp.tied_embeddings)
+        embedding = (done + head_grads + made, root_gathered + (reduce_input if unit else 0))
+        if sum(embedding) > tail_grads + tail_transfer:
+            tail_grads, tail_transfer = embedding
+    return ModelStates(
+        stage_params=sp,
+        zero_dense=zero_dense,
+        zero_expert=zero_expert,
+        offloaded_numel=0,
+        gpu_updated_numel=local_numel,
+        params=params,
+        grads_total=grads_total,
+        grads_start=grads_start,
+        layer_grads=layer_grads,
+        grads_tail=tail_grads,
+        master_params=0,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_total if inputs.ema == "gpu" else 0,
+        transfer_buffers=tail_transfer,
+        forward_transfer=forward,
+        loss_transfer=loss,
+        layer_transfer=layer_transfer,
+        released_transfer=released,
+        tail_transfer=tail_transfer,
+        host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
     )

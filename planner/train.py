@@ -102,6 +102,26 @@ class Offload(_Frozen):
     )
 
 
+class Fsdp2(_Frozen):
+    """FSDP2's knobs, spelled as ``torch.distributed.fsdp.fully_shard`` spells them.
+
+    ``param_dtype`` and ``reduce_dtype`` of its ``MixedPrecisionPolicy`` are
+    ``precision.params`` and ``precision.grads``; the sharded parameters are
+    ``precision.master`` (fp32 in torchtitan's run)."""
+
+    reshard_after_forward: StrictBool = Field(
+        default=True,
+        description="Free each block's gathered parameters after its forward and gather them "
+        "again for its backward (torchtitan's default); false keeps every block gathered "
+        "from its forward to its backward.",
+    )
+
+
+#: the training frameworks the estimate models (``none``: plain data parallelism, ZeRO as
+#: ``parallel.zero_stage`` says)
+FRAMEWORKS = ("none", "fsdp2")
+
+
 def _shipped_profiles(schema: JsonDict) -> None:
     """The JSON schema names the profiles with shipped coefficients (the estimate checks it)."""
     schema["enum"] = list[JsonValue](profiles())
@@ -129,6 +149,13 @@ class TrainSpec(_Frozen):
         json_schema_extra=_shipped_profiles,
     )
     ema: Literal["none", "gpu", "host"] = "none"
+    framework: Literal["none", "fsdp2"] = Field(
+        default="none",
+        description="Which framework shards and moves the state: none (plain data parallel, "
+        "ZeRO as parallel.zero_stage says) or fsdp2 (torch's fully_shard on every block and "
+        "the root, as torchtitan runs it; needs parallel.zero_stage 3 and offload.mode none).",
+    )
+    fsdp2: Fsdp2 = Fsdp2()
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
     moe_capacity_factor: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(

@@ -99,6 +99,8 @@
         ema: $("ema").value,
         offload,
         parallel: { dp: readNumber("dp"), zero_stage: Number($("zero_stage").value) },
+        framework: $("framework").value,
+        activation_profile: $("activation_profile").value,
       },
       gpu: $("gpu").value,
     };
@@ -309,7 +311,15 @@
   function syncDependentControls() {
     const custom = $("model").value === CUSTOM;
     $("model-json-group").hidden = !custom;
-    $("offload_fraction").disabled = $("offload_mode").value !== "optimizer";
+    // FSDP2 shards everything (ZeRO-3) and keeps its state on the GPU
+    const fsdp2 = $("framework").value === "fsdp2";
+    if (fsdp2) {
+      $("zero_stage").value = "3";
+      $("offload_mode").value = "none";
+    }
+    $("zero_stage").disabled = fsdp2;
+    $("offload_mode").disabled = fsdp2;
+    $("offload_fraction").disabled = fsdp2 || $("offload_mode").value !== "optimizer";
   }
 
   async function init() {

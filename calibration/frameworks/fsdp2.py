@@ -136,6 +136,12 @@ def check_traceable(train: planner.TrainSpec) -> tuple[torch.dtype, torch.dtype]
             f"full (got {train.recompute})",
             field="recompute",
         )
+    if train.framework != "fsdp2":
+        raise SpecError(
+            f"framework: an fsdp2 trace runs the fsdp2 framework; allowed: fsdp2 (got "
+            f"{train.framework})",
+            field="framework",
+        )
     if par.zero_stage != 3:
         raise SpecError(
             "parallel.zero_stage: FSDP2's fully_shard shards parameters, gradients and "
@@ -379,14 +385,22 @@ def apply_ac(net: torch.nn.Module) -> None:
 
 
 def apply_fsdp(
-    net: torch.nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype
+    net: torch.nn.Module,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: bool = True,
 ) -> None:
-    """``fully_shard`` on every decoder layer and on the root, resharding after forward."""
+    """``fully_shard`` on every decoder layer and on the root; the layers reshard after
+    forward unless ``reshard_after_forward`` is false (FSDP2 never reshards the root then:
+    its backward follows at once)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for layer in decoder_layers(net):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
+        fully_shard(
+            layer, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(net, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
 
 
@@ -432,7 +446,7 @@ def trace(
                 apply_tp(net, tp_mesh)
             if train.recompute == "full":
                 apply_ac(net)
-            apply_fsdp(net, dp_mesh, param_dtype, reduce_dtype)
+            apply_fsdp(net, dp_mesh, param_dtype, reduce_dtype, train.fsdp2.reshard_after_forward)
             optimizer = torch.optim.AdamW(  # torchtitan's hyperparameters (no byte depends on them)
                 net.parameters(),
                 lr=8e-4,

@@ -111,6 +111,14 @@ def trace_command(
                 field="--record",
             )
         spec, train_spec, hw = load_specs(model, train, set_, gpu, None, None)
+        if train_spec.framework not in ("none", framework):
+            raise planner.SpecError(
+                f"--framework: the training spec says framework {train_spec.framework}; "
+                f"allowed: {train_spec.framework} (got {framework})",
+                field="--framework",
+            )
+        # the estimate compared is the framework's
+        train_spec = train_spec.model_copy(update={"framework": framework})
         if framework == "fsdp2":
             from headroom.calibration.frameworks import fsdp2
 

@@ -225,6 +225,44 @@ def test_page_draws_the_budget_and_follows_the_options(page: webdriver.Chrome, s
     assert page.save_screenshot(str(ARTIFACTS / "budget-page.png"))
 
 
+def test_the_framework_and_model_code_follow_the_api(page: webdriver.Chrome, server: str) -> None:
+    """FSDP2 with transformers' model code: the page fixes ZeRO-3 and no offload, and draws
+    what the API answers for the same request (torchtitan's run over 8 ranks)."""
+    _type(page, "dp", "8")
+    _select(page, "activation_profile", "hf")
+    _select(page, "offload_mode", "optimizer")
+    before = _peak_change(page, -1, "dp 8, hf, optimizer offload")
+    _select(page, "framework", "fsdp2")
+    assert not page.find_element(By.ID, "zero_stage").is_enabled()
+    assert not page.find_element(By.ID, "offload_mode").is_enabled()
+    assert Select(page.find_element(By.ID, "zero_stage")).first_selected_option.get_attribute(
+        "value"
+    ) == ("3")
+    status, expected = _post(
+        server,
+        "/api/v1/estimate",
+        {
+            "model": "llama-3-8b",
+            "gpu": "H200-141GB",
+            "train": {
+                "framework": "fsdp2",
+                "activation_profile": "hf",
+                "parallel": {"dp": 8, "zero_stage": 3},
+            },
+        },
+    )
+    assert status == 200
+    drawn = _wait(
+        page, lambda d: _peak(d) == expected["gpu"]["peak_bytes"] and _peak(d), "fsdp2 is drawn"
+    )
+    assert drawn != before
+    assert _text(page, "error") == ""
+    # back to plain data parallelism: the controls are free again
+    _select(page, "framework", "none")
+    assert page.find_element(By.ID, "zero_stage").is_enabled()
+    assert page.find_element(By.ID, "offload_mode").is_enabled()
+
+
 def test_a_model_too_big_for_the_gpu_does_not_fit(page: webdriver.Chrome) -> None:
     _select(page, "model", "llama-3-70b")
     _select(page, "gpu", "RTX-4090")

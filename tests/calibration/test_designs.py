@@ -50,11 +50,14 @@ def test_every_shape_says_why_and_every_run_names_its_split(impl: str) -> None:
 def test_the_typed_records_write_the_committed_files() -> None:
     text = (DATA / "runtime-traces.json").read_text()
     assert TracesFile.model_validate_json(text).to_json_text() == text
-    # the hf file predates max_grad_norm; written again it gains the default, nothing else
+    # the hf file predates max_grad_norm and framework; written again it gains their defaults,
+    # nothing else
     text = (DATA / "hf-traces.json").read_text()
     rewritten = json.loads(TracesFile.model_validate_json(text).to_json_text())
     for record in rewritten["records"]:
         assert record["train"].pop("max_grad_norm") == 1.0
+        assert record["train"].pop("framework") == "none"
+        assert record["train"].pop("fsdp2") == {"reshard_after_forward": True}
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
     text = (DATA / "hf-fsdp2-traces.json").read_text()
@@ -66,6 +69,7 @@ def test_the_fsdp2_design_spans_the_runs_it_is_held_to() -> None:
     fitted and held out, every run as torchtitan's FSDP2 default (ZeRO-3, fp32 master and
     states, bf16 compute, fp32 reduction, sequence parallelism with tensor parallelism)."""
     runs = configurations("hf-fsdp2")
+    assert {t.framework for _, t, _ in runs} == {"fsdp2"}
     ranks = {t.parallel.dp * t.parallel.tp for _, t, _ in runs}
     assert min(ranks) == 8 and max(ranks) == 256
     # every (recompute, tensor parallel, qwen2's Q/K/V biases) fitted and held out

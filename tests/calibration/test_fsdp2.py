@@ -38,6 +38,7 @@ def _train(dp: int, tp: int = 1, **values: Any) -> planner.TrainSpec:
         {
             "micro_batch_size": 2,
             "seq_len": 64,
+            "framework": "fsdp2",
             "precision": TORCHTITAN,
             "parallel": {"dp": dp, "tp": tp, "zero_stage": 3, "sequence_parallel": tp > 1},
             **values,
@@ -133,13 +134,19 @@ def test_dtensor_propagation_sharing_the_trace_fake_mode_shows_unsharded_copies(
         ({"recompute": "selective"}, "recompute"),
         ({"recompute": {"every_k": 2}}, "recompute"),
         ({"optimizer": "sgd"}, "optimizer"),
+        ({"framework": "none"}, "framework"),
     ],
 )
 def test_a_run_fsdp2_does_not_make_is_refused_naming_the_field(
     values: dict[str, Any], field: str
 ) -> None:
     train = planner.TrainSpec.model_validate(
-        {"precision": TORCHTITAN, "parallel": {"dp": 8, "zero_stage": 3}, **values}
+        {
+            "framework": "fsdp2",
+            "precision": TORCHTITAN,
+            "parallel": {"dp": 8, "zero_stage": 3},
+            **values,
+        }
     )
     with pytest.raises(planner.SpecError) as info:
         fsdp2.trace(MODEL, train, config=CONFIG)

@@ -17,7 +17,8 @@ from headroom.planner.states import LayerGrads
 
 Kind = tuple[int, int]  # (dense, MoE)
 Triple = tuple[int, int, int]
-Quint = tuple[int, int, int, int, int]
+Quad = tuple[int, int, int, int]
+Sext = tuple[int, int, int, int, int, int]
 
 
 class Case(NamedTuple):
@@ -27,8 +28,20 @@ class Case(NamedTuple):
     grads: Kind  # a layer's gradients
     own: tuple[Triple, Triple]  # its MLP's at the MLP's peak, in all, and at its start, per kind
     # held throughout, during the MLP's, freed, at its start (0: none), as the MLP's ends,
-    # per kind
-    temporaries: tuple[Quint, Quint]
+    # its dispatch buffers freed with its MLP's, per kind
+    temporaries: tuple[Sext, Sext]
+    edges: bool  # the bottom and top layers hold what others do not (FSDP2)
+    held: Quad  # held by a layer in the middle, at the bottom, at the top, the only one
+    released: Kind  # less per layer above, per kind
+
+
+def _held(case: Case, j: int) -> int:
+    """What a framework holds at layer j's backward (``through_layers``' ``held``)."""
+    n = len(case.flags)
+    edge = (j == 0) + 2 * (j == n - 1) if case.edges else 0
+    above = [int(f) for f in case.flags[j + 1 :]]
+    released = (len(above) - sum(above)) * case.released[0] + sum(above) * case.released[1]
+    return case.held[edge] - released
 
 
 def _every_layer(case: Case) -> int:
@@ -36,33 +49,34 @@ def _every_layer(case: Case) -> int:
     largest of its start (where it holds anything there: those temporaries and its gradients
     made by then), its MLP's backward (its temporaries and a share of its own gradients) and
     the end of it (all of its MLP's gradients, its saved tensors freed, what it holds there)."""
-    flags, k, sizes, grads, own, temporaries = case
+    flags, k, sizes, grads, own, temporaries = case[:6]
     a_dense, a_moe, dispatch, a_input = sizes
     n = len(flags)
     size = n if k is None else k
-    best = 0
+    best = None
     for j in range(n):
         kind = int(flags[j])
         b0 = j // size * size
         held = (b0 // size) * a_input if k is not None else 0
         held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
-        above = sum(grads[int(flags[i])] for i in range(j + 1, n))
-        (share, whole, at_start), (throughout, mlp, freed, start, end) = (
+        above = sum(grads[int(flags[i])] for i in range(j + 1, n)) + _held(case, j)
+        (share, whole, at_start), (throughout, mlp, freed, start, end, freed_dispatch) = (
             own[kind],
             temporaries[kind],
         )
         in_mlp = above + held + disp + throughout + mlp + share
-        after_mlp = above + held + disp + throughout + whole - freed + end
-        starting = above + held + disp + throughout + start + at_start if start else 0
-        best = max(best, in_mlp, after_mlp, starting)
+        after_mlp = above + held + disp + throughout + whole - freed - freed_dispatch + end
+        starting = above + held + disp + throughout + start + at_start if start else in_mlp
+        best = max(in_mlp, after_mlp, starting, best if best is not None else in_mlp)
+    assert best is not None
     return best
 
 
-def _first_largest(case: Case) -> Triple | None:
-    """(grads, activations, dispatch) at the first layer whose backward holds the most, walked
-    layer by layer, each layer at its own peak (``layer_peak``)."""
-    flags, k, sizes, grads, own, temporaries = case
+def _first_largest(case: Case) -> Quad | None:
+    """(grads, activations, dispatch, held) at the first layer whose backward holds the most,
+    walked layer by layer, each layer at its own peak (``layer_peak``)."""
+    flags, k, sizes, grads, own, temporaries = case[:6]
     a_dense, a_moe, dispatch, a_input = sizes
     peaks = [
         layer_peak(
@@ -73,15 +87,15 @@ def _first_largest(case: Case) -> Triple | None:
     ]
     n = len(flags)
     size = n if k is None else k
-    best: Triple | None = None
+    best: Quad | None = None
     for j in range(n):
         b0 = j // size * size
         held = (b0 // size) * a_input if k is not None else 0
         held += sum(a_moe if flags[i] else a_dense for i in range(b0, j + 1))
         disp = sum(dispatch for i in range(b0, j + 1) if flags[i])
         above = sum(grads[int(flags[i])] for i in range(j + 1, n))
-        own_grads, temps = peaks[int(flags[j])]
-        point = (above + own_grads, held + temps, disp)
+        own_grads, temps, freed = peaks[int(flags[j])]
+        point = (above + own_grads, held + temps, disp + freed, _held(case, j))
         if best is None or sum(point) > sum(best):
             best = point
     return best
@@ -114,15 +128,23 @@ _CASES = st.builds(
     grads=_KIND,
     own=st.tuples(_TRIPLE, _TRIPLE),
     temporaries=st.tuples(
-        *[st.tuples(_SIZE, _SIZE, _SIZE, st.just(0) | _SIZE, st.just(0) | _SIZE)] * 2
+        *[
+            st.tuples(
+                _SIZE, _SIZE, _SIZE, st.just(0) | _SIZE, st.just(0) | _SIZE, st.just(0) | _SIZE
+            )
+        ]
+        * 2
     ),
+    edges=st.booleans(),
+    held=st.tuples(_SIZE, _SIZE, _SIZE, _SIZE),
+    released=st.just((0, 0)) | _KIND,
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(case=_CASES)
 def test_the_kept_points_hold_the_largest_layer_backward(case: Case) -> None:
-    points = backward_points(case.flags, case.k, *case.sizes)
+    points = backward_points(case.flags, case.k, *case.sizes, edges=case.edges)
     dense, moe = (
         layer_peak(
             LayerGrads(layer=0, mlp_peak=share, mlp=whole, start=at_start),
@@ -130,7 +152,8 @@ def test_the_kept_points_hold_the_largest_layer_backward(case: Case) -> None:
         )
         for (share, whole, at_start), temporaries in zip(case.own, case.temporaries, strict=True)
     )
-    kept = through_layers(points, 0, case.grads, (dense, moe), 0, 0)
+    held = case.held if case.edges else (case.held[0],) * 4
+    kept = through_layers(points, 0, case.grads, (dense, moe), 0, 0, held, case.released)
     assert (sum(kept) if kept is not None else 0) == _every_layer(case)
     # and the same point: the first layer that holds the most (its split is what the budget
     # shows)
@@ -157,6 +180,9 @@ def test_a_uniform_stage_keeps_few_points() -> None:
     assert len(backward_points(flags, 1, 9, 0, 0, 1)) == 2
     assert len(backward_points(flags, 3, 9, 0, 0, 1)) <= 6
     assert len(backward_points(flags, None, 9, 0, 0, 1)) == 2
+    # with the edges apart, the layers next to the bottom and the top too
+    assert len(backward_points(flags, None, 9, 0, 0, 1, edges=True)) == 4
+    assert len(backward_points(flags, 1, 9, 0, 0, 1, edges=True)) == 4
 
 
 def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
@@ -175,7 +201,7 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
     layers = model.num_layers * grads.layer
     # at the top of the block: the recomputed block, and of the layers' gradients only the top
     # layer's own MLP's, being made
-    own, temporary = layer_peak(grads, acts.temporaries.dense)
+    own, temporary, _ = layer_peak(grads, acts.temporaries.dense)
     assert 0 < own <= grads.mlp < grads.layer
     assert backward["grads"] == t.states.grads_start + own
     assert backward["activations"] >= model.num_layers * acts.layer.dense
@@ -191,4 +217,5 @@ def test_a_block_as_deep_as_the_stage_does_not_hold_all_its_gradients() -> None:
         backward["grads"],
         backward["activations"],
         backward["moe_dispatch"],
+        backward["transfer_buffers"],
     )

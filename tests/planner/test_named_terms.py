@@ -19,4 +19,5 @@ def test_named_terms_follow_the_reported_names() -> None:
         "activations",
         "dispatch",
         "is_moe",
+        "edge",
     )

@@ -90,8 +90,11 @@ def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpe
 
 @st.composite
 def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
-    """Any valid training spec: precision, optimizer, recompute, parallelism, offload."""
-    mode = draw(st.sampled_from(["none", "optimizer", "streaming"]))
+    """Any valid training spec: precision, optimizer, recompute, parallelism, offload, the
+    framework (fsdp2 with ZeRO-3 and no offload, as it requires)."""
+    framework = draw(st.sampled_from(["none", "fsdp2"]))
+    fsdp2 = framework == "fsdp2"
+    mode = "none" if fsdp2 else draw(st.sampled_from(["none", "optimizer", "streaming"]))
     streaming = mode == "streaming"
     dp = draw(st.sampled_from([1, 2, 4, 8]))
     cp = draw(st.sampled_from([1, 2]))
@@ -102,7 +105,7 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         pp=1 if streaming else draw(st.sampled_from([1, 2, 4])),
         ep=draw(st.sampled_from(_divisors(dp * cp))),
         sequence_parallel=draw(st.booleans()),
-        zero_stage=draw(st.integers(0, 3)),
+        zero_stage=3 if fsdp2 else draw(st.integers(0, 3)),
     )
     offload = planner.Offload(
         mode=mode,
@@ -140,6 +143,8 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         moe_capacity_factor=draw(st.none() | st.floats(0.5, 2.0)),
         moe_imbalance=draw(st.floats(1.0, 2.0)),
         expandable_segments=draw(st.booleans()),
+        framework=framework,
+        fsdp2=planner.Fsdp2(reshard_after_forward=draw(st.booleans())),
     )
 
 
@@ -342,7 +347,7 @@ def test_peak_nonincreasing_in_offload_fraction(
     hw: planner.Hardware,
     fractions: list[float],
 ) -> None:
-    train = _fitted(model, train)
+    train = _fitted(model, _with(train, framework="none"))  # fsdp2 offloads nothing
     low, high = fractions
     peaks = [
         _peak(model, _with(train, offload={"mode": "optimizer", "fraction": f}), hw)
@@ -417,7 +422,7 @@ _ODD_ROUTER = planner.ModelSpec(
 def test_peak_nonincreasing_in_zero_stage(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware, dp: int
 ) -> None:
-    train = _fitted(model, train)
+    train = _fitted(model, _with(train, framework="none"))  # fsdp2 is ZeRO-3 only
     base = _with_parallel(train, dp=dp, cp=1, ep=1)
     peaks = [_peak(model, _with_parallel(base, zero_stage=z), hw) for z in range(4)]
     assert peaks[:3] == sorted(peaks[:3], reverse=True), peaks

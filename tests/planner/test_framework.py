@@ -1,0 +1,158 @@
+"""The ``framework`` axis: FSDP2's terms in the estimate, its rules, and the key in the CLI,
+the API and the ladder."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from headroom import planner
+from headroom.api.main import create_app
+from headroom.planner.estimator import knobs, stage_terms_from_knobs
+from tests.headroom_process import run_headroom
+
+TORCHTITAN = {"params": "bf16", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
+MODEL = planner.load_model("llama-3-8b")
+GPU = planner.gpu("H100-80GB")
+
+
+def _train(**values: Any) -> planner.TrainSpec:
+    spec: dict[str, Any] = {
+        "seq_len": 8192,
+        "framework": "fsdp2",
+        "activation_profile": "hf",
+        "precision": TORCHTITAN,
+        "parallel": {"dp": 8, "zero_stage": 3},
+    }
+    return planner.TrainSpec.model_validate({**spec, **values})
+
+
+def test_the_default_is_no_framework() -> None:
+    train = planner.TrainSpec()
+    assert train.framework == "none" and train.fsdp2.reshard_after_forward
+    assert planner.FRAMEWORKS == ("none", "fsdp2")
+
+
+def test_fsdp2_shards_parameters_without_a_master_copy() -> None:
+    """fp32 sharded parameters only (the shards are the master weights), fp32 sharded
+    gradients in the optimizer phase, moments over the 8 ranks; the root gathered in bf16 with
+    a block through forward."""
+    train = _train()
+    t = stage_terms_from_knobs(MODEL, knobs(train), planner.default_coefficients("hf"), 0)
+    sp = t.stage_params
+    shards = -(-sp.dense_numel // 8)
+    assert t.states.params == shards * 4
+    assert t.states.master_params == 0
+    assert t.states.grads_total == shards * 4
+    assert t.states.optimizer_states == 2 * shards * 4
+    root = sp.embedding_numel + sp.head_unit_numel
+    assert t.states.forward_transfer == (root + sp.dense_layer_numel) * 2
+    # a middle layer's backward: the root, the block, the one prefetched and the block
+    # above's fp32 reduce-scatter input; the bottom prefetches nothing, the top reduces nothing
+    middle, bottom, top, only = t.states.layer_transfer
+    unit = sp.dense_layer_numel
+    assert middle == root * 2 + 2 * unit * 2 + unit * 4
+    assert middle - bottom == unit * 2
+    assert middle - top == unit * 4
+    assert only == (root + unit) * 2
+    optimizer = planner.estimate(MODEL, train, GPU).gpu.phases["optimizer"].buckets
+    assert optimizer["transfer_buffers"] == 0 and optimizer["master_params"] == 0
+
+
+def test_resharding_after_forward_trades_memory_for_gathers() -> None:
+    """Keeping every block gathered from forward to backward holds more than resharding."""
+    resharded = planner.estimate(MODEL, _train(), GPU).gpu.peak_bytes
+    kept = planner.estimate(MODEL, _train(fsdp2={"reshard_after_forward": False}), GPU)
+    assert kept.gpu.peak_bytes > resharded
+
+
+def test_fsdp2_grows_with_tensor_parallel_inputs() -> None:
+    """DTensor's column-wise projections save their gathered input: under TP the fsdp2
+    estimate holds more activations than plain sequence parallelism does."""
+    parallel = {"dp": 8, "tp": 4, "zero_stage": 3, "sequence_parallel": True}
+    fsdp2 = planner.estimate(MODEL, _train(parallel=parallel), GPU)
+    plain = planner.estimate(MODEL, _train(parallel=parallel, framework="none"), GPU)
+    forward = "forward"
+    assert (
+        fsdp2.gpu.phases[forward].buckets["activations"]
+        > plain.gpu.phases[forward].buckets["activations"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "allowed"),
+    [
+        ({"parallel": {"dp": 8, "zero_stage": 2}}, "parallel.zero_stage", "allowed: 3"),
+        ({"offload": {"mode": "optimizer"}}, "offload.mode", "allowed: none"),
+    ],
+)
+def test_fsdp2_refuses_what_it_does_not_run(
+    values: dict[str, Any], field: str, allowed: str
+) -> None:
+    with pytest.raises(planner.SpecError) as info:
+        planner.estimate(MODEL, _train(**values), GPU)
+    assert info.value.field == field and allowed in str(info.value)
+
+
+def test_an_unknown_framework_is_refused_naming_the_values() -> None:
+    with pytest.raises(ValueError, match="framework"):
+        planner.TrainSpec.model_validate({"framework": "megatron"})
+
+
+def test_the_api_takes_the_framework_and_refuses_a_bad_one() -> None:
+    client = TestClient(create_app())
+    body = {"model": "llama-3-8b", "gpu": "H100-80GB", "train": _train().model_dump()}
+    response = client.post("/api/v1/estimate", json=body)
+    assert response.status_code == 200
+    assert (
+        response.json()["gpu"]["peak_bytes"]
+        == planner.estimate(MODEL, _train(), GPU).gpu.peak_bytes
+    )
+    for train, field in (
+        ({"framework": "deepspeed"}, "train.framework"),
+        ({"framework": "fsdp2", "parallel": {"dp": 8}}, "parallel.zero_stage"),
+    ):
+        bad = client.post("/api/v1/estimate", json={"model": "llama-3-8b", "train": train})
+        assert bad.status_code == 422, bad.text
+        assert bad.headers["content-type"].startswith("application/problem+json")
+        assert field in bad.json()["detail"]
+
+
+def test_the_cli_sets_the_framework() -> None:
+    args = ["--gpu", "H100-80GB", "--set", "framework=fsdp2", "--set", "parallel.dp=8"]
+    args += ["--set", "parallel.zero_stage=3", "--set", "activation_profile=hf"]
+    proc = run_headroom("estimate", "llama-3-8b", *args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    budget = json.loads(proc.stdout)
+    expected = planner.estimate(
+        MODEL,
+        planner.TrainSpec.model_validate(
+            {
+                "framework": "fsdp2",
+                "activation_profile": "hf",
+                "parallel": {"dp": 8, "zero_stage": 3},
+            }
+        ),
+        GPU,
+    )
+    assert budget["gpu"]["peak_bytes"] == expected.gpu.peak_bytes
+    refused = run_headroom("estimate", "llama-3-8b", "--set", "framework=megatron")
+    assert refused.returncode == 2
+    assert "framework" in refused.stderr and "fsdp2" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_ladder_keeps_fsdp2s_sharding() -> None:
+    """The auto-fit search varies the batch shape and recompute under fsdp2, never ZeRO or
+    offload, which fsdp2 fixes."""
+    train = _train(micro_batch_size=8)
+    result = planner.fit(MODEL, train, GPU)
+    assert result.plan is not None
+    plan = planner.TrainSpec.model_validate(result.plan)
+    assert plan.framework == "fsdp2"
+    assert plan.parallel.zero_stage == 3 and plan.offload.mode == "none"
+    assert planner.estimate(MODEL, plan, GPU).fits
+    assert plan != train
