@@ -93,7 +93,9 @@ class _In(FewUnknownKeys):
     _gpu_is_preset = field_validator("gpu", check_fields=False)(_preset_gpu)
 
 
-class EstimateRequest(_In):
+class PlanningRequest(_In):
+    """What every planning route reads: the model, the training spec, the GPU and the host."""
+
     model: ModelInput = Field(description=_MODEL)
     train: TrainInput = Field(default=None, description=_TRAIN)
     gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
@@ -107,7 +109,22 @@ class EstimateRequest(_In):
     )
 
 
-class GateRequest(EstimateRequest):
+class EstimateRequest(PlanningRequest):
+    compare: StrictBool = Field(
+        default=False,
+        description="Also estimate the configuration under every framework and activation "
+        "profile (the answer's 'compare'), as `headroom estimate --compare` does.",
+    )
+
+
+class EstimateResponse(planner.BudgetModel):
+    """The estimate, and with ``compare`` the configuration under every framework and
+    activation profile."""
+
+    compare: list[planner.Comparison] | None = None
+
+
+class GateRequest(PlanningRequest):
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
     require_calibration: StrictBool = Field(
         default=False,
@@ -115,7 +132,7 @@ class GateRequest(EstimateRequest):
     )
 
 
-class FitRequest(EstimateRequest):
+class FitRequest(PlanningRequest):
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
 
 

@@ -34,6 +34,7 @@ from headroom.planner.coefficients import (
     default_coefficients,
     profiles,
 )
+from headroom.planner.comparison import Comparison, compare
 from headroom.planner.errors import HeadroomError, InputFormatError, SpecError, UnknownPresetError
 from headroom.planner.estimator import Knobs, estimate, evaluate, knobs
 from headroom.planner.explanation import Explanation, explain
@@ -64,6 +65,7 @@ __all__ = [
     "Budget",
     "BudgetModel",
     "Coefficients",
+    "Comparison",
     "Explanation",
     "FitResult",
     "Fsdp2",
@@ -87,6 +89,7 @@ __all__ = [
     "UnknownPresetError",
     "Verdict",
     "calibrated_coefficients",
+    "compare",
     "count_params",
     "default_coefficients",
     "estimate",

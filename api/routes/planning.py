@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -13,7 +14,13 @@ from fastapi.routing import APIRoute
 from headroom import planner
 from headroom.api.metrics import Metrics
 from headroom.api.problems import problem, responses
-from headroom.api.schemas import EstimateRequest, FitRequest, GateRequest
+from headroom.api.schemas import (
+    EstimateRequest,
+    EstimateResponse,
+    FitRequest,
+    GateRequest,
+    PlanningRequest,
+)
 from headroom.launch.devices import local_gpus
 
 T = TypeVar("T")
@@ -65,7 +72,7 @@ async def _in_thread(limiter: anyio.CapacityLimiter, fn: Callable[..., T], *args
     return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
-def _budget(body: EstimateRequest) -> planner.Budget:
+def _budget(body: PlanningRequest) -> planner.Budget:
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(
@@ -74,7 +81,7 @@ def _budget(body: EstimateRequest) -> planner.Budget:
     return planner.estimate(model, train, hw)
 
 
-async def _estimated(body: EstimateRequest) -> planner.Budget:
+async def _estimated(body: PlanningRequest) -> planner.Budget:
     """The budget: on the event loop for a preset model (microseconds, its terms cached), in an
     estimate thread for a model the body brings (parsed and worked out afresh: up to
     milliseconds)."""
@@ -105,15 +112,30 @@ def gpus() -> dict[str, Any]:
 # sync dependency, so a preset's estimate goes through no thread pool (~100 µs of CPU), and
 # the body is serialised once by the same model as ``response_model`` (which stays for the
 # OpenAPI schema; FastAPI neither re-validates nor re-serialises a returned Response).
-@router.post("/estimate", response_model=planner.BudgetModel, responses=responses(413, 422))
+@router.post("/estimate", response_model=EstimateResponse, responses=responses(413, 422))
 async def estimate(body: EstimateRequest, request: Request) -> Response:
     """Per-bucket GPU and host memory by phase, the peak and the verdict (a predicted OOM is a
-    200 with ``fits: false``)."""
+    200 with ``fits: false``); with ``compare``, the same configuration under every framework
+    and activation profile too."""
     budget = await _estimated(body)
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("estimate").inc()
     metrics.verdicts.labels(str(budget.fits).lower()).inc()
+    if body.compare:
+        compared = await _in_thread(_estimate_threads, _compared, body)
+        text = json.dumps({**budget.model_dump(), "compare": compared})
+        return Response(text, media_type="application/json")
     return Response(budget.model_dump_json(), media_type="application/json")
+
+
+def _compared(body: PlanningRequest) -> list[dict[str, Any]]:
+    """``planner.compare`` of the body's configuration, as JSON values."""
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(
+        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
+    )
+    return [c.model_dump() for c in planner.compare(model, train, hw)]
 
 
 @router.post("/gate", response_model=planner.Verdict, responses=responses(413, 422))

@@ -41,6 +41,14 @@ def estimate_command(
             "trust rule's margin from recent measurements; exit 3 if it has none.",
         ),
     ] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Also show the configuration under every framework (none, fsdp2) and model "
+            "code (activation profile) side by side.",
+        ),
+    ] = False,
 ) -> None:
     """Predict per-bucket GPU and host memory, the peak phase, and whether it fits."""
     with user_errors():
@@ -60,15 +68,20 @@ def estimate_command(
                 )
         budget = planner.estimate(spec, train_spec, hw, coeffs)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
+        compared = planner.compare(spec, train_spec, hw) if compare else None
     if format is TextOrJson.json:
         out = budget.model_dump()
         if explanations is not None:
             out["explain"] = {k: v.model_dump() for k, v in explanations.items()}
+        if compared is not None:
+            out["compare"] = [c.model_dump() for c in compared]
         typer.echo(json.dumps(out, indent=2))
         return
-    from headroom.cli.render import render_budget, render_explanations
+    from headroom.cli.render import render_budget, render_comparison, render_explanations
 
     console = Console()
     render_budget(budget, console)
     if explanations is not None:
         render_explanations(explanations, console)
+    if compared is not None:
+        render_comparison(compared, console)

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
+from headroom.planner.comparison import Comparison
 from headroom.planner.explanation import Explanation
 from headroom.planner.units import format_bytes
 
@@ -71,4 +72,22 @@ def render_explanations(explanations: dict[str, Explanation], console: Console) 
     for name, e in explanations.items():
         inputs = ", ".join(f"{k}={v}" for k, v in e.inputs.items())
         table.add_row(name, format_bytes(e.bytes), e.formula, inputs, e.source)
+    console.print(table)
+
+
+def render_comparison(comparisons: list[Comparison], console: Console) -> None:
+    """One row per (framework, activation profile): the peak, its phase, the verdict, and the
+    keys the framework fixed (or why the pair cannot run the configuration)."""
+    table = Table(title="The same configuration under each framework and model code")
+    for column in ("framework", "model code", "GPU peak", "phase", "fits", "note"):
+        table.add_column(column, overflow="fold")
+    for c in comparisons:
+        if c.error is not None:
+            table.add_row(c.framework, c.activation_profile, "—", "—", "—", c.error)
+            continue
+        note = ", ".join(f"{k}={v}" for k, v in c.changed.items())
+        fits = "yes" if c.fits else "[red]no[/red]"
+        table.add_row(
+            c.framework, c.activation_profile, _fmt(c.gpu_peak_bytes), c.peak_phase, fits, note
+        )
     console.print(table)

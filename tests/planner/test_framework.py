@@ -156,3 +156,55 @@ def test_the_ladder_keeps_fsdp2s_sharding() -> None:
     assert plan.parallel.zero_stage == 3 and plan.offload.mode == "none"
     assert planner.estimate(MODEL, plan, GPU).fits
     assert plan != train
+
+
+def test_compare_shows_every_framework_and_model_code() -> None:
+    """One configuration under each (framework, activation profile): each row is the estimate
+    of that pair, fsdp2 with the keys it fixes named; the CLI and the API answer the same."""
+    train = planner.TrainSpec.model_validate({"seq_len": 8192, "parallel": {"dp": 8}})
+    rows = planner.compare(MODEL, train, GPU)
+    pairs = [(c.framework, c.activation_profile) for c in rows]
+    profiles = planner.coefficients.profiles()
+    assert pairs == [(f, p) for f in planner.FRAMEWORKS for p in profiles]
+    for c in rows:
+        spec = {
+            "seq_len": 8192,
+            "framework": c.framework,
+            "activation_profile": c.activation_profile,
+            "parallel": {"dp": 8, "zero_stage": 3 if c.framework == "fsdp2" else 0},
+        }
+        expected = planner.estimate(MODEL, planner.TrainSpec.model_validate(spec), GPU)
+        assert c.gpu_peak_bytes == expected.gpu_peak_bytes and c.peak_phase == expected.peak_phase
+        assert c.changed == ({"parallel.zero_stage": 3} if c.framework == "fsdp2" else {})
+        assert c.error is None
+    # the CLI's --compare and the API's compare field
+    proc = run_headroom(
+        "estimate", "llama-3-8b", "--gpu", "H100-80GB", "--set", "seq_len=8192",
+        "--set", "parallel.dp=8", "--compare", "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["compare"] == [c.model_dump() for c in rows]
+    client = TestClient(create_app())
+    body = {"model": "llama-3-8b", "gpu": "H100-80GB", "train": train.model_dump()}
+    answer = client.post("/api/v1/estimate", json={**body, "compare": True})
+    assert answer.status_code == 200
+    assert answer.json()["compare"] == [c.model_dump() for c in rows]
+    assert "compare" not in client.post("/api/v1/estimate", json=body).json()
+    assert client.post("/api/v1/estimate", json={**body, "compare": 1}).status_code == 422
+
+
+def test_compare_says_why_a_pair_cannot_run() -> None:
+    """Streaming with tensor parallelism cannot run under any framework: every row says why,
+    none has a budget."""
+    train = planner.TrainSpec.model_validate(
+        {"offload": {"mode": "streaming"}, "parallel": {"dp": 2, "tp": 2}}
+    )
+    rows = planner.compare(MODEL, train, GPU)
+    none_rows = [c for c in rows if c.framework == "none"]
+    assert none_rows and all(c.error and "offload.mode" in c.error for c in none_rows)
+    assert all(c.gpu_peak_bytes is None and c.fits is None for c in none_rows)
+    # fsdp2 drops the offload it does not run, and says so
+    for c in rows:
+        if c.framework == "fsdp2":
+            assert c.changed == {"parallel.zero_stage": 3, "offload.mode": "none"}
+            assert c.error is None and c.gpu_peak_bytes is not None
