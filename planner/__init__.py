@@ -39,7 +39,15 @@ from headroom.planner.errors import HeadroomError, InputFormatError, SpecError, 
 from headroom.planner.estimator import Knobs, estimate, evaluate, knobs
 from headroom.planner.explanation import Explanation, explain
 from headroom.planner.hardware import Hardware, gpu, gpu_names
-from headroom.planner.io import load_hardware, load_model, load_train, model_names
+from headroom.planner.io import (
+    RunPreset,
+    load_hardware,
+    load_model,
+    load_run,
+    load_train,
+    model_names,
+    run_names,
+)
 from headroom.planner.ladder import FitResult, fit
 from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
@@ -83,6 +91,7 @@ __all__ = [
     "ParamCount",
     "Precision",
     "Recompute",
+    "RunPreset",
     "SpecError",
     "TrainSpec",
     "TrainerReport",
@@ -103,8 +112,10 @@ __all__ = [
     "knobs",
     "load_hardware",
     "load_model",
+    "load_run",
     "load_train",
     "model_names",
     "parse_size",
     "profiles",
+    "run_names",
 ]

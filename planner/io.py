@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from headroom.planner.errors import InputFormatError, SpecError, UnknownPresetError
 from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
@@ -176,14 +176,59 @@ def load_model(source: str | Path | Mapping[str, Any] | ModelSpec) -> ModelSpec:
     )
 
 
+class RunPreset(BaseModel):
+    """A training run a project ships (torchtitan's train configs, Megatron's example scripts),
+    as the training spec that runs it: the model preset, the GPU and how many, and the source
+    it was read from. ``notes`` say where the spec differs from the run and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    model: str
+    gpu: str
+    gpus: int
+    source: str
+    notes: list[str]
+    train: TrainSpec
+
+
+@cache
+def _run_presets() -> dict[str, RunPreset]:
+    base = resources.files("headroom.planner") / "data" / "runs"
+    found = {}
+    for entry in sorted(base.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            preset = RunPreset.model_validate_json(entry.read_text())
+            found[preset.name] = preset
+    return found
+
+
+def run_names() -> list[str]:
+    """Names of the bundled run presets (``--train NAME`` takes one)."""
+    return sorted(_run_presets())
+
+
+def load_run(name: str) -> RunPreset:
+    """A bundled run preset by name."""
+    try:
+        return _run_presets()[name]
+    except KeyError:
+        raise UnknownPresetError(
+            f"train: unknown run preset {name!r}; allowed: {', '.join(run_names())}"
+        ) from None
+
+
 def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> TrainSpec:
-    """A TrainSpec from a JSON/YAML file, a dict, or the defaults (None)."""
+    """A TrainSpec from a run preset's name, a JSON/YAML file, a dict, or the defaults
+    (None)."""
     if source is None:
         return TrainSpec()
     if isinstance(source, TrainSpec):
         return source
     if isinstance(source, Mapping):
         return build(TrainSpec, source, prefix="train")
+    if str(source) in _run_presets():
+        return _run_presets()[str(source)].train
     data = read_file(source)
     return build(TrainSpec, data or {}, prefix="train")
 

@@ -25,6 +25,19 @@ TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
     "full-accum": {"recompute": "full", "grad_accum_steps": 4, "seq_len": 8192},
     "every-3": {"recompute": {"every_k": 3}, "micro_batch_size": 4},
     "zero3-dp8": {"parallel": {"dp": 8, "zero_stage": 3}, "ema": "gpu"},
+    "fsdp2-tp": {
+        "framework": "fsdp2",
+        "activation_profile": "hf",
+        "recompute": "full",
+        "precision": {"grads": "fp32"},
+        "parallel": {"dp": 16, "tp": 2, "zero_stage": 3, "sequence_parallel": True},
+    },
+    "fsdp2-keep": {
+        "framework": "fsdp2",
+        "fsdp2": {"reshard_after_forward": False},
+        "parallel": {"dp": 8, "ep": 2, "zero_stage": 3},
+        "grad_accum_steps": 2,
+    },
     "zero1-fp32grads": {
         "parallel": {"dp": 4, "zero_stage": 1},
         "precision": {"grads": "fp32"},

@@ -92,8 +92,9 @@ async def _estimated(body: PlanningRequest) -> planner.Budget:
 
 @router.get("/presets")
 def presets() -> dict[str, Any]:
-    """GPU presets and bundled models."""
+    """GPU presets, bundled models and run presets (training specs projects ship)."""
     return {
+        "runs": [planner.load_run(n).model_dump() for n in planner.run_names()],
         "gpus": [planner.gpu(n).model_dump() for n in planner.gpu_names()],
         "models": [
             {"name": n, "params_total": planner.count_params(planner.load_model(n)).total}

@@ -51,7 +51,12 @@ class ProbeDevice(StrEnum):
 
 ModelArg = Annotated[str, typer.Argument(help="Preset name, model JSON/YAML, or config.json.")]
 TrainOpt = Annotated[
-    Path | None, typer.Option("--train", help="Training spec (JSON or YAML).", dir_okay=False)
+    Path | None,
+    typer.Option(
+        "--train",
+        help="Training spec (JSON or YAML), or a run preset's name (headroom presets).",
+        dir_okay=False,
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
@@ -114,8 +119,15 @@ RecordOpt = Annotated[
 
 
 def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any]:
-    """The training spec's raw dict: ``--train``'s file (or nothing) with ``--set`` applied."""
-    data: Any = read_file(train_file) if train_file is not None else {}
+    """The training spec's raw dict: ``--train``'s file, run preset (``headroom presets``) or
+    nothing, with ``--set`` applied."""
+    data: Any = {}
+    if train_file is not None:
+        name = str(train_file)
+        if name in planner.run_names() and not train_file.exists():
+            data = planner.load_run(name).train.model_dump()
+        else:
+            data = read_file(train_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):

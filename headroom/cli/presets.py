@@ -12,11 +12,14 @@ from headroom.cli.options import FormatOpt, TextOrJson
 
 
 def presets_command(format: FormatOpt = TextOrJson.text) -> None:
-    """List the bundled GPU and model presets."""
+    """List the bundled GPU, model and run presets (a run preset is a training spec a project
+    ships: ``--train NAME``)."""
     gpus = [planner.gpu(name) for name in planner.gpu_names()]
     models = planner.model_names()
+    runs = [planner.load_run(name) for name in planner.run_names()]
     if format is TextOrJson.json:
         payload = {
+            "runs": [run.model_dump() for run in runs],
             "gpus": [hw.model_dump() for hw in gpus],
             "models": [
                 {"name": name, "params_total": planner.count_params(planner.load_model(name)).total}
@@ -46,4 +49,12 @@ def presets_command(format: FormatOpt = TextOrJson.text) -> None:
     for name in models:
         count = planner.count_params(planner.load_model(name))
         table.add_row(name, f"{count.total:,}")
+    console.print(table)
+    table = Table(title="Run presets (--train NAME)")
+    for column in ("name", "model", "GPUs", "framework", "source"):
+        table.add_column(column, overflow="fold")
+    for run in runs:
+        table.add_row(
+            run.name, run.model, f"{run.gpus} x {run.gpu}", run.train.framework, run.source
+        )
     console.print(table)
