@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" numpy
 	# dev pulls every extra (service, runtime, calibration, hf) and the test tools
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# DeepSpeed's own memory estimators, for the tests of framework deepspeed: its sdist
+	# imports torch to build, so it builds against the torch above (an isolated build would
+	# fetch the newest CUDA torch)
+	$(BIN)/python -m pip install --quiet --no-build-isolation "deepspeed==0.19.8"
 	touch $(STAMP)
 
 run: install

@@ -54,6 +54,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "parallel": {"dp": 64, "tp": 8, "zero_stage": 3, "sequence_parallel": True},
         },
     ),
+    "llama-3-70b deepspeed zero3 dp64": (
+        "llama-3-70b",
+        {"framework": "deepspeed", "parallel": {"dp": 64, "zero_stage": 3}},
+    ),
     "mixtral fsdp2 dp32 ep8 no-reshard": (
         "mixtral-8x7b",
         {

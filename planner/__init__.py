@@ -55,7 +55,9 @@ from headroom.planner.params import ParamCount, count_params
 from headroom.planner.report import TrainerReport
 from headroom.planner.train import (
     FRAMEWORKS,
+    DeepSpeed,
     Fsdp2,
+    Megatron,
     Offload,
     Parallel,
     Precision,
@@ -74,6 +76,7 @@ __all__ = [
     "BudgetModel",
     "Coefficients",
     "Comparison",
+    "DeepSpeed",
     "Explanation",
     "FitResult",
     "Fsdp2",
@@ -83,6 +86,7 @@ __all__ = [
     "Knobs",
     "MLASpec",
     "Measurement",
+    "Megatron",
     "MoESpec",
     "ModelSpec",
     "NotCalibrated",

@@ -2,9 +2,10 @@
 
 ``compare`` estimates ``train`` once per (framework, activation profile) pair the planner knows:
 the frameworks of ``planner.train.FRAMEWORKS`` and every profile with shipped coefficients. A
-framework that fixes part of the layout gets it (``fsdp2``: ZeRO stage 3 and no offload), and
-the comparison says which keys it changed; a pair the spec cannot run says why instead of a
-budget.
+framework that fixes part of the layout gets it (``fsdp2``: ZeRO stage 3 and no offload;
+``deepspeed``: ZeRO stage 1 at least, no streaming; ``megatron``: ZeRO 1 and up as its
+distributed optimizer, no streaming), and the comparison says which keys it
+changed; a pair the spec cannot run says why instead of a budget.
 """
 
 from __future__ import annotations
@@ -46,6 +47,23 @@ def _for_framework(train: TrainSpec, framework: str) -> tuple[TrainSpec, dict[st
         if train.parallel.zero_stage != 3:
             changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 3
         if train.offload.mode != "none":
+            changed["offload.mode"] = "none"
+            data["offload"] = {"mode": "none"}
+    if framework == "megatron":
+        # ZeRO 1 and up is Megatron's distributed optimizer; the stage key itself stays 0
+        sharded = train.parallel.zero_stage >= 1
+        if train.parallel.zero_stage:
+            changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 0
+        if train.megatron.use_distributed_optimizer != sharded:
+            changed["megatron.use_distributed_optimizer"] = sharded
+            data["megatron"]["use_distributed_optimizer"] = sharded
+        if train.offload.mode == "streaming":
+            changed["offload.mode"] = "none"
+            data["offload"] = {"mode": "none"}
+    if framework == "deepspeed":
+        if train.parallel.zero_stage == 0:  # DeepSpeed's ZeRO: stage 1 at least
+            changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 1
+        if train.offload.mode == "streaming":
             changed["offload.mode"] = "none"
             data["offload"] = {"mode": "none"}
     return TrainSpec.model_validate(data), changed

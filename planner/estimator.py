@@ -80,6 +80,8 @@ class Knobs(NamedTuple):
     framework: str = "none"  # none | fsdp2
     reshard_after_forward: bool = True  # fsdp2's
     reduce_bytes: int = 4  # bytes per element of a reduction's input (precision.grads)
+    deepspeed: tuple[int, ...] = ()  # DeepSpeed's knobs (``deepspeed_knobs``)
+    distributed_optimizer: bool = True  # megatron's use_distributed_optimizer
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -132,6 +134,23 @@ def knobs(train: TrainSpec) -> Knobs:
         framework=train.framework,
         reshard_after_forward=train.fsdp2.reshard_after_forward,
         reduce_bytes=BYTES_PER_ELEMENT[precision.grads],
+        deepspeed=deepspeed_knobs(train) if train.framework == "deepspeed" else (),
+        distributed_optimizer=train.megatron.use_distributed_optimizer,
+    )
+
+
+def deepspeed_knobs(train: TrainSpec) -> tuple[int, ...]:
+    """DeepSpeed's knobs as ``planner.states.deepspeed_states`` reads them: reduction bucket
+    elements, reduction buckets (2 with overlap_comm), prefetch bucket, live parameters and the
+    persistence threshold (elements)."""
+    ds = train.deepspeed
+    overlap = ds.overlap_comm if ds.overlap_comm is not None else train.parallel.zero_stage == 3
+    return (
+        ds.reduce_bucket_size,
+        2 if overlap else 1,
+        ds.stage3_prefetch_bucket_size,
+        ds.stage3_max_live_parameters,
+        ds.stage3_param_persistence_threshold,
     )
 
 
@@ -149,6 +168,33 @@ def _check(train: TrainSpec) -> None:
             raise SpecError(
                 "offload.mode: framework fsdp2 keeps its state on the GPU; allowed: none, got "
                 f"{train.offload.mode}",
+                field="offload.mode",
+            )
+    if train.framework == "megatron":
+        if p.zero_stage != 0:
+            raise SpecError(
+                "parallel.zero_stage: framework megatron shards the optimizer with "
+                "megatron.use_distributed_optimizer; allowed: 0, got "
+                f"{p.zero_stage}",
+                field="parallel.zero_stage",
+            )
+        if train.offload.mode == "streaming":
+            raise SpecError(
+                "offload.mode: Megatron offloads the optimizer (optimizer_cpu_offload); "
+                "allowed: none, optimizer, got streaming",
+                field="offload.mode",
+            )
+    if train.framework == "deepspeed":
+        if p.zero_stage not in (1, 2, 3):
+            raise SpecError(
+                "parallel.zero_stage: framework deepspeed is DeepSpeed ZeRO; allowed: 1, 2, 3, "
+                f"got {p.zero_stage} (framework none is plain data parallelism)",
+                field="parallel.zero_stage",
+            )
+        if train.offload.mode == "streaming":
+            raise SpecError(
+                "offload.mode: DeepSpeed offloads the optimizer (offload_optimizer); allowed: "
+                "none, optimizer, got streaming",
                 field="offload.mode",
             )
     if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):
@@ -240,7 +286,11 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         backward_mlp_grads=coeffs.backward_mlp_grads,
         framework=settings.framework,
         reshard_after_forward=settings.reshard_after_forward,
-        reduce_bytes=settings.reduce_bytes if settings.framework == "fsdp2" else 4,
+        reduce_bytes=settings.reduce_bytes if settings.framework in ("fsdp2", "megatron") else 4,
+        deepspeed=settings.deepspeed,
+        distributed_optimizer=settings.distributed_optimizer
+        if settings.framework == "megatron"
+        else True,
     )
 
 

@@ -19,6 +19,16 @@ from headroom.planner.train import TrainSpec
 
 _FOUNDATIONS = "seeds/memory-analysis-foundations.txt"
 _KORTHIKANTI = "Korthikanti et al. 2022 (seeds/memory-analysis-foundations.txt)"
+_DEEPSPEED = (
+    "deepspeed: deepspeed/runtime/zero/stage_1_and_2.py (DeepSpeedZeroOptimizer), stage3.py "
+    "(DeepSpeedZeroOptimizer_Stage3), partitioned_param_coordinator.py; held against "
+    "estimate_zero2/zero3_model_states_mem_needs (tests/planner/test_deepspeed.py)"
+)
+_MEGATRON = (
+    "megatron: megatron/core/distributed/param_and_grad_buffer.py, distributed_data_parallel.py, "
+    "megatron/core/optimizer/distrib_optimizer.py; held against megatron/training/"
+    "theoretical_memory_usage.py (tests/planner/test_megatron.py)"
+)
 _FSDP2 = (
     "fsdp2: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (unshard, post_backward), "
     "_fsdp_collectives.py (foreach_all_gather, foreach_reduce); traced in "
@@ -114,6 +124,61 @@ def explain(
             "reshard_after_forward false: every block gathered until its backward is done",
             fsdp2,
             _FSDP2,
+        )
+    elif settings.framework == "megatron":
+        mc: dict[str, object] = {
+            **local,
+            **zero,
+            "use_distributed_optimizer": settings.distributed_optimizer,
+            "main_grads": prec.grads,
+        }
+        rows["params"] = (
+            "megatron: local_params x bytes(params), whole on every data-parallel rank",
+            mc,
+            _MEGATRON,
+        )
+        rows["grads"] = (
+            "megatron: the contiguous main-gradient buffer, local_params x bytes(grads), "
+            "resident in every phase (its buckets are views of it)",
+            mc,
+            _MEGATRON,
+        )
+        rows["transfer_buffers"] = (
+            "megatron: 0 (buckets reduce and gather in place)",
+            mc,
+            _MEGATRON,
+        )
+    elif settings.framework == "deepspeed":
+        reduce_bucket, buckets, prefetch, max_live, threshold = settings.deepspeed
+        ds: dict[str, object] = {
+            **local,
+            **zero,
+            "precision": prec.params,
+            "reduce_bucket_size": reduce_bucket,
+            "reduce_buckets": buckets,
+            "stage3_prefetch_bucket_size": prefetch,
+            "stage3_max_live_parameters": max_live,
+            "stage3_param_persistence_threshold": threshold,
+        }
+        rows["params"] = (
+            "deepspeed: local_params x bytes(params); stage 3: a 1/N partition, tensors up to "
+            "stage3_param_persistence_threshold whole",
+            ds,
+            _DEEPSPEED,
+        )
+        rows["grads"] = (
+            "deepspeed: stage 1 every gradient; stage 2-3 the rank's 16-bit partition (the "
+            "offloaded share's on the host); the running layer's whole while its backward "
+            "makes them",
+            ds,
+            _DEEPSPEED,
+        )
+        rows["transfer_buffers"] = (
+            "deepspeed: reduce_bucket_size x reduce_buckets (2 with overlap_comm) in backward; "
+            "stage 3: min(local_params, max(largest layer, stage3_max_live_parameters)) + "
+            "stage3_prefetch_bucket_size gathered, x bytes(params)",
+            ds,
+            _DEEPSPEED,
         )
     else:
         rows["params"] = (

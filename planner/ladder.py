@@ -142,7 +142,7 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
         for f in OFFLOAD_FRACTIONS
         if not fsdp2
     ]
-    if p.tp == 1 and p.pp == 1 and not fsdp2:
+    if p.tp == 1 and p.pp == 1 and train.framework == "none":  # streaming is Headroom's own
         placements += [
             (
                 {"offload_mode": "streaming", "offload_fraction": 1.0, "checkpoint_every": k},
@@ -152,6 +152,8 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
             if k <= max(model.num_layers, 1) or k == 1
         ]
     zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
+    if train.framework == "megatron":  # its distributed optimizer is its own knob
+        zero_range = (p.zero_stage,)
     zeros = [({"zero_stage": z}, {"parallel.zero_stage": z}) for z in zero_range]
     segments = [
         ({"expandable_segments": e}, {"expandable_segments": e})

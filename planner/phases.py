@@ -153,7 +153,9 @@ def phase_rows(
     if streaming and logits:
         activations += acts.layer.layer_input
     # gradient buffers live from the first micro-batch on (streaming's are the host's)
-    live_grads = states.grads_total if accumulating and not streaming else 0
+    live_grads = (
+        states.grads_total if (accumulating or states.grads_resident) and not streaming else 0
+    )
     # streaming: gradients drain to the host during a forward only after an earlier
     # micro-batch's backward
     forward_transfer = states.forward_transfer if accumulating or not streaming else 0

@@ -13,6 +13,10 @@ from typing import NamedTuple
 from headroom.planner import buckets as b
 from headroom.planner.model import ModelSpec
 from headroom.planner.stage import (
+    UNIT_DENSE,
+    UNIT_EMBED,
+    UNIT_HEAD,
+    UNIT_MOE,
     PerKind,
     StageParams,
     offloaded_numel,
@@ -45,6 +49,8 @@ class StatesInputs(NamedTuple):
     framework: str = "none"  # none | fsdp2
     reshard_after_forward: bool = True  # fsdp2: blocks gathered again for their backward
     reduce_bytes: int = 4  # fsdp2: bytes per element of a reduce-scatter's input
+    deepspeed: tuple[int, ...] = ()  # deepspeed: ``planner.estimator.deepspeed_knobs``
+    distributed_optimizer: bool = True  # megatron: master weights and moments over dp x cp
 
 
 class ZeroShards(NamedTuple):
@@ -101,6 +107,8 @@ class ModelStates(NamedTuple):
     # (middle, bottom, top, the only layer: ``planner.activations.BackwardPoint.edge``)
     released_transfer: tuple[int, int]  # less per dense and MoE layer above the running one
     tail_transfer: int  # at the backward's end (the ``grads_tail`` point)
+    grads_resident: bool  # the gradient buffers exist from the start (Megatron's contiguous
+    # buffer), not only as backward makes them
     host: HostBytes
 
 
@@ -126,6 +134,10 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
     sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
     if inputs.framework == "fsdp2":
         return fsdp2_states(sp, inputs)
+    if inputs.framework == "deepspeed":
+        return deepspeed_states(sp, inputs)
+    if inputs.framework == "megatron":
+        return megatron_states(sp, inputs)
     streaming = inputs.offload_mode == "streaming"
     param_bytes, grad_bytes, master_bytes = (
         inputs.param_bytes,
@@ -143,22 +155,8 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
 
     # Model states, local shard, before placement: dense tensors shard over dp x cp, experts
     # over the expert-data-parallel group.
-    opt_total = b.optimizer_state_bytes(
-        optimizer,
-        dense,
-        state_bytes,
-        matrix_numel=sp.matrix_dense_numel,
-        adafactor_numel=sp.adafactor_dense_numel,
-        adam8bit_bytes=sp.adam8bit_dense_bytes,
-        zero1_shards=zero_dense.optimizer,
-    ) + b.optimizer_state_bytes(
-        optimizer,
-        expert,
-        state_bytes,
-        matrix_numel=sp.matrix_expert_numel,
-        adafactor_numel=sp.adafactor_expert_numel,
-        adam8bit_bytes=sp.adam8bit_expert_bytes,
-        zero1_shards=zero_expert.optimizer,
+    opt_total = _optimizer_bytes(
+        sp, optimizer, state_bytes, zero_dense.optimizer, zero_expert.optimizer
     )
     local_opt_numel = -(-dense // zero_dense.optimizer) + -(-expert // zero_expert.optimizer)
     master_total = b.master_params_bytes(
@@ -199,6 +197,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
             layer_transfer=(2 * unit_grads,) * 4,
             released_transfer=(0, 0),
             tail_transfer=2 * unit_grads,
+            grads_resident=False,
             host=HostBytes(
                 params=numel * param_bytes,
                 grads=numel * 4,
@@ -310,6 +309,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         layer_transfer=(transfer,) * 4,
         released_transfer=(0, 0),
         tail_transfer=transfer,
+        grads_resident=False,
         host=HostBytes(
             params=0,
             grads=offloaded * 4,
@@ -318,6 +318,30 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
             ema=ema_total if ema == "host" else 0,
             transfer_buffers=0,
         ),
+    )
+
+
+def _optimizer_bytes(
+    sp: StageParams, optimizer: str, state_bytes: int, over_dense: int, over_expert: int
+) -> int:
+    """The optimizer's state of the stage's dense tensors sharded over ``over_dense`` ranks and
+    of its experts over ``over_expert``."""
+    return b.optimizer_state_bytes(
+        optimizer,
+        sp.dense_numel,
+        state_bytes,
+        matrix_numel=sp.matrix_dense_numel,
+        adafactor_numel=sp.adafactor_dense_numel,
+        adam8bit_bytes=sp.adam8bit_dense_bytes,
+        zero1_shards=over_dense,
+    ) + b.optimizer_state_bytes(
+        optimizer,
+        sp.expert_numel,
+        state_bytes,
+        matrix_numel=sp.matrix_expert_numel,
+        adafactor_numel=sp.adafactor_expert_numel,
+        adam8bit_bytes=sp.adam8bit_expert_bytes,
+        zero1_shards=over_expert,
     )
 
 
@@ -362,23 +386,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     local_numel = -(-dense // over_dense) + -(-expert // over_expert)
     params = _sharded(dense, expert, over_dense, over_expert, shard_bytes)
     grads_total = params if shard_bytes == param_bytes else local_numel * shard_bytes
-    opt = b.optimizer_state_bytes(
-        inputs.optimizer,
-        dense,
-        state_bytes,
-        matrix_numel=sp.matrix_dense_numel,
-        adafactor_numel=sp.adafactor_dense_numel,
-        adam8bit_bytes=sp.adam8bit_dense_bytes,
-        zero1_shards=over_dense,
-    ) + b.optimizer_state_bytes(
-        inputs.optimizer,
-        expert,
-        state_bytes,
-        matrix_numel=sp.matrix_expert_numel,
-        adafactor_numel=sp.adafactor_expert_numel,
-        adam8bit_bytes=sp.adam8bit_expert_bytes,
-        zero1_shards=over_expert,
-    )
+    opt = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
     opt_temp = b.optimizer_temporary_bytes(
         inputs.optimizer,
         inputs.optimizer_impl,
@@ -486,5 +494,258 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         layer_transfer=layer_transfer,
         released_transfer=released,
         tail_transfer=tail_transfer,
+        grads_resident=False,
         host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
+    )
+
+
+def _persistent_numel(sp: StageParams, threshold: int) -> int:
+    """Elements of the stage's tensors of ``threshold`` elements or fewer (ZeRO-3 keeps them
+    whole on every rank: ``stage3_param_persistence_threshold``)."""
+    counts = {
+        UNIT_EMBED: int(sp.has_embedding),
+        UNIT_DENSE: sp.num_layers - sp.num_moe_layers,
+        UNIT_MOE: sp.num_moe_layers,
+        UNIT_HEAD: int(sp.has_head),
+    }
+    return sum(
+        counts[unit] * sum(n for n, _ in tensors if n <= threshold)
+        for unit, tensors in enumerate(sp.unit_tensors)
+    )
+
+
+def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
+    """Persistent state of one stage's rank under DeepSpeed ZeRO (``parallel.zero_stage`` 1-3),
+    derived from its source (``deepspeed/runtime/zero/stage_1_and_2.py``:
+    ``DeepSpeedZeroOptimizer``; ``stage3.py``: ``DeepSpeedZeroOptimizer_Stage3``;
+    ``partitioned_param_coordinator.py``) and held against its own estimators
+    (``estimate_zero2_model_states_mem_needs``, ``estimate_zero3_model_states_mem_needs``;
+    ``tests/planner/test_deepspeed.py``):
+
+    - 16-bit parameters whole on every rank (stage 3: a 1/N partition, tensors up to
+      ``stage3_param_persistence_threshold`` elements whole); the fp32 master weights and the
+      moments in 1/N partitions;
+    - gradients: autograd's 16-bit ones, copied into a reduction bucket of
+      ``reduce_bucket_size`` elements (two with ``overlap_comm``) and reduced into the rank's
+      16-bit partition (stage 2 and 3); stage 1 keeps every gradient until the step;
+    - the step makes the partition's fp32 gradients (``single_partition_of_fp32_groups``'
+      grads) beside the master weights;
+    - stage 3 gathers up to ``stage3_max_live_parameters`` elements (at least the module
+      running) and prefetches ``stage3_prefetch_bucket_size`` more;
+    - ``offload.mode: optimizer`` (``offload_optimizer: {device: cpu, ratio}``) moves the
+      offloaded share's master weights, moments and fp32 gradients to pinned host RAM, and its
+      gradient partition with them.
+    """
+    dp, ep, stage = inputs.data_parallel, inputs.ep, inputs.zero_stage
+    reduce_bucket, reduce_buckets, prefetch, max_live, threshold = inputs.deepspeed
+    over_dense, over_expert = dp, max(1, dp // ep)
+    zero_dense = _zero_shards(dp, stage)
+    zero_expert = _zero_shards(over_expert, stage)
+    param_bytes, state_bytes = inputs.param_bytes, inputs.state_bytes
+    master_bytes = inputs.master_bytes
+    dense, expert = sp.dense_numel, sp.expert_numel
+    total = dense + expert
+    part = -(-dense // over_dense) + -(-expert // over_expert)  # the rank's partition
+    offloaded_share = inputs.offload_fraction if inputs.offload_mode == "optimizer" else 0.0
+    offloaded = int(part * offloaded_share)
+    on_gpu = part - offloaded
+    opt_total = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
+    opt = int(opt_total * on_gpu / part) if part else 0
+    if stage == 3:
+        persistent = _persistent_numel(sp, threshold)
+        params = (-(-(dense - persistent) // over_dense) + -(-expert // over_expert)) * param_bytes
+        params += persistent * param_bytes
+    else:
+        params = total * param_bytes
+    # gradients after backward: every one (stage 1), else the partition's (the offloaded
+    # share's is on the host)
+    grads_total = total * param_bytes if stage == 1 else on_gpu * param_bytes
+    opt_temp = on_gpu * 4 + (
+        b.optimizer_temporary_bytes(
+            inputs.optimizer,
+            inputs.optimizer_impl,
+            on_gpu,
+            sp.largest_tensor_numel,
+            sp.largest_matrix_numel,
+            state_bytes,
+            0,
+            mixed_states=master_bytes == 4 and state_bytes < 4,
+        )
+        if on_gpu
+        else 0
+    )
+    ema_total = part * 4 if inputs.ema != "none" else 0
+    reduction = min(reduce_bucket, total) * param_bytes * reduce_buckets
+    dense_unit = sp.dense_layer_numel
+    moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
+    unit = max(dense_unit, moe_unit)
+    gathered = 0
+    if stage == 3:
+        gathered = min(total, max(unit, max_live)) * param_bytes
+        gathered += min(prefetch, total) * param_bytes
+    # the layers' gradients through backward: the partition of each layer above (stage 1:
+    # all of them), the running layer's whole in the working precision
+    shards = 1 if stage == 1 else dp
+    share = inputs.backward_mlp_grads
+    keep = 1.0 if stage == 1 else 1.0 - offloaded_share
+    layer_dense = int(-(-dense_unit // shards) * param_bytes * keep)
+    layer_moe = int(
+        (-(-sp.moe_layer_numel // shards) + -(-sp.moe_layer_expert_numel // max(1, shards // ep)))
+        * param_bytes
+        * keep
+    )
+    mlp_dense = sp.dense_layer_mlp_numel * param_bytes
+    shared = sp.moe_layer_shared_numel * param_bytes
+    mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
+    accumulating = inputs.accumulating
+    layer_grads = PerKind(
+        dense=LayerGrads(
+            layer=0 if accumulating else layer_dense,
+            mlp_peak=int(share * mlp_dense),
+            mlp=mlp_dense,
+            start=0,
+        ),
+        moe=LayerGrads(
+            layer=0 if accumulating else layer_moe,
+            mlp_peak=int(share * mlp_moe),
+            mlp=mlp_moe,
+            start=shared,
+        ),
+    )
+    head = sp.head_unit_numel if sp.has_head else 0
+    if sp.tied_embeddings:
+        head += sp.embedding_numel
+    head_grads = int(-(-head // shards) * param_bytes * keep)
+    grads_start = grads_total if accumulating else head_grads
+    held = gathered + reduction
+    grads_tail = grads_total
+    if sp.has_embedding:
+        # the embedding's backward makes a table-sized gradient in the working precision
+        grads_tail += sp.embedding_numel * param_bytes
+    return ModelStates(
+        stage_params=sp,
+        zero_dense=zero_dense,
+        zero_expert=zero_expert,
+        offloaded_numel=offloaded,
+        gpu_updated_numel=on_gpu,
+        params=params,
+        grads_total=grads_total,
+        grads_start=grads_start,
+        layer_grads=layer_grads,
+        grads_tail=grads_tail,
+        master_params=on_gpu * master_bytes,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_total if inputs.ema == "gpu" else 0,
+        transfer_buffers=held,
+        forward_transfer=gathered,
+        loss_transfer=gathered,
+        layer_transfer=(held,) * 4,
+        released_transfer=(0, 0),
+        tail_transfer=held,
+        grads_resident=False,
+        host=HostBytes(
+            params=0,
+            grads=offloaded * 4,
+            master_params=offloaded * master_bytes,
+            optimizer_states=opt_total - opt,
+            ema=ema_total if inputs.ema == "host" else 0,
+            transfer_buffers=0,
+        ),
+    )
+
+
+def megatron_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
+    """Persistent state of one stage's rank under Megatron-Core's data parallelism, derived
+    from its source (``megatron/core/distributed/param_and_grad_buffer.py``: the contiguous
+    buffers; ``distributed_data_parallel.py``: the buckets, views of them;
+    ``megatron/core/optimizer/distrib_optimizer.py``) and held against Megatron-LM's
+    theoretical memory report (``megatron/training/theoretical_memory_usage.py``: 18 bytes a
+    parameter, or 6 + 12/dp with the distributed optimizer; ``tests/planner/test_megatron.py``):
+
+    - 16-bit parameters whole on every rank (of its tensor and pipeline shard);
+    - one contiguous main-gradient buffer of every parameter in ``precision.grads``, allocated
+      at start and kept for good: backward's gradient-accumulation fusion adds each weight
+      gradient into it, and its buckets (views of it) are reduced, or reduce-scattered in place
+      with the distributed optimizer, so no gradient or bucket exists beside it;
+    - fp32 master weights and moments, sharded over ``dp x cp`` (experts over their data-parallel
+      group) with ``use_distributed_optimizer``, whole without;
+    - ``offload.mode: optimizer`` (``optimizer_cpu_offload``, ``optimizer_offload_fraction``):
+      Megatron's hybrid device optimizer keeps the offloaded share's master weights and moments
+      in host RAM (and copies its gradients there).
+    """
+    dp, ep = inputs.data_parallel, inputs.ep
+    sharded = inputs.distributed_optimizer
+    over_dense = dp if sharded else 1
+    over_expert = max(1, dp // ep) if sharded else 1
+    zero = ZeroShards(1, 1, over_dense)
+    zero_expert = ZeroShards(1, 1, over_expert)
+    param_bytes, state_bytes, master_bytes = (
+        inputs.param_bytes,
+        inputs.state_bytes,
+        inputs.master_bytes,
+    )
+    dense, expert = sp.dense_numel, sp.expert_numel
+    total = dense + expert
+    part = -(-dense // over_dense) + -(-expert // over_expert)
+    if inputs.offload_mode == "optimizer":
+        off_dense, off_expert = offloaded_numel(
+            sp, over_dense, over_expert, inputs.offload_fraction
+        )
+        offloaded = off_dense + off_expert
+    else:
+        offloaded = 0
+    on_gpu = part - offloaded
+    opt_total = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
+    opt = int(opt_total * on_gpu / part) if part else 0
+    opt_temp = (
+        b.optimizer_temporary_bytes(
+            inputs.optimizer,
+            inputs.optimizer_impl,
+            on_gpu,
+            sp.largest_tensor_numel,
+            sp.largest_matrix_numel,
+            state_bytes,
+            0,
+            mixed_states=master_bytes == 4 and state_bytes < 4,
+        )
+        if on_gpu
+        else 0
+    )
+    buffer = total * inputs.reduce_bytes  # the main gradients, resident
+    ema_total = part * 4 if inputs.ema != "none" else 0
+    grads_tail = buffer
+    if sp.has_embedding:
+        # the embedding's gradient is made by autograd and added into its main gradient
+        grads_tail += sp.embedding_numel * param_bytes
+    return ModelStates(
+        stage_params=sp,
+        zero_dense=zero,
+        zero_expert=zero_expert,
+        offloaded_numel=offloaded,
+        gpu_updated_numel=on_gpu,
+        params=total * param_bytes,
+        grads_total=buffer,
+        grads_start=buffer,
+        layer_grads=PerKind(dense=_NO_LAYER_GRADS, moe=_NO_LAYER_GRADS),
+        grads_tail=grads_tail,
+        master_params=on_gpu * master_bytes,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_total if inputs.ema == "gpu" else 0,
+        transfer_buffers=0,
+        forward_transfer=0,
+        loss_transfer=0,
+        layer_transfer=(0, 0, 0, 0),
+        released_transfer=(0, 0),
+        tail_transfer=0,
+        grads_resident=True,
+        host=HostBytes(
+            params=0,
+            grads=offloaded * 4,
+            master_params=offloaded * master_bytes,
+            optimizer_states=opt_total - opt,
+            ema=ema_total if inputs.ema == "host" else 0,
+            transfer_buffers=0,
+        ),
     )

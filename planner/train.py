@@ -117,9 +117,59 @@ class Fsdp2(_Frozen):
     )
 
 
+class DeepSpeed(_Frozen):
+    """DeepSpeed ZeRO's knobs, spelled as its ``zero_optimization`` config spells them (in
+    elements, DeepSpeed's defaults). The stage is ``parallel.zero_stage`` (1-3); CPU offload of
+    the optimizer (``offload_optimizer: {device: cpu, ratio}``) is ``offload: {mode: optimizer,
+    fraction}``."""
+
+    reduce_bucket_size: Int = Field(
+        default=500_000_000, ge=1, le=2**40, description="Elements per gradient reduction bucket."
+    )
+    overlap_comm: StrictBool | None = Field(
+        default=None,
+        description="Overlap reduction with backward (two reduction buckets); default: "
+        "DeepSpeed's (true at stage 3, false below).",
+    )
+    stage3_prefetch_bucket_size: Int = Field(
+        default=50_000_000, ge=0, le=2**40, description="Stage 3: elements gathered ahead."
+    )
+    stage3_max_live_parameters: Int = Field(
+        default=1_000_000_000,
+        ge=0,
+        le=2**40,
+        description="Stage 3: gathered elements kept alive before released.",
+    )
+    stage3_param_persistence_threshold: Int = Field(
+        default=100_000,
+        ge=0,
+        le=2**40,
+        description="Stage 3: tensors this small or smaller stay whole on every rank.",
+    )
+
+
+class Megatron(_Frozen):
+    """Megatron-Core's knobs, spelled as its ``DistributedDataParallelConfig`` and
+    ``OptimizerConfig`` spell them. The main gradients' dtype is ``precision.grads`` (fp32:
+    ``accumulate_allreduce_grads_in_fp32``, what Megatron-LM sets for bf16); CPU offload of the
+    optimizer (``optimizer_cpu_offload``, ``optimizer_offload_fraction``) is ``offload: {mode:
+    optimizer, fraction}``."""
+
+    use_distributed_optimizer: StrictBool = Field(
+        default=True,
+        description="Shard the fp32 master weights and moments over the data-parallel ranks.",
+    )
+    overlap_grad_reduce: StrictBool = Field(
+        default=True, description="Reduce gradient buckets as backward makes them."
+    )
+    overlap_param_gather: StrictBool = Field(
+        default=True, description="Gather updated parameters during the next forward."
+    )
+
+
 #: the training frameworks the estimate models (``none``: plain data parallelism, ZeRO as
 #: ``parallel.zero_stage`` says)
-FRAMEWORKS = ("none", "fsdp2")
+FRAMEWORKS = ("none", "fsdp2", "deepspeed", "megatron")
 
 
 def _shipped_profiles(schema: JsonDict) -> None:
@@ -149,13 +199,18 @@ class TrainSpec(_Frozen):
         json_schema_extra=_shipped_profiles,
     )
     ema: Literal["none", "gpu", "host"] = "none"
-    framework: Literal["none", "fsdp2"] = Field(
+    framework: Literal["none", "fsdp2", "deepspeed", "megatron"] = Field(
         default="none",
         description="Which framework shards and moves the state: none (plain data parallel, "
-        "ZeRO as parallel.zero_stage says) or fsdp2 (torch's fully_shard on every block and "
-        "the root, as torchtitan runs it; needs parallel.zero_stage 3 and offload.mode none).",
+        "ZeRO as parallel.zero_stage says), fsdp2 (torch's fully_shard on every block and "
+        "the root, as torchtitan runs it; needs parallel.zero_stage 3 and offload.mode none) "
+        "deepspeed (DeepSpeed ZeRO stage parallel.zero_stage 1-3, its buckets; offload.mode "
+        "optimizer is its offload_optimizer) or megatron (Megatron-Core's contiguous gradient "
+        "buffer and distributed optimizer; parallel.zero_stage 0).",
     )
     fsdp2: Fsdp2 = Fsdp2()
+    deepspeed: DeepSpeed = DeepSpeed()
+    megatron: Megatron = Megatron()
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
     moe_capacity_factor: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(

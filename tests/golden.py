@@ -32,6 +32,13 @@ TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
         "precision": {"grads": "fp32"},
         "parallel": {"dp": 16, "tp": 2, "zero_stage": 3, "sequence_parallel": True},
     },
+    "deepspeed-z3-offload": {
+        "framework": "deepspeed",
+        "parallel": {"dp": 8, "zero_stage": 3},
+        "offload": {"mode": "optimizer", "fraction": 0.5},
+        "deepspeed": {"overlap_comm": False, "reduce_bucket_size": 50000000},
+    },
+    "deepspeed-z2": {"framework": "deepspeed", "parallel": {"dp": 4, "zero_stage": 2}},
     "fsdp2-keep": {
         "framework": "fsdp2",
         "fsdp2": {"reshard_after_forward": False},

@@ -317,7 +317,17 @@
       $("zero_stage").value = "3";
       $("offload_mode").value = "none";
     }
-    $("zero_stage").disabled = fsdp2;
+    // DeepSpeed is ZeRO 1 and up, and offloads the optimizer only
+    const deepspeed = $("framework").value === "deepspeed";
+    if (deepspeed && $("zero_stage").value === "0") $("zero_stage").value = "1";
+    if (deepspeed && $("offload_mode").value === "streaming") $("offload_mode").value = "none";
+    $("zero_stage").querySelector('option[value="0"]').disabled = deepspeed;
+    // Megatron shards its optimizer with its own distributed optimizer (ZeRO key 0)
+    const megatron = $("framework").value === "megatron";
+    if (megatron) $("zero_stage").value = "0";
+    if (megatron && $("offload_mode").value === "streaming") $("offload_mode").value = "none";
+    $("offload_mode").querySelector('option[value="streaming"]').disabled = deepspeed || megatron;
+    $("zero_stage").disabled = fsdp2 || megatron;
     $("offload_mode").disabled = fsdp2;
     $("offload_fraction").disabled = fsdp2 || $("offload_mode").value !== "optimizer";
   }

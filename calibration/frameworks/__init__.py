@@ -8,10 +8,10 @@ as torchtitan applies it, traced on the CPU with a fake process group
 from __future__ import annotations
 
 from headroom.planner.errors import SpecError
-from headroom.planner.train import FRAMEWORKS
 
-__all__ = ["FRAMEWORKS", "FRAMEWORK_IMPLS", "check_framework", "design_name"]
-
+#: the frameworks ``headroom calibrate trace --framework`` runs a step under (the estimate
+#: models more: ``planner.train.FRAMEWORKS``)
+FRAMEWORKS = ("none", "fsdp2")
 #: the implementations each framework traces
 FRAMEWORK_IMPLS: dict[str, tuple[str, ...]] = {"none": ("runtime", "hf"), "fsdp2": ("hf",)}
 

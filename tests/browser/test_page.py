@@ -257,10 +257,33 @@ def test_the_framework_and_model_code_follow_the_api(page: webdriver.Chrome, ser
     )
     assert drawn != before
     assert _text(page, "error") == ""
+    # DeepSpeed: ZeRO 1 and up, no streaming; the page draws the API's answer
+    _select(page, "framework", "deepspeed")
+    zero = page.find_element(By.ID, "zero_stage")
+    assert zero.is_enabled()
+    assert not zero.find_element(By.CSS_SELECTOR, 'option[value="0"]').is_enabled()
+    streaming = page.find_element(By.CSS_SELECTOR, '#offload_mode option[value="streaming"]')
+    assert not streaming.is_enabled()
+    status, expected = _post(
+        server,
+        "/api/v1/estimate",
+        {
+            "model": "llama-3-8b",
+            "gpu": "H200-141GB",
+            "train": {
+                "framework": "deepspeed",
+                "activation_profile": "hf",
+                "parallel": {"dp": 8, "zero_stage": 3},
+            },
+        },
+    )
+    assert status == 200
+    _wait(page, lambda d: _peak(d) == expected["gpu"]["peak_bytes"], "deepspeed is drawn")
     # back to plain data parallelism: the controls are free again
     _select(page, "framework", "none")
     assert page.find_element(By.ID, "zero_stage").is_enabled()
     assert page.find_element(By.ID, "offload_mode").is_enabled()
+    assert zero.find_element(By.CSS_SELECTOR, 'option[value="0"]').is_enabled()
 
 
 def test_a_model_too_big_for_the_gpu_does_not_fit(page: webdriver.Chrome) -> None:

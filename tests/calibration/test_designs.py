@@ -50,14 +50,16 @@ def test_every_shape_says_why_and_every_run_names_its_split(impl: str) -> None:
 def test_the_typed_records_write_the_committed_files() -> None:
     text = (DATA / "runtime-traces.json").read_text()
     assert TracesFile.model_validate_json(text).to_json_text() == text
-    # the hf file predates max_grad_norm and framework; written again it gains their defaults,
-    # nothing else
+    # the hf file predates max_grad_norm and the frameworks; written again it gains their
+    # defaults, nothing else
     text = (DATA / "hf-traces.json").read_text()
     rewritten = json.loads(TracesFile.model_validate_json(text).to_json_text())
     for record in rewritten["records"]:
         assert record["train"].pop("max_grad_norm") == 1.0
         assert record["train"].pop("framework") == "none"
         assert record["train"].pop("fsdp2") == {"reshard_after_forward": True}
+        assert record["train"].pop("deepspeed")["reduce_bucket_size"] == 500_000_000
+        assert record["train"].pop("megatron")["use_distributed_optimizer"] is True
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
     text = (DATA / "hf-fsdp2-traces.json").read_text()

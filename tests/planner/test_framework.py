@@ -33,7 +33,7 @@ def _train(**values: Any) -> planner.TrainSpec:
 def test_the_default_is_no_framework() -> None:
     train = planner.TrainSpec()
     assert train.framework == "none" and train.fsdp2.reshard_after_forward
-    assert planner.FRAMEWORKS == ("none", "fsdp2")
+    assert planner.FRAMEWORKS == ("none", "fsdp2", "deepspeed", "megatron")
 
 
 def test_fsdp2_shards_parameters_without_a_master_copy() -> None:
@@ -99,7 +99,7 @@ def test_fsdp2_refuses_what_it_does_not_run(
 
 def test_an_unknown_framework_is_refused_naming_the_values() -> None:
     with pytest.raises(ValueError, match="framework"):
-        planner.TrainSpec.model_validate({"framework": "megatron"})
+        planner.TrainSpec.model_validate({"framework": "colossalai"})
 
 
 def test_the_api_takes_the_framework_and_refuses_a_bad_one() -> None:
@@ -112,7 +112,7 @@ def test_the_api_takes_the_framework_and_refuses_a_bad_one() -> None:
         == planner.estimate(MODEL, _train(), GPU).gpu.peak_bytes
     )
     for train, field in (
-        ({"framework": "deepspeed"}, "train.framework"),
+        ({"framework": "colossalai"}, "train.framework"),
         ({"framework": "fsdp2", "parallel": {"dp": 8}}, "parallel.zero_stage"),
     ):
         bad = client.post("/api/v1/estimate", json={"model": "llama-3-8b", "train": train})
@@ -139,7 +139,7 @@ def test_the_cli_sets_the_framework() -> None:
         GPU,
     )
     assert budget["gpu"]["peak_bytes"] == expected.gpu.peak_bytes
-    refused = run_headroom("estimate", "llama-3-8b", "--set", "framework=megatron")
+    refused = run_headroom("estimate", "llama-3-8b", "--set", "framework=colossalai")
     assert refused.returncode == 2
     assert "framework" in refused.stderr and "fsdp2" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
@@ -166,16 +166,25 @@ def test_compare_shows_every_framework_and_model_code() -> None:
     pairs = [(c.framework, c.activation_profile) for c in rows]
     profiles = planner.coefficients.profiles()
     assert pairs == [(f, p) for f in planner.FRAMEWORKS for p in profiles]
+    # each framework's least ZeRO stage: fsdp2 shards everything, DeepSpeed is ZeRO 1 and up,
+    # Megatron shards with its own distributed optimizer (off at ZeRO 0)
+    stage = {"none": 0, "fsdp2": 3, "deepspeed": 1, "megatron": 0}
     for c in rows:
         spec = {
             "seq_len": 8192,
             "framework": c.framework,
             "activation_profile": c.activation_profile,
-            "parallel": {"dp": 8, "zero_stage": 3 if c.framework == "fsdp2" else 0},
+            "parallel": {"dp": 8, "zero_stage": stage[c.framework]},
         }
+        if c.framework == "megatron":
+            spec["megatron"] = {"use_distributed_optimizer": False}
         expected = planner.estimate(MODEL, planner.TrainSpec.model_validate(spec), GPU)
         assert c.gpu_peak_bytes == expected.gpu_peak_bytes and c.peak_phase == expected.peak_phase
-        assert c.changed == ({"parallel.zero_stage": 3} if c.framework == "fsdp2" else {})
+        zero = stage[c.framework]
+        changed: dict[str, object] = {"parallel.zero_stage": zero} if zero else {}
+        if c.framework == "megatron":
+            changed = {"megatron.use_distributed_optimizer": False}
+        assert c.changed == changed
         assert c.error is None
     # the CLI's --compare and the API's compare field
     proc = run_headroom(
@@ -203,8 +212,16 @@ def test_compare_says_why_a_pair_cannot_run() -> None:
     none_rows = [c for c in rows if c.framework == "none"]
     assert none_rows and all(c.error and "offload.mode" in c.error for c in none_rows)
     assert all(c.gpu_peak_bytes is None and c.fits is None for c in none_rows)
-    # fsdp2 drops the offload it does not run, and says so
+    # fsdp2 and DeepSpeed drop the offload they do not run, and say so
     for c in rows:
         if c.framework == "fsdp2":
             assert c.changed == {"parallel.zero_stage": 3, "offload.mode": "none"}
+        if c.framework == "deepspeed":
+            assert c.changed == {"parallel.zero_stage": 1, "offload.mode": "none"}
+        if c.framework == "megatron":
+            assert c.changed == {
+                "megatron.use_distributed_optimizer": False,
+                "offload.mode": "none",
+            }
+        if c.framework != "none":
             assert c.error is None and c.gpu_peak_bytes is not None

@@ -16,6 +16,7 @@ HF_DIR = Path(planner.__file__).parent / "data" / "hf"
 TOTALS = {
     "llama-3-8b": 8_030_261_248,
     "llama-3-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
     "mistral-7b": 7_241_732_096,
     "mixtral-8x7b": 46_702_792_704,
     "qwen2-7b": 7_615_616_512,

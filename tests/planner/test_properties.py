@@ -91,10 +91,15 @@ def model_specs(draw: st.DrawFn, *, moe: bool | None = None) -> planner.ModelSpe
 @st.composite
 def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
     """Any valid training spec: precision, optimizer, recompute, parallelism, offload, the
-    framework (fsdp2 with ZeRO-3 and no offload, as it requires)."""
-    framework = draw(st.sampled_from(["none", "fsdp2"]))
-    fsdp2 = framework == "fsdp2"
-    mode = "none" if fsdp2 else draw(st.sampled_from(["none", "optimizer", "streaming"]))
+    framework (each with the ZeRO stages and offload it runs)."""
+    framework = draw(st.sampled_from(["none", "fsdp2", "deepspeed", "megatron"]))
+    fsdp2, deepspeed, megatron = (framework == f for f in ("fsdp2", "deepspeed", "megatron"))
+    modes = ["none", "optimizer", "streaming"]
+    if fsdp2:
+        modes = ["none"]
+    elif deepspeed or megatron:
+        modes = ["none", "optimizer"]
+    mode = draw(st.sampled_from(modes))
     streaming = mode == "streaming"
     dp = draw(st.sampled_from([1, 2, 4, 8]))
     cp = draw(st.sampled_from([1, 2]))
@@ -105,7 +110,7 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         pp=1 if streaming else draw(st.sampled_from([1, 2, 4])),
         ep=draw(st.sampled_from(_divisors(dp * cp))),
         sequence_parallel=draw(st.booleans()),
-        zero_stage=3 if fsdp2 else draw(st.integers(0, 3)),
+        zero_stage=3 if fsdp2 else 0 if megatron else draw(st.integers(int(deepspeed), 3)),
     )
     offload = planner.Offload(
         mode=mode,
@@ -145,6 +150,7 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         expandable_segments=draw(st.booleans()),
         framework=framework,
         fsdp2=planner.Fsdp2(reshard_after_forward=draw(st.booleans())),
+        megatron=planner.Megatron(use_distributed_optimizer=draw(st.booleans())),
     )
 
 
