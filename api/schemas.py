@@ -178,6 +178,7 @@ class CalibrationOut(BaseModel):
     model_name: str
     gpu_name: str
     activation_profile: str
+    framework: str
     measured_peak_bytes: int
     predicted_peak_bytes: int
     relative_error: float

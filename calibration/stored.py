@@ -51,12 +51,16 @@ def record_measurement(
     )
 
 
-def calibrated_for(*, session: Session, profile: str, hw: planner.Hardware) -> planner.Coefficients:
+def calibrated_for(
+    *, session: Session, profile: str, hw: planner.Hardware, framework: str = "none"
+) -> planner.Coefficients:
     """The fitted set ``estimate --calibrated`` uses, judged by the trust rule.
 
     The store's active set for ``hw`` wins, then its generic one, then the shipped set
-    (``NotCalibrated`` if the profile has none); the newest records of the profile on ``hw``
-    then set its trust and margin (``calibration.trust``)."""
+    (``NotCalibrated`` if the profile has none); the newest records of the profile under the
+    same ``framework`` on ``hw`` then set its trust and margin (``calibration.trust``): the
+    coefficients are the model code's, the evidence is the (implementation, framework)
+    pair's."""
     row = store.active_coefficients(session=session, profile=profile, device=hw.name)
     if row is not None:
         coeffs = planner.Coefficients.model_validate(row.values)
@@ -65,7 +69,7 @@ def calibrated_for(*, session: Session, profile: str, hw: planner.Hardware) -> p
     recent = [
         (r.spec, r.measured)
         for r in store.recent_calibrations(
-            session=session, profile=profile, gpu_name=hw.name, limit=RECENT
+            session=session, profile=profile, gpu_name=hw.name, limit=RECENT, framework=framework
         )
     ]
     return assess_records(coeffs, recent)

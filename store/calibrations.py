@@ -62,6 +62,7 @@ def add_calibration(
         model_name=model.name,
         gpu_name=hw.name,
         activation_profile=train.activation_profile,
+        framework=train.framework,
         spec=spec_dump(model=model, train=train, hw=hw),
         measured=measured.model_dump(mode="json"),
         predicted={"budget": budget.model_dump(mode="json"), "comparison": comparison},
@@ -79,12 +80,17 @@ def all_calibrations(*, session: Session) -> list[Calibration]:
 
 
 def recent_calibrations(
-    *, session: Session, profile: str, gpu_name: str, limit: int
+    *, session: Session, profile: str, gpu_name: str, limit: int, framework: str = "none"
 ) -> list[Calibration]:
-    """The newest ``limit`` calibration records of ``profile`` on ``gpu_name``, newest first."""
+    """The newest ``limit`` calibration records of ``profile`` under ``framework`` on
+    ``gpu_name``, newest first."""
     query = (
         select(Calibration)
-        .where(Calibration.activation_profile == profile, Calibration.gpu_name == gpu_name)
+        .where(
+            Calibration.activation_profile == profile,
+            Calibration.framework == framework,
+            Calibration.gpu_name == gpu_name,
+        )
         .order_by(Calibration.id.desc())
         .limit(limit)
     )

@@ -65,6 +65,7 @@ class Calibration(Base):
     model_name: Mapped[str] = mapped_column(String(200), index=True)
     gpu_name: Mapped[str] = mapped_column(String(100), index=True)
     activation_profile: Mapped[str] = mapped_column(String(64))
+    framework: Mapped[str] = mapped_column(String(32), default="none", server_default="none")
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     measured: Mapped[dict[str, Any]] = mapped_column(JSON)
     predicted: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -418,6 +418,19 @@ def report_command(
         )
     console = Console()
     console.print(table)
+    pairs = Table(title="The peak's error per (implementation, framework)")
+    for column in ("implementation / framework", "n", "median", "p95", "max", "mean (signed)"):
+        pairs.add_column(column, justify="left" if column.startswith("impl") else "right")
+    for pair, s in summary["by_pair"].items():
+        pairs.add_row(
+            pair,
+            str(s["n"]),
+            pct(s["median"]),
+            pct(s["p95"]),
+            pct(s["max"]),
+            pct(s.get("signed_mean")),
+        )
+    console.print(pairs)
     console.print(f"false fits (predicted to fit, ran out of memory): {summary['false_fits']}")
     if png is not None:
         console.print(f"plot: {png}")

@@ -64,7 +64,10 @@ def estimate_command(
                 open_store()() as session,
             ):
                 coeffs = calibrated_for(
-                    session=session, profile=train_spec.activation_profile, hw=hw
+                    session=session,
+                    profile=train_spec.activation_profile,
+                    hw=hw,
+                    framework=train_spec.framework,
                 )
         budget = planner.estimate(spec, train_spec, hw, coeffs)
         explanations = planner.explain(spec, train_spec, hw) if explain else None

@@ -114,3 +114,15 @@ def test_a_live_trace_agrees_with_the_estimate(reshard_after_forward: bool) -> N
     measured = fsdp2.trace(model, train, config=config)
     out = compare_trace(planner.estimate(model, train, GPU), measured)
     assert -0.02 <= out["error"]["total"] <= 0.03, out["error"]
+
+
+def test_the_report_gives_the_error_per_implementation_and_framework() -> None:
+    """``headroom calibrate report``'s per-pair table: the committed FSDP2 traces are the
+    ``hf / fsdp2`` pair, within the acceptance bound."""
+    from headroom.calibration.report import committed_points, summarise
+
+    summary = summarise(committed_points())
+    pairs = summary["by_pair"]
+    assert {"hf / fsdp2", "hf / none", "runtime / none"} <= set(pairs)
+    assert pairs["hf / fsdp2"]["n"] == len(_records())
+    assert pairs["hf / fsdp2"]["max"] <= 0.03

@@ -97,6 +97,22 @@ def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli
     earned = _estimate(cli)
     assert earned["trusted"] is True and earned["recent_records"] == 3
     assert earned["margin_fraction"] < 0.05
+    # the evidence is the (implementation, framework) pair's: the same model code under
+    # DeepSpeed has no records yet
+    result = cli(
+        "estimate", "tiny-dense", *RUNTIME_BF16, "--set", "framework=deepspeed",
+        "--set", "parallel.dp=2", "--set", "parallel.zero_stage=1",
+        "--calibrated", "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    other = json.loads(result.stdout)["coefficients"]
+    assert other["trusted"] is False and other["recent_records"] == 0
+    from headroom.store import Calibration, open_store
+
+    with open_store()() as session:
+        from sqlalchemy import select
+
+        assert {r.framework for r in session.scalars(select(Calibration))} == {"none"}
 
     result = cli("calibrate", "fit", "--profile", "runtime", "--format", "json")
     assert result.exit_code == 0, result.output
