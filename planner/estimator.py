@@ -154,47 +154,52 @@ def deepspeed_knobs(train: TrainSpec) -> tuple[int, ...]:
     )
 
 
+class FrameworkRules(NamedTuple):
+    """What a framework runs: its ZeRO stages and offload modes, and why."""
+
+    zero_stages: tuple[int, ...]
+    zero_why: str
+    offload_modes: tuple[str, ...]
+    offload_why: str
+
+
+#: each framework's rules (``none`` runs every stage and placement)
+FRAMEWORK_RULES = {
+    "fsdp2": FrameworkRules(
+        (3,),
+        "framework fsdp2 shards parameters, gradients and optimizer state (ZeRO stage 3)",
+        ("none",),
+        "framework fsdp2 keeps its state on the GPU",
+    ),
+    "deepspeed": FrameworkRules(
+        (1, 2, 3),
+        "framework deepspeed is DeepSpeed ZeRO (framework none is plain data parallelism)",
+        ("none", "optimizer"),
+        "DeepSpeed offloads the optimizer (offload_optimizer)",
+    ),
+    "megatron": FrameworkRules(
+        (0,),
+        "framework megatron shards the optimizer with megatron.use_distributed_optimizer",
+        ("none", "optimizer"),
+        "Megatron offloads the optimizer (optimizer_cpu_offload)",
+    ),
+}
+
+
 def _check(train: TrainSpec) -> None:
     p = train.parallel
-    if train.framework == "fsdp2":
-        # torchtitan's FSDP2 shards parameters, gradients and optimizer state over dp x cp
-        if p.zero_stage != 3:
+    rules = FRAMEWORK_RULES.get(train.framework)
+    if rules is not None:
+        if p.zero_stage not in rules.zero_stages:
+            allowed = ", ".join(map(str, rules.zero_stages))
             raise SpecError(
-                "parallel.zero_stage: framework fsdp2 shards parameters, gradients and "
-                f"optimizer state (ZeRO stage 3); allowed: 3, got {p.zero_stage}",
+                f"parallel.zero_stage: {rules.zero_why}; allowed: {allowed}, got {p.zero_stage}",
                 field="parallel.zero_stage",
             )
-        if train.offload.mode != "none":
+        if train.offload.mode not in rules.offload_modes:
+            allowed = ", ".join(rules.offload_modes)
             raise SpecError(
-                "offload.mode: framework fsdp2 keeps its state on the GPU; allowed: none, got "
-                f"{train.offload.mode}",
-                field="offload.mode",
-            )
-    if train.framework == "megatron":
-        if p.zero_stage != 0:
-            raise SpecError(
-                "parallel.zero_stage: framework megatron shards the optimizer with "
-                "megatron.use_distributed_optimizer; allowed: 0, got "
-                f"{p.zero_stage}",
-                field="parallel.zero_stage",
-            )
-        if train.offload.mode == "streaming":
-            raise SpecError(
-                "offload.mode: Megatron offloads the optimizer (optimizer_cpu_offload); "
-                "allowed: none, optimizer, got streaming",
-                field="offload.mode",
-            )
-    if train.framework == "deepspeed":
-        if p.zero_stage not in (1, 2, 3):
-            raise SpecError(
-                "parallel.zero_stage: framework deepspeed is DeepSpeed ZeRO; allowed: 1, 2, 3, "
-                f"got {p.zero_stage} (framework none is plain data parallelism)",
-                field="parallel.zero_stage",
-            )
-        if train.offload.mode == "streaming":
-            raise SpecError(
-                "offload.mode: DeepSpeed offloads the optimizer (offload_optimizer); allowed: "
-                "none, optimizer, got streaming",
+                f"offload.mode: {rules.offload_why}; allowed: {allowed}, got {train.offload.mode}",
                 field="offload.mode",
             )
     if train.offload.mode == "streaming" and (p.tp > 1 or p.pp > 1):

@@ -345,6 +345,68 @@ def _optimizer_bytes(
     )
 
 
+def _running_layer_grads(
+    sp: StageParams, inputs: StatesInputs, layer_dense: int, layer_moe: int
+) -> PerKind[LayerGrads]:
+    """A framework's gradients through one layer's backward: a layer above holds
+    ``layer_dense`` or ``layer_moe`` (reduced or sharded already; 0 when accumulating: the
+    buffers are live), the running layer makes its own whole in the working precision (the
+    profile's ``backward_mlp_grads`` share of its MLP's at the MLP's peak)."""
+    param_bytes, share = inputs.param_bytes, inputs.backward_mlp_grads
+    accumulating = inputs.accumulating
+    mlp_dense = sp.dense_layer_mlp_numel * param_bytes
+    shared = sp.moe_layer_shared_numel * param_bytes
+    mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
+    return PerKind(
+        dense=LayerGrads(
+            layer=0 if accumulating else layer_dense,
+            mlp_peak=int(share * mlp_dense),
+            mlp=mlp_dense,
+            start=0,
+        ),
+        moe=LayerGrads(
+            layer=0 if accumulating else layer_moe,
+            mlp_peak=int(share * mlp_moe),
+            mlp=mlp_moe,
+            start=shared,
+        ),
+    )
+
+
+def _step_temporaries(
+    sp: StageParams, inputs: StatesInputs, numel: int, largest: int, largest_matrix: int
+) -> int:
+    """The optimizer step's temporaries over ``numel`` elements updated on the GPU, whose
+    gradients are in the master's precision already (no upcast copy)."""
+    if not numel:
+        return 0
+    return b.optimizer_temporary_bytes(
+        inputs.optimizer,
+        inputs.optimizer_impl,
+        numel,
+        largest,
+        largest_matrix,
+        inputs.state_bytes,
+        0,
+        mixed_states=(inputs.master_bytes or inputs.param_bytes) == 4 and inputs.state_bytes < 4,
+    )
+
+
+def _offloaded_host(
+    inputs: StatesInputs, offloaded: int, opt_total: int, opt: int, ema_total: int
+) -> HostBytes:
+    """Host RAM of a framework's optimizer offload: the offloaded share's fp32 gradients,
+    master weights and moments, and a host EMA."""
+    return HostBytes(
+        params=0,
+        grads=offloaded * 4,
+        master_params=offloaded * inputs.master_bytes,
+        optimizer_states=opt_total - opt,
+        ema=ema_total if inputs.ema == "host" else 0,
+        transfer_buffers=0,
+    )
+
+
 def _sharded(dense: int, expert: int, zero_dense: int, zero_expert: int, nbytes: int) -> int:
     """Bytes of ``dense`` and ``expert`` elements sharded over their groups."""
     return (-(-dense // zero_dense) + -(-expert // zero_expert)) * nbytes
@@ -387,15 +449,12 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     params = _sharded(dense, expert, over_dense, over_expert, shard_bytes)
     grads_total = params if shard_bytes == param_bytes else local_numel * shard_bytes
     opt = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
-    opt_temp = b.optimizer_temporary_bytes(
-        inputs.optimizer,
-        inputs.optimizer_impl,
+    opt_temp = _step_temporaries(
+        sp,
+        inputs,
         local_numel,
         -(-sp.largest_tensor_numel // over_dense),
         -(-sp.largest_matrix_numel // over_dense),
-        state_bytes,
-        0,
-        mixed_states=shard_bytes == 4 and state_bytes < 4,
     )
     ema_total = _sharded(dense, expert, over_dense, over_expert, 4) if inputs.ema != "none" else 0
 
@@ -435,25 +494,8 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
     )
     layers_sharded = n_dense * layer_dense + n_moe * layer_moe
-    share = inputs.backward_mlp_grads
-    mlp_dense = sp.dense_layer_mlp_numel * param_bytes
-    shared = sp.moe_layer_shared_numel * param_bytes
-    mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
     accumulating = inputs.accumulating
-    layer_grads = PerKind(
-        dense=LayerGrads(
-            layer=0 if accumulating else layer_dense,
-            mlp_peak=int(share * mlp_dense),
-            mlp=mlp_dense,
-            start=0,
-        ),
-        moe=LayerGrads(
-            layer=0 if accumulating else layer_moe,
-            mlp_peak=int(share * mlp_moe),
-            mlp=mlp_moe,
-            start=shared,
-        ),
-    )
+    layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe)
     # the head's gradients (a tied table's too) wait unsharded for the root's post-backward
     head_grads = sp.head_unit_numel * param_bytes if sp.has_head else 0
     table = sp.embedding_numel * param_bytes
@@ -560,19 +602,8 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     # gradients after backward: every one (stage 1), else the partition's (the offloaded
     # share's is on the host)
     grads_total = total * param_bytes if stage == 1 else on_gpu * param_bytes
-    opt_temp = on_gpu * 4 + (
-        b.optimizer_temporary_bytes(
-            inputs.optimizer,
-            inputs.optimizer_impl,
-            on_gpu,
-            sp.largest_tensor_numel,
-            sp.largest_matrix_numel,
-            state_bytes,
-            0,
-            mixed_states=master_bytes == 4 and state_bytes < 4,
-        )
-        if on_gpu
-        else 0
+    opt_temp = on_gpu * 4 + _step_temporaries(
+        sp, inputs, on_gpu, sp.largest_tensor_numel, sp.largest_matrix_numel
     )
     ema_total = part * 4 if inputs.ema != "none" else 0
     reduction = min(reduce_bucket, total) * param_bytes * reduce_buckets
@@ -586,7 +617,6 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     # the layers' gradients through backward: the partition of each layer above (stage 1:
     # all of them), the running layer's whole in the working precision
     shards = 1 if stage == 1 else dp
-    share = inputs.backward_mlp_grads
     keep = 1.0 if stage == 1 else 1.0 - offloaded_share
     layer_dense = int(-(-dense_unit // shards) * param_bytes * keep)
     layer_moe = int(
@@ -594,24 +624,8 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         * param_bytes
         * keep
     )
-    mlp_dense = sp.dense_layer_mlp_numel * param_bytes
-    shared = sp.moe_layer_shared_numel * param_bytes
-    mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
     accumulating = inputs.accumulating
-    layer_grads = PerKind(
-        dense=LayerGrads(
-            layer=0 if accumulating else layer_dense,
-            mlp_peak=int(share * mlp_dense),
-            mlp=mlp_dense,
-            start=0,
-        ),
-        moe=LayerGrads(
-            layer=0 if accumulating else layer_moe,
-            mlp_peak=int(share * mlp_moe),
-            mlp=mlp_moe,
-            start=shared,
-        ),
-    )
+    layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe)
     head = sp.head_unit_numel if sp.has_head else 0
     if sp.tied_embeddings:
         head += sp.embedding_numel
@@ -644,14 +658,7 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         released_transfer=(0, 0),
         tail_transfer=held,
         grads_resident=False,
-        host=HostBytes(
-            params=0,
-            grads=offloaded * 4,
-            master_params=offloaded * master_bytes,
-            optimizer_states=opt_total - opt,
-            ema=ema_total if inputs.ema == "host" else 0,
-            transfer_buffers=0,
-        ),
+        host=_offloaded_host(inputs, offloaded, opt_total, opt, ema_total),
     )
 
 
@@ -698,19 +705,8 @@ def megatron_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     on_gpu = part - offloaded
     opt_total = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
     opt = int(opt_total * on_gpu / part) if part else 0
-    opt_temp = (
-        b.optimizer_temporary_bytes(
-            inputs.optimizer,
-            inputs.optimizer_impl,
-            on_gpu,
-            sp.largest_tensor_numel,
-            sp.largest_matrix_numel,
-            state_bytes,
-            0,
-            mixed_states=master_bytes == 4 and state_bytes < 4,
-        )
-        if on_gpu
-        else 0
+    opt_temp = _step_temporaries(
+        sp, inputs, on_gpu, sp.largest_tensor_numel, sp.largest_matrix_numel
     )
     buffer = total * inputs.reduce_bytes  # the main gradients, resident
     ema_total = part * 4 if inputs.ema != "none" else 0
@@ -740,12 +736,5 @@ def megatron_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         released_transfer=(0, 0),
         tail_transfer=0,
         grads_resident=True,
-        host=HostBytes(
-            params=0,
-            grads=offloaded * 4,
-            master_params=offloaded * master_bytes,
-            optimizer_states=opt_total - opt,
-            ema=ema_total if inputs.ema == "host" else 0,
-            transfer_buffers=0,
-        ),
+        host=_offloaded_host(inputs, offloaded, opt_total, opt, ema_total),
     )

@@ -225,64 +225,55 @@ def test_page_draws_the_budget_and_follows_the_options(page: webdriver.Chrome, s
     assert page.save_screenshot(str(ARTIFACTS / "budget-page.png"))
 
 
+def _drawn_as_the_api(page: webdriver.Chrome, server: str, framework: str, zero: int) -> int:
+    """The page's peak once it draws what the API answers for llama-3-8b on an H200 with
+    transformers' model code over 8 ranks under ``framework`` at ZeRO ``zero``."""
+    train = {
+        "framework": framework,
+        "activation_profile": "hf",
+        "parallel": {"dp": 8, "zero_stage": zero},
+    }
+    status, expected = _post(
+        server, "/api/v1/estimate", {"model": "llama-3-8b", "gpu": "H200-141GB", "train": train}
+    )
+    assert status == 200
+    peak = expected["gpu"]["peak_bytes"]
+    drawn: int = _wait(page, lambda d: _peak(d) == peak and peak, f"{framework} is drawn")
+    assert _text(page, "error") == ""
+    return drawn
+
+
 def test_the_framework_and_model_code_follow_the_api(page: webdriver.Chrome, server: str) -> None:
-    """FSDP2 with transformers' model code: the page fixes ZeRO-3 and no offload, and draws
-    what the API answers for the same request (torchtitan's run over 8 ranks)."""
+    """Each framework with transformers' model code: the page fixes what the framework fixes
+    (fsdp2: ZeRO-3, no offload; deepspeed: ZeRO 1 and up, no streaming; megatron: its own
+    distributed optimizer, ZeRO 0, no streaming) and draws what the API answers."""
     _type(page, "dp", "8")
     _select(page, "activation_profile", "hf")
     _select(page, "offload_mode", "optimizer")
     before = _peak_change(page, -1, "dp 8, hf, optimizer offload")
-    _select(page, "framework", "fsdp2")
-    assert not page.find_element(By.ID, "zero_stage").is_enabled()
-    assert not page.find_element(By.ID, "offload_mode").is_enabled()
-    assert Select(page.find_element(By.ID, "zero_stage")).first_selected_option.get_attribute(
-        "value"
-    ) == ("3")
-    status, expected = _post(
-        server,
-        "/api/v1/estimate",
-        {
-            "model": "llama-3-8b",
-            "gpu": "H200-141GB",
-            "train": {
-                "framework": "fsdp2",
-                "activation_profile": "hf",
-                "parallel": {"dp": 8, "zero_stage": 3},
-            },
-        },
-    )
-    assert status == 200
-    drawn = _wait(
-        page, lambda d: _peak(d) == expected["gpu"]["peak_bytes"] and _peak(d), "fsdp2 is drawn"
-    )
-    assert drawn != before
-    assert _text(page, "error") == ""
-    # DeepSpeed: ZeRO 1 and up, no streaming; the page draws the API's answer
-    _select(page, "framework", "deepspeed")
     zero = page.find_element(By.ID, "zero_stage")
+    offload = page.find_element(By.ID, "offload_mode")
+    streaming = offload.find_element(By.CSS_SELECTOR, 'option[value="streaming"]')
+
+    _select(page, "framework", "fsdp2")
+    assert not zero.is_enabled() and not offload.is_enabled()
+    assert Select(zero).first_selected_option.get_attribute("value") == "3"
+    assert _drawn_as_the_api(page, server, "fsdp2", 3) != before
+
+    _select(page, "framework", "deepspeed")
     assert zero.is_enabled()
     assert not zero.find_element(By.CSS_SELECTOR, 'option[value="0"]').is_enabled()
-    streaming = page.find_element(By.CSS_SELECTOR, '#offload_mode option[value="streaming"]')
     assert not streaming.is_enabled()
-    status, expected = _post(
-        server,
-        "/api/v1/estimate",
-        {
-            "model": "llama-3-8b",
-            "gpu": "H200-141GB",
-            "train": {
-                "framework": "deepspeed",
-                "activation_profile": "hf",
-                "parallel": {"dp": 8, "zero_stage": 3},
-            },
-        },
-    )
-    assert status == 200
-    _wait(page, lambda d: _peak(d) == expected["gpu"]["peak_bytes"], "deepspeed is drawn")
+    _drawn_as_the_api(page, server, "deepspeed", 3)
+
+    _select(page, "framework", "megatron")
+    assert not zero.is_enabled() and not streaming.is_enabled()
+    assert Select(zero).first_selected_option.get_attribute("value") == "0"
+    _drawn_as_the_api(page, server, "megatron", 0)
+
     # back to plain data parallelism: the controls are free again
     _select(page, "framework", "none")
-    assert page.find_element(By.ID, "zero_stage").is_enabled()
-    assert page.find_element(By.ID, "offload_mode").is_enabled()
+    assert zero.is_enabled() and offload.is_enabled() and streaming.is_enabled()
     assert zero.find_element(By.CSS_SELECTOR, 'option[value="0"]').is_enabled()
 
 
