@@ -194,7 +194,7 @@ class RunPreset(BaseModel):
 
 @cache
 def _run_presets() -> dict[str, RunPreset]:
-    base = resources.files("headroom.planner") / "data" / "runs"
+    base = resources.files("headroom.planner") / "data" / "run_presets"
     found = {}
     for entry in sorted(base.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):
