@@ -447,7 +447,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     dense, expert = sp.dense_numel, sp.expert_numel
     local_numel = -(-dense // over_dense) + -(-expert // over_expert)
     params = _sharded(dense, expert, over_dense, over_expert, shard_bytes)
-    grads_total = params if shard_bytes == param_bytes else local_numel * shard_bytes
+    grads_total = params  # the sharded gradients, in the shards' dtype
     opt = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
     opt_temp = _step_temporaries(
         sp,

@@ -57,7 +57,6 @@ def test_report_counts_false_fits_and_draws(
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     from headroom.calibration.report import COMMITTED
-
     from headroom.calibration.trace_records import load_framework_traces
 
     fsdp2 = load_framework_traces("hf-fsdp2")
