@@ -568,8 +568,9 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
       ``stage3_param_persistence_threshold`` elements whole); the fp32 master weights and the
       moments in 1/N partitions;
     - gradients: autograd's 16-bit ones, copied into a reduction bucket of
-      ``reduce_bucket_size`` elements (two with ``overlap_comm``) and reduced into the rank's
-      16-bit partition (stage 2 and 3); stage 1 keeps every gradient until the step;
+      ``reduce_bucket_size`` elements (two with ``overlap_comm``; stage 3's kept from the
+      start) and reduced into the rank's 16-bit partition (stage 1 keeps every gradient until
+      the backward's end, then reduces them into it);
     - the step makes the partition's fp32 gradients (``single_partition_of_fp32_groups``'
       grads) beside the master weights;
     - stage 3 gathers up to ``stage3_max_live_parameters`` elements (at least the module
@@ -599,9 +600,10 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         params += persistent * param_bytes
     else:
         params = total * param_bytes
-    # gradients after backward: every one (stage 1), else the partition's (the offloaded
-    # share's is on the host)
-    grads_total = total * param_bytes if stage == 1 else on_gpu * param_bytes
+    # gradients after backward: the rank's 16-bit partition (the offloaded share's is on the
+    # host); stage 1 holds every gradient until the backward's end reduces them into it
+    grads_total = on_gpu * param_bytes
+    backward_total = total * param_bytes if stage == 1 else grads_total
     opt_temp = on_gpu * 4 + _step_temporaries(
         sp, inputs, on_gpu, sp.largest_tensor_numel, sp.largest_matrix_numel
     )
@@ -632,7 +634,10 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     head_grads = int(-(-head // shards) * param_bytes * keep)
     grads_start = grads_total if accumulating else head_grads
     held = gathered + reduction
-    grads_tail = grads_total
+    # stage 3's reduction bucket is allocated with the optimizer and kept; stage 1 and 2's
+    # exist through backward only
+    resident = held if stage == 3 else gathered
+    grads_tail = backward_total
     if sp.has_embedding:
         # the embedding's backward makes a table-sized gradient in the working precision
         grads_tail += sp.embedding_numel * param_bytes
@@ -652,8 +657,8 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         optimizer_temporaries=opt_temp,
         ema=ema_total if inputs.ema == "gpu" else 0,
         transfer_buffers=held,
-        forward_transfer=gathered,
-        loss_transfer=gathered,
+        forward_transfer=resident,
+        loss_transfer=resident,
         layer_transfer=(held,) * 4,
         released_transfer=(0, 0),
         tail_transfer=held,

@@ -146,8 +146,12 @@ def test_the_buckets_are_deepspeeds_knobs() -> None:
     )
     assert back == 100_000_000 * 2
     assert overlap == 2 * back
-    one = _budget(_train(1, 8)).gpu.phases["optimizer"].buckets["grads"]
-    assert one == 2 * P
+    # stage 1 holds every gradient until the backward's end, then its partition
+    coeffs = planner.default_coefficients("textbook")
+    one = planner.estimator.stage_terms_from_knobs(
+        MODEL, planner.knobs(_train(1, 8)), coeffs, 0
+    ).states
+    assert one.grads_tail >= 2 * P and one.grads_total == 2 * _part(8)
     live = _budget(_train(3, 8, deepspeed={"stage3_max_live_parameters": 2_000_000_000}))
     fewer = _budget(_train(3, 8, deepspeed={"stage3_max_live_parameters": 0}))
     assert live.gpu_peak_bytes > fewer.gpu_peak_bytes
@@ -164,3 +168,69 @@ def test_deepspeed_refuses_what_it_does_not_run(values: dict[str, Any], field: s
     with pytest.raises(planner.SpecError) as info:
         _budget(_train(2, 8, **values))
     assert info.value.field == field
+
+
+#: a two-layer llama DeepSpeed steps for real on the CPU (``calibration.frameworks.deepspeed``)
+TINY = {
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_buffers_deepspeed_makes_are_the_estimates(stage: int) -> None:
+    """DeepSpeed ZeRO run for real (2 ranks over gloo on the CPU, two steps of a two-layer
+    transformers llama): the bytes of the buffers it made on rank 0 are the estimate's terms:
+    16-bit parameters, fp32 master partition, moments, the 16-bit gradient partition and the
+    reduction bucket."""
+    from headroom.calibration import hf
+    from headroom.calibration.frameworks import deepspeed as probe
+
+    bf16 = {**FP16, "params": "bf16", "grads": "bf16"}
+    train = _train(
+        stage,
+        2,
+        precision=bf16,
+        micro_batch_size=2,
+        seq_len=64,
+        deepspeed={
+            "reduce_bucket_size": 100_000,
+            "overlap_comm": False,
+            "stage3_param_persistence_threshold": 0,
+        },
+    )
+    found = probe.buffers(TINY, train)
+    model = hf.spec_of(TINY)
+    coeffs = planner.default_coefficients("textbook")
+    states = planner.estimator.stage_terms_from_knobs(model, planner.knobs(train), coeffs, 0).states
+    numel = planner.count_params(model).total
+    assert found["elements"] == numel
+    assert found["params"] == states.params
+    assert found["master_params"] == states.master_params
+    # the moments, and one step counter per parameter group (4 bytes)
+    assert found["optimizer_states"] - 4 == states.optimizer_states
+    assert found["grads"] == states.grads_total
+    assert found["reduction_buckets"] == 100_000 * 2
+    if stage < 3:  # the bucket exists through backward only: all the framework holds there
+        assert states.transfer_buffers == found["reduction_buckets"]
+        assert states.forward_transfer == 0
+    else:  # stage 3's is made with the optimizer and kept, beside the gathered parameters
+        gathered = states.transfer_buffers - found["reduction_buckets"]
+        assert gathered >= 2 * model_unit(model)
+        assert states.forward_transfer == states.transfer_buffers
+
+
+def model_unit(model: planner.ModelSpec) -> int:
+    """Elements of one decoder layer of ``model`` (no tensor or pipeline parallelism)."""
+    coeffs = planner.default_coefficients("textbook")
+    spec = planner.TrainSpec()
+    return planner.estimator.stage_terms_from_knobs(
+        model, planner.knobs(spec), coeffs, 0
+    ).stage_params.dense_layer_numel
