@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser run test lint typecheck pytest bench clean
+.PHONY: install browser slurm run test lint typecheck pytest bench clean
 
 install: $(STAMP)
 
@@ -33,7 +33,10 @@ typecheck: install
 browser:
 	scripts/install-browser.sh
 
-pytest: install browser
+slurm:
+	scripts/install-slurm.sh
+
+pytest: install browser slurm
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install Slurm and MUNGE from Debian's packages for the tests' one-node cluster
+# (tests/slurm_cluster.py). Idempotent: does nothing when the daemons are already present.
+set -euo pipefail
+
+if [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/sbin/munged ]]; then
+    exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends slurm-wlm munge
+
+/usr/sbin/slurmctld -V
