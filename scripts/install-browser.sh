@@ -7,15 +7,7 @@ if [[ -x /usr/bin/chromium && -x /usr/bin/chromedriver ]]; then
     exit 0
 fi
 
-if [[ $(id -u) -ne 0 ]]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends chromium chromium-driver
+"$(dirname "$0")/apt-install.sh" chromium chromium-driver
 
 /usr/bin/chromium --version
 /usr/bin/chromedriver --version

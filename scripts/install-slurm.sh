@@ -7,14 +7,5 @@ if [[ -x /usr/sbin/slurmctld && -x /usr/sbin/slurmd && -x /usr/sbin/munged ]]; t
     exit 0
 fi
 
-if [[ $(id -u) -ne 0 ]]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends slurm-wlm munge
-
+"$(dirname "$0")/apt-install.sh" slurm-wlm munge
 /usr/sbin/slurmctld -V
