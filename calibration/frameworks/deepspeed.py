@@ -64,7 +64,6 @@ def _rank(
     zero: dict[str, Any] = {
         "stage": spec.parallel.zero_stage,
         "reduce_bucket_size": ds.reduce_bucket_size,
-        "allgather_bucket_size": ds.reduce_bucket_size,
         "stage3_prefetch_bucket_size": ds.stage3_prefetch_bucket_size,
         "stage3_max_live_parameters": ds.stage3_max_live_parameters,
         "stage3_param_persistence_threshold": ds.stage3_param_persistence_threshold,
@@ -116,6 +115,10 @@ def _rank(
     )
     if rank == 0:
         Path(out).write_text(repr(found))
+    # every rank leaves the group before it exits: a process that exits with the group's
+    # threads still running aborts ("terminate called without an active exception")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def buffers(config: dict[str, Any], train: planner.TrainSpec, world: int = 2) -> dict[str, int]:
