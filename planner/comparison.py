@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from headroom.planner.coefficients import profiles
 from headroom.planner.errors import SpecError
-from headroom.planner.estimator import estimate
+from headroom.planner.estimator import FRAMEWORK_RULES, estimate
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import FRAMEWORKS, TrainSpec
@@ -43,29 +43,22 @@ def _for_framework(train: TrainSpec, framework: str) -> tuple[TrainSpec, dict[st
     changed: dict[str, Any] = {}
     data = train.model_dump()
     data["framework"] = framework
-    if framework == "fsdp2":
-        if train.parallel.zero_stage != 3:
-            changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 3
-        if train.offload.mode != "none":
-            changed["offload.mode"] = "none"
-            data["offload"] = {"mode": "none"}
+    rules = FRAMEWORK_RULES.get(framework)
+    if rules is None:
+        return TrainSpec.model_validate(data), changed
+    zero = train.parallel.zero_stage
+    if zero not in rules.zero_stages:  # the nearest stage it runs
+        nearest = min(rules.zero_stages, key=lambda z: abs(z - zero))
+        changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = nearest
     if framework == "megatron":
         # ZeRO 1 and up is Megatron's distributed optimizer; the stage key itself stays 0
-        sharded = train.parallel.zero_stage >= 1
-        if train.parallel.zero_stage:
-            changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 0
+        sharded = zero >= 1
         if train.megatron.use_distributed_optimizer != sharded:
             changed["megatron.use_distributed_optimizer"] = sharded
             data["megatron"]["use_distributed_optimizer"] = sharded
-        if train.offload.mode == "streaming":
-            changed["offload.mode"] = "none"
-            data["offload"] = {"mode": "none"}
-    if framework == "deepspeed":
-        if train.parallel.zero_stage == 0:  # DeepSpeed's ZeRO: stage 1 at least
-            changed["parallel.zero_stage"] = data["parallel"]["zero_stage"] = 1
-        if train.offload.mode == "streaming":
-            changed["offload.mode"] = "none"
-            data["offload"] = {"mode": "none"}
+    if train.offload.mode not in rules.offload_modes:
+        changed["offload.mode"] = "none"
+        data["offload"] = {"mode": "none"}
     return TrainSpec.model_validate(data), changed
 
 

@@ -218,6 +218,12 @@ def load_run(name: str) -> RunPreset:
         ) from None
 
 
+def run_preset_named(source: str | Path) -> RunPreset | None:
+    """The run preset ``source`` names, unless a file of that name exists (a file wins)."""
+    preset = _run_presets().get(str(source))
+    return preset if preset is not None and not Path(source).exists() else None
+
+
 def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> TrainSpec:
     """A TrainSpec from a run preset's name, a JSON/YAML file, a dict, or the defaults
     (None)."""
@@ -227,8 +233,9 @@ def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> Tra
         return source
     if isinstance(source, Mapping):
         return build(TrainSpec, source, prefix="train")
-    if str(source) in _run_presets():
-        return _run_presets()[str(source)].train
+    preset = run_preset_named(source)
+    if preset is not None:
+        return preset.train
     data = read_file(source)
     return build(TrainSpec, data or {}, prefix="train")
 

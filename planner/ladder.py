@@ -24,6 +24,7 @@ from headroom.planner.activations import ActivationTerms
 from headroom.planner.budget import BudgetModel
 from headroom.planner.coefficients import Coefficients, default_coefficients
 from headroom.planner.estimator import (
+    FRAMEWORK_RULES,
     Knobs,
     StageAllocated,
     estimate,
@@ -133,16 +134,18 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
     placements: list[tuple[dict[str, Any], dict[str, Any]]] = [
         ({"offload_mode": "none", "offload_fraction": 1.0}, {"offload": {"mode": "none"}})
     ]
-    fsdp2 = train.framework == "fsdp2"  # keeps its state on the GPU, sharded (ZeRO-3)
+    # a framework runs the offload modes and ZeRO stages its rules allow
+    rules = FRAMEWORK_RULES.get(train.framework)
+    modes = rules.offload_modes if rules is not None else ("none", "optimizer", "streaming")
     placements += [
         (
             {"offload_mode": "optimizer", "offload_fraction": f},
             {"offload": {"mode": "optimizer", "fraction": f}},
         )
         for f in OFFLOAD_FRACTIONS
-        if not fsdp2
+        if "optimizer" in modes
     ]
-    if p.tp == 1 and p.pp == 1 and train.framework == "none":  # streaming is Headroom's own
+    if p.tp == 1 and p.pp == 1 and "streaming" in modes:
         placements += [
             (
                 {"offload_mode": "streaming", "offload_fraction": 1.0, "checkpoint_every": k},
@@ -151,9 +154,11 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
             for k in STREAMING_EVERY
             if k <= max(model.num_layers, 1) or k == 1
         ]
-    zero_range = range(p.zero_stage, 4) if p.dp * p.cp > 1 else (p.zero_stage,)
-    if train.framework == "megatron":  # its distributed optimizer is its own knob
-        zero_range = (p.zero_stage,)
+    zero_range: tuple[int, ...] = (
+        tuple(range(p.zero_stage, 4)) if p.dp * p.cp > 1 else (p.zero_stage,)
+    )
+    if rules is not None:
+        zero_range = tuple(z for z in zero_range if z in rules.zero_stages)
     zeros = [({"zero_stage": z}, {"parallel.zero_stage": z}) for z in zero_range]
     segments = [
         ({"expandable_segments": e}, {"expandable_segments": e})

@@ -164,7 +164,7 @@ def phase_rows(
     # activations gone; a layer's; or the loss's, which runs before any gradient of a
     # parameter exists (the head's own follows it) unless the buffers are already live.
     # grads, activations, logits, dispatch, transfer
-    back = (states.grads_tail, 0, 0, 0, states.tail_transfer)
+    back = (states.grads_tail, 0, 0, 0, transfer)
     layer = stage_layer_backward(states, acts, in_flight)
     if layer is not None and sum(layer) > sum(back):
         back = (layer[0], layer[1], 0, layer[2], layer[3])

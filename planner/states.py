@@ -100,13 +100,13 @@ class ModelStates(NamedTuple):
     optimizer_states: int
     optimizer_temporaries: int  # the optimizer step's own
     ema: int
-    transfer_buffers: int  # at the backward's end (ZeRO-3: the gathered units)
+    transfer_buffers: int  # at the backward's end (the ``grads_tail`` point; ZeRO-3: the
+    # gathered units)
     forward_transfer: int  # through forward
     loss_transfer: int  # at the loss's backward
     layer_transfer: tuple[int, int, int, int]  # at a layer's backward, by the layer's edge
     # (middle, bottom, top, the only layer: ``planner.activations.BackwardPoint.edge``)
     released_transfer: tuple[int, int]  # less per dense and MoE layer above the running one
-    tail_transfer: int  # at the backward's end (the ``grads_tail`` point)
     grads_resident: bool  # the gradient buffers exist from the start (Megatron's contiguous
     # buffer), not only as backward makes them
     host: HostBytes
@@ -158,7 +158,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
     opt_total = _optimizer_bytes(
         sp, optimizer, state_bytes, zero_dense.optimizer, zero_expert.optimizer
     )
-    local_opt_numel = -(-dense // zero_dense.optimizer) + -(-expert // zero_expert.optimizer)
+    local_opt_numel = _partition(sp, zero_dense.optimizer, zero_expert.optimizer)
     master_total = b.master_params_bytes(
         dense, master_bytes, zero_dense.optimizer
     ) + b.master_params_bytes(expert, master_bytes, zero_expert.optimizer)
@@ -196,7 +196,6 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
             loss_transfer=0,  # the head runs before any gradient slab drains
             layer_transfer=(2 * unit_grads,) * 4,
             released_transfer=(0, 0),
-            tail_transfer=2 * unit_grads,
             grads_resident=False,
             host=HostBytes(
                 params=numel * param_bytes,
@@ -308,7 +307,6 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         loss_transfer=transfer,
         layer_transfer=(transfer,) * 4,
         released_transfer=(0, 0),
-        tail_transfer=transfer,
         grads_resident=False,
         host=HostBytes(
             params=0,
@@ -407,9 +405,10 @@ def _offloaded_host(
     )
 
 
-def _sharded(dense: int, expert: int, zero_dense: int, zero_expert: int, nbytes: int) -> int:
-    """Bytes of ``dense`` and ``expert`` elements sharded over their groups."""
-    return (-(-dense // zero_dense) + -(-expert // zero_expert)) * nbytes
+def _partition(sp: StageParams, over_dense: int, over_expert: int) -> int:
+    """Elements of the rank's partition: the stage's dense tensors split over ``over_dense``
+    ranks, its experts over ``over_expert``."""
+    return -(-sp.dense_numel // over_dense) + -(-sp.expert_numel // over_expert)
 
 
 def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
@@ -435,8 +434,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
       root's post-backward (its gradients and their reduce-scatter input).
     """
     dp, ep = inputs.data_parallel, inputs.ep
-    zero_dense = ZeroShards(dp, dp, dp)
-    zero_expert = ZeroShards(dp // ep, dp // ep, dp // ep)
+    zero_dense, zero_expert = _zero_shards(dp, 3), _zero_shards(dp // ep, 3)
     over_dense, over_expert = dp, max(1, dp // ep)
     param_bytes, reduce_bytes, state_bytes = (
         inputs.param_bytes,
@@ -444,9 +442,8 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         inputs.state_bytes,
     )
     shard_bytes = inputs.master_bytes or param_bytes
-    dense, expert = sp.dense_numel, sp.expert_numel
-    local_numel = -(-dense // over_dense) + -(-expert // over_expert)
-    params = _sharded(dense, expert, over_dense, over_expert, shard_bytes)
+    local_numel = _partition(sp, over_dense, over_expert)
+    params = local_numel * shard_bytes
     grads_total = params  # the sharded gradients, in the shards' dtype
     opt = _optimizer_bytes(sp, inputs.optimizer, state_bytes, over_dense, over_expert)
     opt_temp = _step_temporaries(
@@ -456,7 +453,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         -(-sp.largest_tensor_numel // over_dense),
         -(-sp.largest_matrix_numel // over_dense),
     )
-    ema_total = _sharded(dense, expert, over_dense, over_expert, 4) if inputs.ema != "none" else 0
+    ema_total = local_numel * 4 if inputs.ema != "none" else 0
 
     # gathered units: the root (embedding, final norm, head) and a block of each kind
     root = (sp.embedding_numel if sp.has_embedding else 0) + (
@@ -535,7 +532,6 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         loss_transfer=loss,
         layer_transfer=layer_transfer,
         released_transfer=released,
-        tail_transfer=tail_transfer,
         grads_resident=False,
         host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
     )
@@ -588,7 +584,7 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     master_bytes = inputs.master_bytes
     dense, expert = sp.dense_numel, sp.expert_numel
     total = dense + expert
-    part = -(-dense // over_dense) + -(-expert // over_expert)  # the rank's partition
+    part = _partition(sp, over_dense, over_expert)  # the rank's partition
     offloaded_share = inputs.offload_fraction if inputs.offload_mode == "optimizer" else 0.0
     offloaded = int(part * offloaded_share)
     on_gpu = part - offloaded
@@ -661,7 +657,6 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         loss_transfer=resident,
         layer_transfer=(held,) * 4,
         released_transfer=(0, 0),
-        tail_transfer=held,
         grads_resident=False,
         host=_offloaded_host(inputs, offloaded, opt_total, opt, ema_total),
     )
@@ -699,7 +694,7 @@ def megatron_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     )
     dense, expert = sp.dense_numel, sp.expert_numel
     total = dense + expert
-    part = -(-dense // over_dense) + -(-expert // over_expert)
+    part = _partition(sp, over_dense, over_expert)
     if inputs.offload_mode == "optimizer":
         off_dense, off_expert = offloaded_numel(
             sp, over_dense, over_expert, inputs.offload_fraction
@@ -739,7 +734,6 @@ def megatron_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         loss_transfer=0,
         layer_transfer=(0, 0, 0, 0),
         released_transfer=(0, 0),
-        tail_transfer=0,
         grads_resident=True,
         host=_offloaded_host(inputs, offloaded, opt_total, opt, ema_total),
     )

@@ -16,7 +16,7 @@ import typer
 
 from headroom import planner
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.io import apply_overrides, read_file
+from headroom.planner.io import apply_overrides, read_file, run_preset_named
 
 __all__ = [
     "FormatOpt",
@@ -123,11 +123,8 @@ def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any
     nothing, with ``--set`` applied."""
     data: Any = {}
     if train_file is not None:
-        name = str(train_file)
-        if name in planner.run_names() and not train_file.exists():
-            data = planner.load_run(name).train.model_dump()
-        else:
-            data = read_file(train_file)
+        preset = run_preset_named(train_file)
+        data = preset.train.model_dump() if preset is not None else read_file(train_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):

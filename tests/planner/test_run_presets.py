@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -58,3 +59,24 @@ def test_a_run_preset_is_a_train_argument_everywhere() -> None:
     assert [r["name"] for r in answer] == planner.run_names()
     with pytest.raises(planner.UnknownPresetError, match="allowed: megatron-gpt3-175b"):
         planner.load_run("torchtitan-llama4")
+
+
+def test_a_file_named_like_a_run_preset_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--train NAME`` and ``load_train`` read a file of that name when one exists, the
+    preset otherwise: the same rule in both."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "torchtitan-llama3-8b").write_text('{"seq_len": 128}')
+    assert planner.load_train("torchtitan-llama3-8b").seq_len == 128
+    proc = run_headroom(
+        "estimate", "llama-3-8b", "--train", "torchtitan-llama3-8b", "--format", "json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plain = planner.estimate(
+        planner.load_model("llama-3-8b"),
+        planner.TrainSpec(seq_len=128),
+        planner.gpu("H100-80GB"),
+    )
+    assert json.loads(proc.stdout)["gpu"]["peak_bytes"] == plain.gpu.peak_bytes
