@@ -52,13 +52,13 @@ SECTIONS = ("memory", "worst", "junk", "mixed")
 # ------------------------------------------------------------------------------------- bodies
 
 
-def deep_model(i: int, dense_layers: int = 256) -> dict[str, Any]:
+def deep_model(i: int, dense_layers: int = 256, source: str | None = None) -> dict[str, Any]:
     """A distinct 4,096-layer MoE model; ``dense_layers`` of its layers forced dense at random
-    (each breaks the layer pattern: the schema allows 256)."""
+    (each breaks the layer pattern: the schema allows 256); ``source``, its free text."""
     moe: dict[str, Any] = {"num_experts": 256, "top_k": 8, "expert_ffn_size": 2048}
     if dense_layers:
         moe["dense_layers"] = sorted(random.Random(i).sample(range(4096), dense_layers))
-    return {
+    model = {
         "name": f"deep-{i}",
         "vocab_size": 32000 + i,
         "hidden_size": 4096,
@@ -67,6 +67,9 @@ def deep_model(i: int, dense_layers: int = 256) -> dict[str, Any]:
         "ffn_hidden_size": 11008,
         "moe": moe,
     }
+    if source is not None:
+        model["source"] = source
+    return model
 
 
 #: the heaviest search the schema allows that we know of: every dimension of the ladder at its

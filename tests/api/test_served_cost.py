@@ -14,17 +14,12 @@ The bounds are generous against the figures in docs/PERFORMANCE.md (the machine 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from bench_modules import bench_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-try:
-    import api_cost
-finally:
-    sys.path.pop(0)
+api_cost = bench_module("api_cost")
 
 #: what the server's resident memory may grow by: the planner's caches hold at most 58 MiB
 RSS_GROWTH_MIB = 96

@@ -10,12 +10,12 @@ bound; ``tracemalloc`` checks here that the weights it counts cover what is real
 from __future__ import annotations
 
 import gc
-import random
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from bench_modules import bench_module
 
 from headroom import planner
 from headroom.planner import _memo
@@ -28,19 +28,10 @@ SLACK_BYTES = 2 << 20
 
 
 def _deep_model(i: int) -> dict[str, Any]:
-    """A distinct 4,096-layer MoE model as heavy as the schema lets it be: 256 layers forced
-    dense at random (each breaks the layer pattern) and the longest source text."""
-    dense = sorted(random.Random(i).sample(range(4096), 256))
-    return {
-        "name": f"deep-{i}",
-        "vocab_size": 32000 + i,
-        "hidden_size": 4096,
-        "num_layers": 4096,
-        "num_heads": 32,
-        "ffn_hidden_size": 11008,
-        "source": "s" * 4000,
-        "moe": {"num_experts": 256, "top_k": 8, "expert_ffn_size": 2048, "dense_layers": dense},
-    }
+    """A distinct 4,096-layer MoE model as heavy as the schema lets it be: the service bench's,
+    256 layers forced dense at random (each breaks the layer pattern), with the longest source
+    text."""
+    return dict(bench_module("api_cost").deep_model(i, source="s" * 4000))
 
 
 @pytest.fixture
