@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 	# imports torch to build, so it builds against the torch above (an isolated build would
 	# fetch the newest CUDA torch)
 	$(BIN)/python -m pip install --quiet --no-build-isolation "deepspeed==0.19.8"
+	# torchtitan's own model code, for the torchtitan activation profile, without the data,
+	# logging and checkpoint packages it asks for (no trace imports them); triton because
+	# importing its models imports it (only its asynchronous expert parallelism runs triton)
+	$(BIN)/python -m pip install --quiet --no-deps "torchtitan==0.3.0" "triton==3.9.0" \
+		"spmd_types==0.2.3"
+	$(BIN)/python -m pip install --quiet "tyro==1.0.17"
 	touch $(STAMP)
 
 run: install

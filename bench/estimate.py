@@ -54,6 +54,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "parallel": {"dp": 64, "tp": 8, "zero_stage": 3, "sequence_parallel": True},
         },
     ),
+    "llama-3-70b fsdp2 dp64 torchtitan": (
+        "llama-3-70b",
+        {
+            "framework": "fsdp2",
+            "fsdp2": {"groups": "split"},
+            "activation_profile": "torchtitan",
+            "recompute": "full",
+            "precision": {"grads": "fp32"},
+            "parallel": {"dp": 64, "zero_stage": 3},
+        },
+    ),
     "llama-3-70b deepspeed zero3 dp64": (
         "llama-3-70b",
         {"framework": "deepspeed", "parallel": {"dp": 64, "zero_stage": 3}},

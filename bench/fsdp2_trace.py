@@ -10,7 +10,9 @@ torchtitan's precision; the
 allocated buckets of its peak phase, no CUDA context or allocator overhead).
 
 ``--records`` prints, instead of tracing, the planner's error on every committed FSDP2 record
-(``calibration/data/hf-fsdp2-traces.json``): the peak under ``framework: fsdp2`` (the records'
+(``calibration/data/hf-fsdp2-traces.json``, and ``torchtitan-fsdp2-traces.json``: torchtitan's
+own model under its own ``parallelize_llama``, estimated with ``fsdp2.groups: split`` and the
+``torchtitan`` profile): the peak under ``framework: fsdp2`` (the records'
 own spec), the largest a decoder layer's backward holds, and the peak estimated as plain ZeRO-3
 (``framework: none``) beside it.
 
@@ -92,10 +94,16 @@ def trace_table(layers: list[int], world_sizes: list[int], seq_len: int) -> None
 
 
 def records_table() -> None:
+    for design in ("hf-fsdp2", "torchtitan-fsdp2"):
+        print(f"{design}:")
+        _design_table(design)
+
+
+def _design_table(design: str) -> None:
     from headroom.planner.estimator import layer_backward_bytes
 
-    traces = load_framework_traces("hf-fsdp2")
-    assert traces is not None, "no committed FSDP2 traces"
+    traces = load_framework_traces(design)
+    assert traces is not None, f"no committed traces of {design}"
     errors: dict[bool, list[float]] = {True: [], False: []}
     for r in traces.records:
         p = r.train.parallel

@@ -10,6 +10,9 @@ each shape says why it is in the design and each run whether it is fitted or hel
   to.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe,
   deepseek_v3) built from configs with random weights, traced under fake tensors.
+- ``torchtitan``: torchtitan's own Llama 3 model code (``calibration.torchtitan``), dense
+  widths of 512 to 3072 and two-layer cuts of its 8B and 70B flavors, with and without
+  torchtitan's full activation checkpointing.
 
 bf16 working parameters throughout (the trainer's GPU precision), torch AdamW (fused, the
 spec's default). Fitting uses the records not held out; the tests check the others against
@@ -20,8 +23,11 @@ the fitted estimate.
   rank 0 of a fake process group of 8 to 256 data-parallel ranks, with and without tensor
   parallelism and per-layer checkpointing; written to ``hf-fsdp2-traces.json`` with each
   phase's tracker categories.
+- ``--impl torchtitan --framework fsdp2``: torchtitan's own Llama 3 flavors cut to a few layers,
+  parallelized by torchtitan's own ``parallelize_llama`` (its FSDP grouping, ``FullAC``) on rank
+  0 of 8 to 256 data-parallel ranks; written to ``torchtitan-fsdp2-traces.json``.
 
-Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf]
+Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf|torchtitan]
 [--framework none|fsdp2] [--output FILE]
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
+from importlib.metadata import version as _version
 from pathlib import Path
 
 import torch
@@ -66,12 +73,12 @@ def record(
 
 
 def fsdp2_record(
-    model: planner.ModelSpec, train: planner.TrainSpec, held_out: bool
+    model: planner.ModelSpec, train: planner.TrainSpec, held_out: bool, impl: str = "hf"
 ) -> FrameworkTraceRecord:
-    """Trace one configuration of the ``hf-fsdp2`` design."""
+    """Trace one configuration of the ``hf-fsdp2`` or ``torchtitan-fsdp2`` design."""
     from headroom.calibration.frameworks import fsdp2
 
-    measured = fsdp2.trace(model, train)
+    measured = fsdp2.trace(model, train, impl=impl)
     layers = measured["layer_backward_peaks"]
     return FrameworkTraceRecord(
         model=model,
@@ -101,20 +108,24 @@ def main() -> None:
     output = args.output or traces_path(name)
     torch.set_num_threads(1)
     if args.framework == "fsdp2":
-        import transformers
-
-        traced = [fsdp2_record(m, t, h) for m, t, h in configurations(name)]
+        traced = [fsdp2_record(m, t, h, args.impl) for m, t, h in configurations(name)]
+        what = (
+            "torchtitan's own Llama 3 parallelized by torchtitan's own parallelize_llama"
+            if args.impl == "torchtitan"
+            else "transformers models under FSDP2 as torchtitan runs it"
+        )
         framework_traces = FrameworkTracesFile(
-            about="Traced training steps of transformers models under FSDP2 as torchtitan runs "
-            "it, on rank 0 of a fake process group (calibration/frameworks/fsdp2.py); per "
-            "phase, the FSDP memory tracker's categories at the phase's largest total.",
+            about=f"Traced training steps of {what}, on rank 0 of a fake process group "
+            "(calibration/frameworks/fsdp2.py); per phase, the FSDP memory tracker's "
+            "categories at the phase's largest total.",
             command=f"python -m headroom.calibration.collect --impl {args.impl} "
             f"--framework {args.framework}",
             torch=torch.__version__,
             python=platform.python_version(),
             created=dt.datetime.now(dt.UTC).date().isoformat(),
             records=tuple(traced),
-            transformers=transformers.__version__,
+            transformers=_version("transformers") if args.impl == "hf" else None,
+            torchtitan=_version("torchtitan") if args.impl == "torchtitan" else None,
             framework=args.framework,
         )
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -122,11 +133,13 @@ def main() -> None:
         print(f"{len(traced)} records → {output}")
         return
     records = [record(m, t, h, args.impl) for m, t, h in configurations(args.impl)]
-    transformers_version = None
+    transformers_version = torchtitan_version = None
     if args.impl == "hf":
         import transformers
 
         transformers_version = transformers.__version__
+    if args.impl == "torchtitan":
+        torchtitan_version = _version("torchtitan")
     traces = TracesFile(
         about=f"Traced training steps ({args.impl} implementation, calibration/tracing.py); "
         f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
@@ -136,6 +149,7 @@ def main() -> None:
         created=dt.datetime.now(dt.UTC).date().isoformat(),
         records=tuple(records),
         transformers=transformers_version,
+        torchtitan=torchtitan_version,
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(traces.to_json_text())

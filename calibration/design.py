@@ -17,10 +17,13 @@ are what a fit uses, ``held_out`` ones check it. The split is written on every r
 or moving a run changes no other run's split. Every run is traced in bf16 throughout
 (:data:`PURE_BF16`, the trainer's GPU precision) with torch AdamW (fused, the spec's default).
 
-A framework's design (``framework`` other than ``none``: ``hf-fsdp2.json``) also gives each run
-its data-parallel ranks ``dp`` and tensor-parallel degree ``tp``, and traces it as that
-framework's default run: for ``fsdp2`` torchtitan's (:data:`FSDP2_PRECISION`, ZeRO stage 3,
-sequence parallelism with tensor parallelism, fused AdamW, gradient clipping at 1.0).
+A framework's design (``framework`` other than ``none``: ``hf-fsdp2.json``,
+``torchtitan-fsdp2.json``) also gives each run its data-parallel ranks ``dp`` and
+tensor-parallel degree ``tp``, and traces it as that framework's default run: for ``fsdp2``
+torchtitan's (:data:`FSDP2_PRECISION`, ZeRO stage 3, sequence parallelism with tensor
+parallelism, fused AdamW, gradient clipping at 1.0), with the design's ``fsdp2`` knobs
+(``torchtitan-fsdp2``: torchtitan's own grouping, ``groups: split``). A shape may also be
+``torchtitan_flavor``: torchtitan's own Llama 3 flavor, cut to a few layers.
 """
 
 from __future__ import annotations
@@ -42,9 +45,9 @@ PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_sta
 #: fp32 sharded parameters and AdamW states
 FSDP2_PRECISION = {"params": "bf16", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
 #: the implementations that have a design
-IMPLS = ("runtime", "hf")
+IMPLS = ("runtime", "hf", "torchtitan")
 #: every design: one per implementation, and one per implementation and framework
-DESIGNS = (*IMPLS, "hf-fsdp2")
+DESIGNS = (*IMPLS, "hf-fsdp2", "torchtitan-fsdp2")
 
 Split = Literal["fitted", "held_out"]
 
@@ -76,14 +79,17 @@ class DesignShape(_Frozen):
     model: dict[str, Any] | None = None
     hf_config: dict[str, Any] | None = None
     preset_cut: dict[str, Any] | None = None
+    #: torchtitan's Llama 3 flavor and the layers it is cut to: {"flavor": "8B", "num_layers": 2}
+    torchtitan_flavor: dict[str, Any] | None = None
     runs: tuple[DesignRun, ...]
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
-        given = [k for k in ("model", "hf_config", "preset_cut") if getattr(self, k) is not None]
+        kinds = ("model", "hf_config", "preset_cut", "torchtitan_flavor")
+        given = [k for k in kinds if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                f"shape {self.name!r}: give exactly one of model, hf_config, preset_cut "
+                f"shape {self.name!r}: give exactly one of {', '.join(kinds)} "
                 f"(got {', '.join(given) or 'none'})"
             )
         return self
@@ -104,6 +110,8 @@ class Design(_Frozen):
     activation_profile: str
     #: the framework the runs are traced under (``calibration.frameworks.FRAMEWORKS``)
     framework: Literal["none", "fsdp2"] = "none"
+    #: the ``fsdp2`` knobs of every run (a framework's design only)
+    fsdp2: dict[str, Any] | None = None
     #: the preset whose choices ``model`` shapes start from
     base_model: str | None = None
     #: the ``source`` each design-built model spec carries
@@ -134,6 +142,10 @@ class Design(_Frozen):
             return spec.model_copy(update={"source": self.model_source})
         if shape.preset_cut is not None:
             return planner.load_model(shape.name).model_copy(update=shape.preset_cut)
+        if shape.torchtitan_flavor is not None:
+            from headroom.calibration.torchtitan import flavor_spec
+
+            return flavor_spec(**shape.torchtitan_flavor, name=shape.name)
         if self.base_model is None:
             raise ValueError(f"shape {shape.name!r}: a model shape needs the design's base_model")
         return planner.ModelSpec.model_validate(
@@ -163,6 +175,8 @@ class Design(_Frozen):
                 "zero_stage": 3,
                 "sequence_parallel": run.tp > 1,
             }
+            if self.fsdp2 is not None:
+                spec["fsdp2"] = self.fsdp2
         return planner.TrainSpec.model_validate(spec)
 
     def configurations(self) -> list[Configuration]:

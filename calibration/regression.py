@@ -75,6 +75,7 @@ STRUCTURAL: dict[str, dict[str, Any]] = {
         "routing_product_slab_elements": ROUTING_SLAB_ELEMENTS,
     },
     "hf": {},
+    "torchtitan": {},
 }
 ZERO = {
     "attention_scale": 0.0,

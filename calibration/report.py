@@ -62,9 +62,14 @@ def _framework_points() -> list[dict[str, Any]]:
     against the traced peak (a CPU trace has no CUDA context or allocator overhead)."""
     from headroom.calibration.tracing import compare_trace
 
-    traces = load_framework_traces("hf-fsdp2")
+    records = [
+        r
+        for design in ("hf-fsdp2", "torchtitan-fsdp2")
+        for traces in [load_framework_traces(design)]
+        for r in (traces.records if traces is not None else ())
+    ]
     out = []
-    for r in traces.records if traces is not None else []:
+    for r in records:
         assert r.peak is not None
         compared = compare_trace(
             planner.estimate(r.model, r.train, TRACE_DEVICE), {"peak": r.peak.model_dump()}

@@ -1,5 +1,6 @@
-"""The shipped ``runtime`` and ``hf`` coefficient sets: regressed onto the committed traces
-(the records not held out) and written into ``planner/data/coefficients.json``.
+"""The shipped ``runtime``, ``hf`` and ``torchtitan`` coefficient sets: regressed onto the
+committed traces (the records not held out) and written into
+``planner/data/coefficients.json``.
 
 Run: ``python -m headroom.calibration.shipped``. The other sets in the file are kept as they are.
 """
@@ -21,6 +22,8 @@ ABOUT = {
     "runtime": "Headroom's trainer",
     "hf": "transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, "
     "deepseek_v3; SDPA as on a GPU, grouped_mm experts)",
+    "torchtitan": "torchtitan's Llama 3 model code (fused Q/K/V, FlexAttention as the GPU "
+    "kernels allocate it, its cross_entropy_loss and FullAC)",
 }
 
 
@@ -32,8 +35,13 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         raise FileNotFoundError(traces_path(profile))
     fitted = traces.fitted()
     c = fit_coefficients(fitted, profile)
-    versions = f"torch {traces.torch}" + (
-        f", transformers {traces.transformers}" if traces.transformers is not None else ""
+    versions = f"torch {traces.torch}" + "".join(
+        f", {package} {version}"
+        for package, version in (
+            ("transformers", traces.transformers),
+            ("torchtitan", traces.torchtitan),
+        )
+        if version is not None
     )
     return {
         "profile": profile,
@@ -54,6 +62,8 @@ def shipped_text() -> tuple[str, list[dict[str, Any]]]:
     entries = [
         shipped_entry(p) if p in ABOUT else e for e in data["coefficients"] for p in [e["profile"]]
     ]
+    present = {e["profile"] for e in entries}
+    entries += [shipped_entry(p) for p in ABOUT if p not in present]
     lines = ",\n".join(f"    {json.dumps(e)}" for e in entries)
     about = json.dumps(data["about"])
     return f'{{\n  "about": {about},\n  "coefficients": [\n{lines}\n  ]\n}}\n', entries

@@ -76,6 +76,8 @@ class TracesFile(BaseModel):
     records: tuple[TraceRecord, ...]
     #: the transformers version of an ``hf`` file
     transformers: str | None = None
+    #: the torchtitan version of a ``torchtitan`` file
+    torchtitan: str | None = None
 
     def fitted(self) -> list[TraceRecord]:
         """The records a fit uses (those not held out)."""
@@ -87,10 +89,11 @@ class TracesFile(BaseModel):
 
     def to_json_text(self) -> str:
         """The file's text (one space of indent, as committed)."""
-        payload = self.model_dump(mode="json", exclude={"records", "transformers"})
+        payload = self.model_dump(mode="json", exclude={"records", "transformers", "torchtitan"})
         payload["records"] = [r.to_json() for r in self.records]
-        if self.transformers is not None:
-            payload["transformers"] = self.transformers
+        for package in ("transformers", "torchtitan"):
+            if getattr(self, package) is not None:
+                payload[package] = getattr(self, package)
         return json.dumps(payload, indent=1) + "\n"
 
 

@@ -95,7 +95,7 @@ def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
     return out
 
 
-IMPLS = ("runtime", "hf")
+IMPLS = ("runtime", "hf", "torchtitan")
 
 
 @contextlib.contextmanager
@@ -161,6 +161,21 @@ def _build(
             else:
                 net.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return net, lambda m, ids: m(input_ids=ids, labels=ids).loss
+    if impl == "torchtitan":
+        from headroom.calibration import torchtitan
+
+        if every not in (None, 1):
+            raise SpecError(
+                "recompute: torchtitan's FullAC checkpoints every block; allowed for --impl "
+                f"torchtitan: none, selective, full (got every_k {every})",
+                field="recompute",
+            )
+        cfg = config if config is not None else torchtitan.config_for(model, train.seq_len)
+        net = torchtitan.build(cfg)
+        if every == 1:
+            torchtitan.apply_full_ac(net)
+        masks = torchtitan.attention_masks(net, train.micro_batch_size, train.seq_len)
+        return net, lambda m, ids: torchtitan.loss(m, ids, masks)
     if impl != "runtime":
         raise SpecError(f"impl: unknown {impl!r}; allowed: {', '.join(IMPLS)}", field="impl")
     check_supported(model)
@@ -189,6 +204,10 @@ def trace(
         from headroom.calibration.hf import causal_masks_as_in_a_real_run
 
         masks = causal_masks_as_in_a_real_run()
+    elif impl == "torchtitan":
+        from headroom.calibration.torchtitan import flex_attention_as_on_a_gpu
+
+        masks = flex_attention_as_on_a_gpu()
     # both implementations' shapes are independent of the values
     with FakeTensorMode(), gpu_attention_kernels(), masks:
         torch.set_default_dtype(dtype)
@@ -241,13 +260,16 @@ def trace(
 
 
 def decoder_layers(net: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of the runtime's model or a transformers causal LM, in order."""
+    """The decoder layers of the runtime's model, a transformers causal LM or torchtitan's
+    decoder (a ModuleDict of blocks), in order."""
     for path in ("layers", "model.layers"):
         found: Any = net
         for name in path.split("."):
             found = getattr(found, name, None)
         if isinstance(found, torch.nn.ModuleList):
             return list(found)
+        if isinstance(found, torch.nn.ModuleDict):
+            return list(found.values())
     raise TypeError(f"no decoder layers found in {type(net).__name__}")
 
 

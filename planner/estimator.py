@@ -79,6 +79,7 @@ class Knobs(NamedTuple):
     clips_grad_norm: bool  # global-norm clipping: streaming's CPU update waits for the norm
     framework: str = "none"  # none | fsdp2
     reshard_after_forward: bool = True  # fsdp2's
+    fsdp2_groups: str = "root"  # fsdp2's grouping of the embedding, final norm and head
     reduce_bytes: int = 4  # bytes per element of a reduction's input (precision.grads)
     deepspeed: tuple[int, ...] = ()  # DeepSpeed's knobs (``deepspeed_knobs``)
     distributed_optimizer: bool = True  # megatron's use_distributed_optimizer
@@ -133,6 +134,7 @@ def knobs(train: TrainSpec) -> Knobs:
         clips_grad_norm=train.max_grad_norm is not None,
         framework=train.framework,
         reshard_after_forward=train.fsdp2.reshard_after_forward,
+        fsdp2_groups=train.fsdp2.groups,
         reduce_bytes=BYTES_PER_ELEMENT[precision.grads],
         deepspeed=deepspeed_knobs(train) if train.framework == "deepspeed" else (),
         distributed_optimizer=train.megatron.use_distributed_optimizer,
@@ -291,6 +293,7 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         backward_mlp_grads=coeffs.backward_mlp_grads,
         framework=settings.framework,
         reshard_after_forward=settings.reshard_after_forward,
+        fsdp2_groups=settings.fsdp2_groups,
         reduce_bytes=settings.reduce_bytes if settings.framework in ("fsdp2", "megatron") else 4,
         deepspeed=settings.deepspeed,
         distributed_optimizer=settings.distributed_optimizer

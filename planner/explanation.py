@@ -31,8 +31,9 @@ _MEGATRON = (
 )
 _FSDP2 = (
     "fsdp2: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (unshard, post_backward), "
-    "_fsdp_collectives.py (foreach_all_gather, foreach_reduce); traced in "
-    "calibration/data/hf-fsdp2-traces.json"
+    "_fsdp_collectives.py (foreach_all_gather, foreach_reduce); torchtitan/distributed/fsdp.py "
+    "(apply_fsdp_to_decoder: groups split); traced in calibration/data/hf-fsdp2-traces.json "
+    "and torchtitan-fsdp2-traces.json"
 )
 
 
@@ -101,6 +102,7 @@ def explain(
             + (sp.head_unit_numel if sp.has_head else 0),
             "block_params": sp.max_unit_numel,
             "reshard_after_forward": settings.reshard_after_forward,
+            "groups": settings.fsdp2_groups,
             "param_dtype": prec.params,
             "reduce_dtype": prec.grads,
         }
@@ -117,14 +119,24 @@ def explain(
             {**fsdp2, "backward_mlp_grads": coeffs.backward_mlp_grads},
             _FSDP2,
         )
-        rows["transfer_buffers"] = (
-            "fsdp2: root gathered (param_dtype) + the block running + the block prefetched "
-            "(none under the bottom) + the block above's reduce-scatter input (reduce_dtype; "
-            "none above the top); forward: root + the last all-gather's block; "
-            "reshard_after_forward false: every block gathered until its backward is done",
-            fsdp2,
-            _FSDP2,
-        )
+        if settings.fsdp2_groups == "split":
+            transfer = (
+                "fsdp2 (groups split, torchtitan's apply_fsdp_to_decoder): the block running "
+                "+ the block prefetched (under the bottom: the embedding) + the block above's "
+                "reduce-scatter input (reduce_dtype); forward and loss: the head's group "
+                "gathered; after the loss: the head's group, a group-sized all-gather output "
+                "and its reduce-scatter input; the end: the embedding gathered and its "
+                "gradient, or its reduce-scatter input; reshard_after_forward false: the "
+                "embedding and every block gathered until their backward is done"
+            )
+        else:
+            transfer = (
+                "fsdp2: root gathered (param_dtype) + the block running + the block prefetched "
+                "(none under the bottom) + the block above's reduce-scatter input (reduce_dtype; "
+                "none above the top); forward: root + the last all-gather's block; "
+                "reshard_after_forward false: every block gathered until its backward is done"
+            )
+        rows["transfer_buffers"] = (transfer, fsdp2, _FSDP2)
     elif settings.framework == "megatron":
         mc: dict[str, object] = {
             **local,

@@ -168,6 +168,11 @@ def phase_rows(
     layer = stage_layer_backward(states, acts, in_flight)
     if layer is not None and sum(layer) > sum(back):
         back = (layer[0], layer[1], 0, layer[2], layer[3])
+    if states.head_reduced is not None:  # FSDP2's head group reduced after the loss
+        head_grads, head_transfer = states.head_reduced
+        reduced = (head_grads, activations, 0, dispatch, head_transfer)
+        if sum(reduced) > sum(back):
+            back = reduced
     if logits:
         loss_transfer = states.loss_transfer
         loss_logits = logits + acts.logits_backward

@@ -48,6 +48,8 @@ class StatesInputs(NamedTuple):
     # the peak of its MLP's backward
     framework: str = "none"  # none | fsdp2
     reshard_after_forward: bool = True  # fsdp2: blocks gathered again for their backward
+    fsdp2_groups: str = "root"  # fsdp2: root (one group with the embedding, norm and head)
+    # or split (the embedding alone, the norm with the head)
     reduce_bytes: int = 4  # fsdp2: bytes per element of a reduce-scatter's input
     deepspeed: tuple[int, ...] = ()  # deepspeed: ``planner.estimator.deepspeed_knobs``
     distributed_optimizer: bool = True  # megatron: master weights and moments over dp x cp
@@ -110,6 +112,9 @@ class ModelStates(NamedTuple):
     grads_resident: bool  # the gradient buffers exist from the start (Megatron's contiguous
     # buffer), not only as backward makes them
     host: HostBytes
+    # (grads, transfer_buffers) as the head's own group is reduced right after the loss's
+    # backward, every saved activation still held (FSDP2's split grouping); None: no such point
+    head_reduced: tuple[int, int] | None = None
 
 
 def states_bytes(states: ModelStates) -> int:
@@ -344,28 +349,38 @@ def _optimizer_bytes(
 
 
 def _running_layer_grads(
-    sp: StageParams, inputs: StatesInputs, layer_dense: int, layer_moe: int
+    sp: StageParams,
+    inputs: StatesInputs,
+    layer_dense: int,
+    layer_moe: int,
+    whole_layer: bool = False,
 ) -> PerKind[LayerGrads]:
     """A framework's gradients through one layer's backward: a layer above holds
     ``layer_dense`` or ``layer_moe`` (reduced or sharded already; 0 when accumulating: the
     buffers are live), the running layer makes its own whole in the working precision (the
-    profile's ``backward_mlp_grads`` share of its MLP's at the MLP's peak)."""
+    profile's ``backward_mlp_grads`` share of its MLP's at the MLP's peak). ``whole_layer``:
+    the point after the MLP's backward is the layer's end, all of its gradients made (FSDP2's
+    unsharded gradients wait for the block's post-backward)."""
     param_bytes, share = inputs.param_bytes, inputs.backward_mlp_grads
     accumulating = inputs.accumulating
     mlp_dense = sp.dense_layer_mlp_numel * param_bytes
     shared = sp.moe_layer_shared_numel * param_bytes
     mlp_moe = shared + sp.moe_layer_expert_numel * param_bytes
+    end_dense, end_moe = mlp_dense, mlp_moe
+    if whole_layer and not accumulating:
+        end_dense = sp.dense_layer_numel * param_bytes
+        end_moe = (sp.moe_layer_numel + sp.moe_layer_expert_numel) * param_bytes
     return PerKind(
         dense=LayerGrads(
             layer=0 if accumulating else layer_dense,
             mlp_peak=int(share * mlp_dense),
-            mlp=mlp_dense,
+            mlp=end_dense,
             start=0,
         ),
         moe=LayerGrads(
             layer=0 if accumulating else layer_moe,
             mlp_peak=int(share * mlp_moe),
-            mlp=mlp_moe,
+            mlp=end_moe,
             start=shared,
         ),
     )
@@ -456,9 +471,15 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     ema_total = local_numel * 4 if inputs.ema != "none" else 0
 
     # gathered units: the root (embedding, final norm, head) and a block of each kind
-    root = (sp.embedding_numel if sp.has_embedding else 0) + (
-        sp.head_unit_numel if sp.has_head else 0
-    )
+    table_numel = sp.embedding_numel if sp.has_embedding else 0
+    head_numel = sp.head_unit_numel if sp.has_head else 0
+    if inputs.fsdp2_groups == "split":
+        if sp.tied_embeddings:  # one group, gathered again for the embedding's backward
+            table_numel = head_numel = table_numel + head_numel
+        return _fsdp2_split(
+            sp, inputs, table_numel, head_numel, local_numel, opt, opt_temp, ema_total
+        )
+    root = table_numel + head_numel
     dense_unit = sp.dense_layer_numel
     moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
     n_moe = sp.num_moe_layers
@@ -492,7 +513,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     )
     layers_sharded = n_dense * layer_dense + n_moe * layer_moe
     accumulating = inputs.accumulating
-    layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe)
+    layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True)
     # the head's gradients (a tied table's too) wait unsharded for the root's post-backward
     head_grads = sp.head_unit_numel * param_bytes if sp.has_head else 0
     table = sp.embedding_numel * param_bytes
@@ -534,6 +555,121 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         released_transfer=released,
         grads_resident=False,
         host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
+    )
+
+
+def _fsdp2_split(
+    sp: StageParams,
+    inputs: StatesInputs,
+    table_numel: int,
+    head_numel: int,
+    local_numel: int,
+    opt: int,
+    opt_temp: int,
+    ema_total: int,
+) -> ModelStates:
+    """``fsdp2_states`` under torchtitan 0.3's grouping (``apply_fsdp_to_decoder``, an untied
+    table): the embedding a group of its own, resharded after forward as the blocks are; the
+    final norm with the head one group, not resharded after forward. Read from FSDP2's code as
+    the root grouping is, and from traces of torchtitan's own model under it
+    (``calibration/frameworks/fsdp2.py``): FSDP2 keeps the last all-gather's output until the
+    next all-gather and the last reduce-scatter's input until the next reduce-scatter, so
+
+    - the loss runs with the head's group gathered, no embedding and no block;
+    - as the loss's backward ends the head's group is reduced: its reduce-scatter input
+      (``reduce_dtype``) beside the group and a group-sized all-gather output, every saved
+      activation still held, the head's gradients sharded from then on;
+    - a block's backward holds the block, the one below prefetched (under the bottom block the
+      embedding) and the reduce-scatter input of the block above; the top block's, the head's
+      input released, holds the block and either the one below or its own reduce-scatter
+      input (the larger is counted);
+    - a tied table's group (embedding, norm and head) stays gathered through the loss, is
+      reduced after the loss's backward and gathered again for the embedding's backward;
+    - the backward ends at the larger of the embedding's backward (the table gathered, its
+      gradient made, the bottom block's reduce-scatter input) and its post-backward (its
+      gradient and its reduce-scatter input)."""
+    dp, ep = inputs.data_parallel, inputs.ep
+    over_dense, over_expert = dp, max(1, dp // ep)
+    param_bytes, reduce_bytes = inputs.param_bytes, inputs.reduce_bytes
+    shard_bytes = inputs.master_bytes or param_bytes
+    params = local_numel * shard_bytes
+    dense_unit = sp.dense_layer_numel
+    moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
+    n_moe = sp.num_moe_layers
+    n_dense = sp.num_layers - n_moe
+    unit = max(dense_unit if n_dense else 0, moe_unit if n_moe else 0)
+    unit_gathered, reduce_input = unit * param_bytes, unit * reduce_bytes
+    table, head = table_numel * param_bytes, head_numel * param_bytes
+    head_reduce = head_numel * reduce_bytes
+    if inputs.reshard_after_forward:
+        kept, released = 0, (0, 0)  # gathered from a group's forward to its backward
+        below = unit_gathered  # a block prefetched below the running one
+    else:  # the embedding and every block gathered until their backward is done
+        # a tied table is the head's group, counted with it
+        apart = 0 if sp.tied_embeddings else table
+        kept = apart + (n_dense * dense_unit + n_moe * moe_unit) * param_bytes
+        released = (dense_unit * param_bytes, moe_unit * param_bytes)
+        below = 0
+    # through the loss the head's group is gathered (its all-gather output released); a
+    # stage without the head holds its top block's all-gather output
+    forward = loss = kept + (head if head_numel else unit_gathered)
+    under_bottom = table if inputs.reshard_after_forward else 0  # the embedding prefetched
+    # the top block's backward: the head's reduce-scatter input released (a tied group's
+    # gradients are reduced only after the embedding's backward); the block with the one
+    # below prefetched, or (seen under full recompute) with its own reduce-scatter input
+    top = max(below, reduce_input)  # whichever a trace shows, the larger: the safe side
+    layer_transfer = (
+        kept + unit_gathered + below + reduce_input,
+        kept + unit_gathered + under_bottom + reduce_input,
+        kept + unit_gathered + top,
+        kept + unit_gathered + under_bottom + (reduce_input if not sp.tied_embeddings else 0),
+    )
+    layer_dense = -(-dense_unit // over_dense) * shard_bytes
+    layer_moe = (
+        -(-sp.moe_layer_numel // over_dense) * shard_bytes
+        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
+    )
+    layers_sharded = n_dense * layer_dense + n_moe * layer_moe
+    accumulating = inputs.accumulating
+    grads_total = params
+    live = grads_total if accumulating else 0
+    head_sharded = 0 if accumulating else -(-head_numel // over_dense) * shard_bytes
+    grads_start = live + head_sharded
+    head_reduced = (grads_start, kept + 2 * head + head_reduce) if head_numel else None
+    done = grads_total if accumulating else layers_sharded + head_sharded
+    tail_grads, tail_transfer = done, reduce_input if unit else 0
+    if table_numel:
+        # its post-backward: its gradient and their reduce-scatter input
+        tail_grads, tail_transfer = done + table, table_numel * reduce_bytes
+        # its backward: the table gathered, its gradient made (under tensor parallelism the
+        # whole vocabulary's beside the local table's), the bottom block's reduce-scatter input
+        made = table * (inputs.tp + 1 if inputs.tp > 1 else 1)
+        embedding = (done + made, table + (reduce_input if unit else 0))
+        if sum(embedding) > tail_grads + tail_transfer:
+            tail_grads, tail_transfer = embedding
+    return ModelStates(
+        stage_params=sp,
+        zero_dense=_zero_shards(dp, 3),
+        zero_expert=_zero_shards(dp // ep, 3),
+        offloaded_numel=0,
+        gpu_updated_numel=local_numel,
+        params=params,
+        grads_total=grads_total,
+        grads_start=grads_start,
+        layer_grads=_running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True),
+        grads_tail=tail_grads,
+        master_params=0,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_total if inputs.ema == "gpu" else 0,
+        transfer_buffers=tail_transfer,
+        forward_transfer=forward,
+        loss_transfer=loss,
+        layer_transfer=layer_transfer,
+        released_transfer=released,
+        grads_resident=False,
+        host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
+        head_reduced=head_reduced,
     )
 
 

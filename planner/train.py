@@ -115,6 +115,15 @@ class Fsdp2(_Frozen):
         "again for its backward (torchtitan's default); false keeps every block gathered "
         "from its forward to its backward.",
     )
+    groups: Literal["root", "split"] = Field(
+        default="root",
+        description="How the embedding, final norm and head are grouped: root (one group with "
+        "the root, gathered from the first forward to the end of backward, as torchtitan "
+        "grouped them up to 0.2) or split (torchtitan 0.3's apply_fsdp_to_decoder: the "
+        "embedding a group of its own, resharded after forward; the final norm with the head "
+        "one group, kept gathered from its forward through its backward and reduced as soon "
+        "as the loss's backward is done; a tied table's three stay one group, as root).",
+    )
 
 
 class DeepSpeed(_Frozen):

@@ -39,6 +39,14 @@ TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
         "deepspeed": {"overlap_comm": False, "reduce_bucket_size": 50000000},
     },
     "deepspeed-z2": {"framework": "deepspeed", "parallel": {"dp": 4, "zero_stage": 2}},
+    "fsdp2-torchtitan": {
+        "framework": "fsdp2",
+        "fsdp2": {"groups": "split"},
+        "activation_profile": "torchtitan",
+        "recompute": "full",
+        "precision": {"grads": "fp32", "master": "fp32"},
+        "parallel": {"dp": 32, "zero_stage": 3},
+    },
     "fsdp2-keep": {
         "framework": "fsdp2",
         "fsdp2": {"reshard_after_forward": False},

@@ -13,7 +13,10 @@ from headroom.planner.errors import SpecError
 #: models more: ``planner.train.FRAMEWORKS``)
 FRAMEWORKS = ("none", "fsdp2")
 #: the implementations each framework traces
-FRAMEWORK_IMPLS: dict[str, tuple[str, ...]] = {"none": ("runtime", "hf"), "fsdp2": ("hf",)}
+FRAMEWORK_IMPLS: dict[str, tuple[str, ...]] = {
+    "none": ("runtime", "hf", "torchtitan"),
+    "fsdp2": ("hf", "torchtitan"),
+}
 
 
 def check_framework(framework: str, impl: str) -> None:

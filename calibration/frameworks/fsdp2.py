@@ -404,12 +404,74 @@ def apply_fsdp(
     fully_shard(net, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=True)
 
 
+@contextlib.contextmanager
+def _torchtitan_meshes_on_the_cpu() -> Iterator[None]:
+    """torchtitan's device meshes on the CPU: with no accelerator found it names ``cuda``
+    (``torchtitan.tools.utils.device_type``), which ``ParallelDims.build_mesh`` then asks for;
+    the trace's meshes are CPU meshes over the fake process group, as the hf run's are."""
+    from torchtitan.distributed import parallel_dims
+
+    original = parallel_dims.device_type
+    parallel_dims.device_type = "cpu"
+    try:
+        yield
+    finally:
+        parallel_dims.device_type = original
+
+
+def _torchtitan_parallelized(
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    tensors: contextlib.AbstractContextManager[Any],
+) -> tuple[torch.nn.Module, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]]:
+    """torchtitan's Llama 3 of ``model``'s shape parallelized by torchtitan's own
+    ``parallelize_llama`` (its FSDP grouping, ``apply_fsdp_to_decoder``; ``FullAC`` with
+    ``recompute: full``; ``fsdp_reshard_after_forward`` default or never), and its loss."""
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.models.llama3.parallelize import parallelize_llama
+
+    from headroom.calibration import torchtitan
+
+    par, precision = train.parallel, train.precision
+    parallelism = ParallelismConfig(
+        data_parallel_shard_degree=par.dp,
+        tensor_parallel_degree=par.tp,
+        fsdp_reshard_after_forward="default" if train.fsdp2.reshard_after_forward else "never",
+        spmd_backend="partial_dtensor",
+    )
+    dims = ParallelDims.from_config(parallelism, par.dp * par.tp)
+    with _torchtitan_meshes_on_the_cpu():
+        dims.build_mesh()
+    names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    with tensors:
+        net = torchtitan.build(torchtitan.config_for(model, train.seq_len))
+        parallelize_llama(
+            net,
+            parallel_dims=dims,
+            training=TrainingConfig(
+                local_batch_size=train.micro_batch_size,
+                seq_len=train.seq_len,
+                mixed_precision_param=names[precision.params],
+                mixed_precision_reduce=names[precision.grads],
+            ),
+            parallelism=parallelism,
+            compile_config=CompileConfig(),
+            ac_config=FullAC.Config() if train.recompute == "full" else None,
+            dump_folder="",
+        )
+    masks = torchtitan.attention_masks(net, train.micro_batch_size, train.seq_len)
+    return net, lambda net, ids: torchtitan.loss(net, ids, masks)
+
+
 def trace(
     model: planner.ModelSpec,
     train: planner.TrainSpec,
     steps: int = 2,
     config: dict[str, Any] | None = None,
     mode: str = "fake",
+    impl: str = "hf",
 ) -> dict[str, Any]:
     """Per-phase bytes of ``steps`` FSDP2 training steps of ``model`` (a transformers model
     built from ``config``, by default ``calibration.hf.config_for(model)``) on rank 0 of
@@ -423,7 +485,11 @@ def trace(
 
     if mode not in ("fake", "real"):
         raise SpecError(f"mode: allowed: fake, real (got {mode!r})", field="mode")
+    if impl not in ("hf", "torchtitan"):
+        raise SpecError(f"impl: allowed: hf, torchtitan (got {impl!r})", field="impl")
     param_dtype, reduce_dtype = check_traceable(train)
+    if impl == "torchtitan":
+        return _trace_torchtitan(model, train, steps, mode)
     cfg = config if config is not None else hf.config_for(model)
     hf.spec_of(cfg)
     check_model(cfg, train)
@@ -467,6 +533,59 @@ def trace(
     }
 
 
+def _trace_torchtitan(
+    model: planner.ModelSpec, train: planner.TrainSpec, steps: int, mode: str
+) -> dict[str, Any]:
+    """:func:`trace` of torchtitan's own Llama 3, parallelized by torchtitan's own code (see
+    :func:`_torchtitan_parallelized`; torchtitan's ``partial_dtensor`` backend, whose FSDP
+    grouping its default ``spmd_types`` backend shares)."""
+    from headroom.calibration import torchtitan
+
+    if train.parallel.tp != 1:
+        raise SpecError(
+            "parallel.tp: an fsdp2 trace of torchtitan's model runs data parallelism; "
+            f"allowed: 1 (got {train.parallel.tp})",
+            field="parallel.tp",
+        )
+    torchtitan.config_for(model)  # Llama 3's shape, or the field it lacks
+    start = time.perf_counter()
+    tensors: contextlib.AbstractContextManager[Any] = (
+        FakeTensorMode() if mode == "fake" else contextlib.nullcontext()
+    )
+    with (
+        fake_process_group(train.parallel.dp),
+        dtensor_propagation_apart(),
+        device_meshes_outside_fake_tensors(),
+        _redistribution_advice_off(),
+        torchtitan.flex_attention_as_on_a_gpu(),
+    ):
+        net, batch_loss = _torchtitan_parallelized(model, train, tensors)
+        with tensors:
+            optimizer = torch.optim.AdamW(  # torchtitan's default_adamw (no byte depends on it)
+                net.parameters(),
+                lr=8e-4,
+                betas=(0.9, 0.95),
+                eps=1e-8,
+                weight_decay=0.1,
+                foreach=train.optimizer_impl == "foreach",
+                fused=train.optimizer_impl == "fused",
+            )
+            measured = _steps(net, optimizer, model, train, steps, False, batch_loss)
+    return {
+        "impl": "torchtitan",
+        "framework": "fsdp2",
+        "mode": mode,
+        "seconds": time.perf_counter() - start,
+        **measured,
+        "torch": torch.__version__,
+    }
+
+
+def _hf_loss(net: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    loss: torch.Tensor = net(input_ids=ids, labels=ids).loss
+    return loss
+
+
 def _steps(
     net: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -474,6 +593,7 @@ def _steps(
     train: planner.TrainSpec,
     steps: int,
     loss_parallel: bool,
+    batch_loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = _hf_loss,
 ) -> dict[str, Any]:
     """Run and track ``steps`` training steps (see :func:`trace`)."""
     from torch.distributed.tensor.parallel import loss_parallel as loss_parallel_context
@@ -495,7 +615,7 @@ def _steps(
                 tracker.track_inputs((ids,))
                 with losses():  # the loss's backward runs under it too
                     with tracker.phase(f"{prefix}forward"):
-                        loss = net(input_ids=ids, labels=ids).loss
+                        loss = batch_loss(net, ids)
                     forward_end = _keys(tracker.get_tracker_snapshot("current"))
                     with tracker.phase(f"{prefix}backward"):
                         torch.autograd.backward(loss / train.grad_accum_steps)

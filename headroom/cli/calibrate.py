@@ -49,6 +49,7 @@ def _calibration_rows(sessions: sessionmaker[Session]) -> list[Calibration]:
 class Impl(StrEnum):
     runtime = "runtime"
     hf = "hf"
+    torchtitan = "torchtitan"
 
 
 def _hf_config(model: str) -> dict[str, Any] | None:
@@ -70,8 +71,8 @@ def trace_command(
         Impl | None,
         typer.Option(
             "--impl",
-            help="Which implementation of the model to trace (default: runtime; hf under a "
-            "framework).",
+            help="Which implementation of the model to trace: runtime, hf or torchtitan "
+            "(default: runtime; hf under a framework).",
         ),
     ] = None,
     framework: Annotated[
@@ -80,7 +81,8 @@ def trace_command(
             "--framework",
             help="The framework the step runs under: none (one rank, plain step) or fsdp2 "
             "(FSDP2 as torchtitan runs it, rank 0 of parallel.dp x parallel.tp on a fake "
-            "process group; --impl hf).",
+            "process group; --impl hf, or torchtitan: its own model under its own "
+            "parallelize_llama, data parallel only).",
         ),
     ] = "none",
     steps: Annotated[int, typer.Option("--steps", min=1, max=10, help="Optimizer steps.")] = 2,
@@ -93,11 +95,12 @@ def trace_command(
     tracker and print predicted vs traced bytes per bucket and at the peak.
 
     --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
-    headroom[hf]) built from MODEL's config.json, or from the spec's shape. --framework fsdp2
-    traces the hf model under FSDP2 (torchtitan's default run: parallel.zero_stage 3, fp32
-    master and optimizer states, precision.params the compute dtype, precision.grads the
-    reduce dtype; tensor parallelism with parallel.tp and parallel.sequence_parallel) and
-    prints each phase's peak too."""
+    headroom[hf]) built from MODEL's config.json, or from the spec's shape; --impl torchtitan
+    torchtitan's own Llama 3 model code of the spec's shape (make install adds torchtitan).
+    --framework fsdp2 traces the hf model under FSDP2 (torchtitan's default run:
+    parallel.zero_stage 3, fp32 master and optimizer states, precision.params the compute
+    dtype, precision.grads the reduce dtype; tensor parallelism with parallel.tp and
+    parallel.sequence_parallel) and prints each phase's peak too."""
     from headroom.calibration.frameworks import check_framework
 
     config = None
@@ -135,6 +138,11 @@ def trace_command(
             hf.spec_of(config)  # one of the architectures it builds
             if framework == "fsdp2":
                 fsdp2.check_model(config, train_spec)
+        elif chosen is Impl.torchtitan:
+            from headroom.calibration import torchtitan
+
+            # Llama 3's shape, or the field it lacks
+            config = torchtitan.config_for(spec, train_spec.seq_len)
         else:
             from headroom.planner.trainable import check_supported
 
@@ -144,7 +152,13 @@ def trace_command(
     budget = planner.estimate(spec, train_spec, hw)
     with user_errors():  # a config transformers cannot build
         if framework == "fsdp2":
-            measured = fsdp2.trace(spec, train_spec, steps=steps, config=config)
+            measured = fsdp2.trace(
+                spec,
+                train_spec,
+                steps=steps,
+                config=config if chosen is Impl.hf else None,
+                impl=chosen.value,
+            )
         else:
             measured = trace(spec, train_spec, steps=steps, impl=chosen.value, config=config)
     out = {

@@ -57,13 +57,16 @@ def test_the_typed_records_write_the_committed_files() -> None:
     for record in rewritten["records"]:
         assert record["train"].pop("max_grad_norm") == 1.0
         assert record["train"].pop("framework") == "none"
-        assert record["train"].pop("fsdp2") == {"reshard_after_forward": True}
+        assert record["train"].pop("fsdp2") == {"reshard_after_forward": True, "groups": "root"}
         assert record["train"].pop("deepspeed")["reduce_bucket_size"] == 500_000_000
         assert record["train"].pop("megatron")["use_distributed_optimizer"] is True
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
-    text = (DATA / "hf-fsdp2-traces.json").read_text()
-    assert FrameworkTracesFile.model_validate_json(text).to_json_text() == text
+    for name in ("hf-fsdp2", "torchtitan-fsdp2"):
+        text = (DATA / f"{name}-traces.json").read_text()
+        assert FrameworkTracesFile.model_validate_json(text).to_json_text() == text
+    text = (DATA / "torchtitan-traces.json").read_text()
+    assert TracesFile.model_validate_json(text).to_json_text() == text
 
 
 def test_the_fsdp2_design_spans_the_runs_it_is_held_to() -> None:

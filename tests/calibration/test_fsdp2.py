@@ -187,7 +187,7 @@ def test_calibrate_trace_framework_flag(tmp_path: Path) -> None:
     assert out["predicted"]["total"] > 0
     for bad, field, allowed in (
         (["--framework", "megatron"], "framework", "allowed: none, fsdp2"),
-        (["--framework", "fsdp2", "--impl", "runtime"], "impl", "runs hf models"),
+        (["--framework", "fsdp2", "--impl", "runtime"], "impl", "runs hf, torchtitan models"),
         (["--framework", "fsdp2", "--record"], "--record", "allowed with --framework none"),
     ):
         refused = run_headroom("calibrate", "trace", str(config), *bad, *args, timeout=120)

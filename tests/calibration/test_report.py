@@ -60,13 +60,15 @@ def test_report_counts_false_fits_and_draws(
     from headroom.calibration.trace_records import load_framework_traces
 
     fsdp2 = load_framework_traces("hf-fsdp2")
-    assert fsdp2 is not None
+    torchtitan = load_framework_traces("torchtitan-fsdp2")
+    assert fsdp2 is not None and torchtitan is not None
     committed = sum(len(json.loads(path.read_text())["records"]) for path in COMMITTED)
-    assert summary["points"] == committed + len(fsdp2.records) + 2
+    assert summary["points"] == committed + len(fsdp2.records) + len(torchtitan.records) + 2
     # per (implementation, framework): the two probes are textbook's without a framework
     pairs = summary["by_pair"]
     assert pairs["textbook / none"]["n"] == 2
     assert pairs["hf / fsdp2"]["n"] == len(fsdp2.records)
+    assert pairs["torchtitan / fsdp2"]["n"] == len(torchtitan.records)
     assert summary["false_fits"] == 1
     for key in ("median", "p95", "max"):
         assert summary["peak"][key] is not None

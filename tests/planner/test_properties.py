@@ -149,7 +149,10 @@ def train_specs(draw: st.DrawFn) -> planner.TrainSpec:
         moe_imbalance=draw(st.floats(1.0, 2.0)),
         expandable_segments=draw(st.booleans()),
         framework=framework,
-        fsdp2=planner.Fsdp2(reshard_after_forward=draw(st.booleans())),
+        fsdp2=planner.Fsdp2(
+            reshard_after_forward=draw(st.booleans()),
+            groups=draw(st.sampled_from(["root", "split"])),
+        ),
         megatron=planner.Megatron(use_distributed_optimizer=draw(st.booleans())),
     )
 

@@ -31,7 +31,10 @@ def test_every_run_preset_is_a_runnable_spec_with_its_source() -> None:
         assert run.train.parallel.world_size == run.gpus, name
         assert run.source.startswith(("pytorch/torchtitan ", "NVIDIA/Megatron-LM ")), name
         assert "commit" in run.source
-        if name.startswith("torchtitan"):
+        if name.startswith("torchtitan-llama3"):  # torchtitan's own model code and groups
+            assert run.train.framework == "fsdp2" and run.train.fsdp2.groups == "split"
+            assert run.train.activation_profile == "torchtitan"
+        elif name.startswith("torchtitan"):  # an MoE model: no torchtitan profile yet
             assert run.train.framework == "fsdp2" and run.train.activation_profile == "hf"
         planner.estimate(planner.load_model(run.model), run.train, planner.gpu(run.gpu))
 
