@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps "torchtitan==0.3.0" "triton==3.9.0" \
 		"spmd_types==0.2.3"
 	$(BIN)/python -m pip install --quiet "tyro==1.0.17"
+	# Megatron-Core's own model code, for the megatron activation profile (its dependencies,
+	# torch, numpy and packaging, are installed already; no Transformer Engine on a CPU)
+	$(BIN)/python -m pip install --quiet --no-deps "megatron-core==0.16.1"
 	touch $(STAMP)
 
 run: install

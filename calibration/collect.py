@@ -10,6 +10,8 @@ each shape says why it is in the design and each run whether it is fitted or hel
   to.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe,
   deepseek_v3) built from configs with random weights, traced under fake tensors.
+- ``megatron``: Megatron-Core's GPT with its local layers (``calibration.megatron``),
+  Llama-style and GPT-3-style, without recompute.
 - ``torchtitan``: torchtitan's own Llama 3 model code (``calibration.torchtitan``), dense
   widths of 512 to 3072 and two-layer cuts of its 8B and 70B flavors, with and without
   torchtitan's full activation checkpointing.
@@ -27,7 +29,7 @@ the fitted estimate.
   parallelized by torchtitan's own ``parallelize_llama`` (its FSDP grouping, ``FullAC``) on rank
   0 of 8 to 256 data-parallel ranks; written to ``torchtitan-fsdp2-traces.json``.
 
-Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf|torchtitan]
+Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf|torchtitan|megatron]
 [--framework none|fsdp2] [--output FILE]
 """
 
@@ -133,13 +135,15 @@ def main() -> None:
         print(f"{len(traced)} records → {output}")
         return
     records = [record(m, t, h, args.impl) for m, t, h in configurations(args.impl)]
-    transformers_version = torchtitan_version = None
+    transformers_version = torchtitan_version = megatron_version = None
     if args.impl == "hf":
         import transformers
 
         transformers_version = transformers.__version__
     if args.impl == "torchtitan":
         torchtitan_version = _version("torchtitan")
+    if args.impl == "megatron":
+        megatron_version = _version("megatron-core")
     traces = TracesFile(
         about=f"Traced training steps ({args.impl} implementation, calibration/tracing.py); "
         f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
@@ -150,6 +154,7 @@ def main() -> None:
         records=tuple(records),
         transformers=transformers_version,
         torchtitan=torchtitan_version,
+        megatron_core=megatron_version,
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(traces.to_json_text())

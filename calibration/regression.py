@@ -76,6 +76,7 @@ STRUCTURAL: dict[str, dict[str, Any]] = {
     },
     "hf": {},
     "torchtitan": {},
+    "megatron": {},
 }
 ZERO = {
     "attention_scale": 0.0,

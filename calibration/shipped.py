@@ -24,6 +24,8 @@ ABOUT = {
     "deepseek_v3; SDPA as on a GPU, grouped_mm experts)",
     "torchtitan": "torchtitan's Llama 3 model code (fused Q/K/V, FlexAttention as the GPU "
     "kernels allocate it, its cross_entropy_loss and FullAC)",
+    "megatron": "Megatron-Core's GPT with its local layers (flash attention as a GPU kernel "
+    "allocates it, its vocab_parallel_cross_entropy)",
 }
 
 
@@ -40,6 +42,7 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         for package, version in (
             ("transformers", traces.transformers),
             ("torchtitan", traces.torchtitan),
+            ("megatron-core", traces.megatron_core),
         )
         if version is not None
     )

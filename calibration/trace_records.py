@@ -78,6 +78,8 @@ class TracesFile(BaseModel):
     transformers: str | None = None
     #: the torchtitan version of a ``torchtitan`` file
     torchtitan: str | None = None
+    #: the megatron-core version of a ``megatron`` file
+    megatron_core: str | None = None
 
     def fitted(self) -> list[TraceRecord]:
         """The records a fit uses (those not held out)."""
@@ -89,9 +91,10 @@ class TracesFile(BaseModel):
 
     def to_json_text(self) -> str:
         """The file's text (one space of indent, as committed)."""
-        payload = self.model_dump(mode="json", exclude={"records", "transformers", "torchtitan"})
+        packages = ("transformers", "torchtitan", "megatron_core")
+        payload = self.model_dump(mode="json", exclude={"records", *packages})
         payload["records"] = [r.to_json() for r in self.records]
-        for package in ("transformers", "torchtitan"):
+        for package in packages:
             if getattr(self, package) is not None:
                 payload[package] = getattr(self, package)
         return json.dumps(payload, indent=1) + "\n"

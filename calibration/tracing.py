@@ -95,7 +95,7 @@ def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
     return out
 
 
-IMPLS = ("runtime", "hf", "torchtitan")
+IMPLS = ("runtime", "hf", "torchtitan", "megatron")
 
 
 @contextlib.contextmanager
@@ -176,6 +176,17 @@ def _build(
             torchtitan.apply_full_ac(net)
         masks = torchtitan.attention_masks(net, train.micro_batch_size, train.seq_len)
         return net, lambda m, ids: torchtitan.loss(m, ids, masks)
+    if impl == "megatron":
+        from headroom.calibration import megatron
+
+        if every is not None:
+            raise SpecError(
+                "recompute: Megatron's checkpointing saves CUDA RNG states a CPU trace cannot; "
+                f"allowed for --impl megatron: none, selective (got {train.recompute})",
+                field="recompute",
+            )
+        net = megatron.build(model, train.seq_len, torch.get_default_dtype())
+        return net, megatron.loss
     if impl != "runtime":
         raise SpecError(f"impl: unknown {impl!r}; allowed: {', '.join(IMPLS)}", field="impl")
     check_supported(model)
@@ -199,7 +210,7 @@ def trace(
     start = time.perf_counter()
     phases: list[dict[str, Any]] = []
     previous = torch.get_default_dtype()
-    masks: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    masks: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if impl == "hf":
         from headroom.calibration.hf import causal_masks_as_in_a_real_run
 
@@ -208,6 +219,14 @@ def trace(
         from headroom.calibration.torchtitan import flex_attention_as_on_a_gpu
 
         masks = flex_attention_as_on_a_gpu()
+    elif impl == "megatron":
+        from headroom.calibration import megatron
+
+        megatron.require_megatron()
+        megatron.check_model(model)
+        masks = contextlib.ExitStack()
+        masks.enter_context(megatron.one_rank())
+        masks.enter_context(megatron.as_on_a_gpu())
     # both implementations' shapes are independent of the values
     with FakeTensorMode(), gpu_attention_kernels(), masks:
         torch.set_default_dtype(dtype)
@@ -262,7 +281,7 @@ def trace(
 def decoder_layers(net: torch.nn.Module) -> list[torch.nn.Module]:
     """The decoder layers of the runtime's model, a transformers causal LM or torchtitan's
     decoder (a ModuleDict of blocks), in order."""
-    for path in ("layers", "model.layers"):
+    for path in ("layers", "model.layers", "decoder.layers"):
         found: Any = net
         for name in path.split("."):
             found = getattr(found, name, None)

@@ -50,6 +50,7 @@ class Impl(StrEnum):
     runtime = "runtime"
     hf = "hf"
     torchtitan = "torchtitan"
+    megatron = "megatron"
 
 
 def _hf_config(model: str) -> dict[str, Any] | None:
@@ -71,7 +72,7 @@ def trace_command(
         Impl | None,
         typer.Option(
             "--impl",
-            help="Which implementation of the model to trace: runtime, hf or torchtitan "
+            help="Which implementation of the model to trace: runtime, hf, torchtitan or megatron "
             "(default: runtime; hf under a framework).",
         ),
     ] = None,
@@ -96,7 +97,8 @@ def trace_command(
 
     --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
     headroom[hf]) built from MODEL's config.json, or from the spec's shape; --impl torchtitan
-    torchtitan's own Llama 3 model code of the spec's shape (make install adds torchtitan).
+    torchtitan's own Llama 3 model code of the spec's shape (make install adds torchtitan);
+    --impl megatron Megatron-Core's GPT with its local layers (make install adds megatron-core).
     --framework fsdp2 traces the hf model under FSDP2 (torchtitan's default run:
     parallel.zero_stage 3, fp32 master and optimizer states, precision.params the compute
     dtype, precision.grads the reduce dtype; tensor parallelism with parallel.tp and
@@ -138,6 +140,11 @@ def trace_command(
             hf.spec_of(config)  # one of the architectures it builds
             if framework == "fsdp2":
                 fsdp2.check_model(config, train_spec)
+        elif chosen is Impl.megatron:
+            from headroom.calibration import megatron
+
+            megatron.require_megatron()
+            megatron.check_model(spec)  # Megatron-Core's local layers, or the field they lack
         elif chosen is Impl.torchtitan:
             from headroom.calibration import torchtitan
 

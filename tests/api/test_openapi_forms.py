@@ -78,7 +78,7 @@ def test_gpu_is_a_preset_name_or_alias_or_hardware(openapi: dict[str, Any], body
 def test_train_is_the_training_spec(openapi: dict[str, Any], body: str) -> None:
     assert _refs(_forms(openapi, body, "train")) == {"TrainSpec"}
     profile = openapi["components"]["schemas"]["TrainSpec"]["properties"]["activation_profile"]
-    assert profile["enum"] == ["hf", "runtime", "textbook", "torchtitan"]
+    assert profile["enum"] == ["hf", "megatron", "runtime", "textbook", "torchtitan"]
 
 
 def test_every_bound_is_a_json_schema_keyword_and_fits_a_double(openapi: dict[str, Any]) -> None:

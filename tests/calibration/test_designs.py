@@ -65,8 +65,9 @@ def test_the_typed_records_write_the_committed_files() -> None:
     for name in ("hf-fsdp2", "torchtitan-fsdp2"):
         text = (DATA / f"{name}-traces.json").read_text()
         assert FrameworkTracesFile.model_validate_json(text).to_json_text() == text
-    text = (DATA / "torchtitan-traces.json").read_text()
-    assert TracesFile.model_validate_json(text).to_json_text() == text
+    for name in ("torchtitan", "megatron"):
+        text = (DATA / f"{name}-traces.json").read_text()
+        assert TracesFile.model_validate_json(text).to_json_text() == text
 
 
 def test_the_fsdp2_design_spans_the_runs_it_is_held_to() -> None:
