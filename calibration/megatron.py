@@ -92,38 +92,19 @@ def one_rank() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-class _FlashAttentionAsOnAGpu(torch.autograd.Function):
-    """What a flash kernel allocates, on Megatron's ``[s, b, heads, head_dim]`` layout (module
-    docstring). Values are never read: traces run under fake tensors."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        length, batch, heads, _ = q.shape
-        out = q.new_empty((length, batch, heads, v.shape[-1]))
-        lse = q.new_empty((batch, heads, length), dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out.view(length, batch, -1)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, _out, lse = ctx.saved_tensors
-        delta = lse.new_empty(lse.shape)  # sum(out * grad_out) in fp32, the kernel's input
-        grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
-        del delta
-        return grads
-
-
 @contextlib.contextmanager
 def as_on_a_gpu() -> Iterator[None]:
     """Megatron-Core's CUDA device query answering the CPU, and its core attention allocating
     what a flash kernel does (module docstring)."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+    from headroom.calibration.tracing import flash_attention_as_on_a_gpu
+
     def flash(
         self: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_: Any, **__: Any
     ) -> torch.Tensor:
-        out: torch.Tensor = _FlashAttentionAsOnAGpu.apply(query, key, value)  # type: ignore[no-untyped-call]
-        return out
+        length, batch = query.shape[:2]
+        return flash_attention_as_on_a_gpu(query, key, value, "sbhd").view(length, batch, -1)
 
     forward, device = DotProductAttention.forward, torch.cuda.current_device
     DotProductAttention.forward = flash

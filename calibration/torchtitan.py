@@ -15,14 +15,13 @@ and ``recompute: full`` is torchtitan's ``FullAC`` on every block.
 (``flex``, ``flex_flash``) or varlen, all GPU kernels: FlexAttention refuses a backward on CPU
 tensors and runs eagerly only through ``torch.compile``, which a memory tracker's dispatch mode
 cannot enter. For a trace, torchtitan's compiled FlexAttention call
-(``FlexAttention._compiled_flex_attn``) is replaced by :class:`_FlexAttentionAsOnAGpu`, which
-allocates what the compiled GPU kernels allocate and nothing else
-(``torch/_higher_order_ops/flex_attention.py``: ``flex_attention_fake_impl``,
-``FlexAttentionAutogradOp``, ``flex_attention_backward_fake_tensor_mode``;
-``torch/_inductor/kernel/flex/flex_attention.py``: the backward's ``delta``): the output, in
-the queries' dtype, and an fp32 log-sum-exp per query head and position, saved with the
-queries, keys and values (grouped keys and values are not repeated); in backward an fp32
-``delta`` of the same size and the three input gradients. Everything else is torchtitan's code,
+(``FlexAttention._compiled_flex_attn``) is replaced by
+``calibration.tracing.FlashAttentionAsOnAGpu``, which allocates what the compiled GPU kernels
+allocate and nothing else (read from ``torch/_higher_order_ops/flex_attention.py`` and
+``torch/_inductor/kernel/flex/flex_attention.py``): the output, in the queries' dtype, and an
+fp32 log-sum-exp per query head and position, saved with the queries, keys and values (grouped
+keys and values are not repeated); in backward an fp32 ``delta`` of the same size and the
+three input gradients. Everything else is torchtitan's code,
 unchanged.
 """
 
@@ -172,27 +171,6 @@ def loss(net: Any, ids: torch.Tensor, masks: Any) -> torch.Tensor:
     return out
 
 
-class _FlexAttentionAsOnAGpu(torch.autograd.Function):
-    """What compiled FlexAttention allocates on a GPU, for fake-tensor traces (module
-    docstring). Values are never read: traces run under fake tensors."""
-
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        batch, heads, length, _ = q.shape
-        out = q.new_empty((batch, heads, length, v.shape[-1]))
-        lse = q.new_empty((batch, heads, length), dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        q, k, v, _out, lse = ctx.saved_tensors
-        delta = lse.new_empty(lse.shape)  # sum(out * grad_out) in fp32, the kernel's input
-        grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
-        del delta
-        return grads
-
-
 @contextlib.contextmanager
 def flex_attention_as_on_a_gpu() -> Iterator[None]:
     """torchtitan's FlexAttention call allocating what the GPU kernels do (module
@@ -200,10 +178,12 @@ def flex_attention_as_on_a_gpu() -> Iterator[None]:
     from torch.nn.attention.flex_attention import AuxOutput
     from torchtitan.models.common.attention import FlexAttention
 
+    from headroom.calibration.tracing import flash_attention_as_on_a_gpu
+
     original = FlexAttention.__dict__["_compiled_flex_attn"]
 
     def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
-        out = _FlexAttentionAsOnAGpu.apply(q, k, v)  # type: ignore[no-untyped-call]
+        out = flash_attention_as_on_a_gpu(q, k, v, "bhsd")
         if kwargs.get("return_aux") is not None and kwargs["return_aux"].lse:
             raise NotImplementedError("a trace's attention returns no log-sum-exp")
         return out, AuxOutput()

@@ -136,6 +136,48 @@ def gpu_attention_kernels() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
+class FlashAttentionAsOnAGpu(torch.autograd.Function):
+    """What a GPU's flash-style attention kernel allocates, for fake-tensor traces of model
+    code whose attention only runs on a GPU (torchtitan's FlexAttention, Transformer Engine's
+    fused attention under Megatron-Core): the output, in the queries' dtype, and an fp32
+    log-sum-exp per query head and position, saved with the queries, keys and values (grouped
+    keys and values not repeated); in backward an fp32 ``delta`` of the same size (the
+    kernels' ``sum(out * grad_out)``) beside the three input gradients
+    (``torch/_higher_order_ops/flex_attention.py``: ``flex_attention_fake_impl``,
+    ``FlexAttentionAutogradOp``; ``torch/_inductor/kernel/flex/flex_attention.py``: the
+    backward's ``delta``). ``layout`` is ``"bhsd"`` (batch, heads, sequence, head_dim) or
+    ``"sbhd"``. Values are never read: traces run under fake tensors."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
+    ) -> torch.Tensor:
+        if layout == "bhsd":
+            batch, heads, length = q.shape[:3]
+        else:
+            length, batch, heads = q.shape[:3]
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        lse = q.new_empty((batch, heads, length), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, _out, lse = ctx.saved_tensors
+        delta = lse.new_empty(lse.shape)
+        grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), None)
+        del delta
+        return grads
+
+
+def flash_attention_as_on_a_gpu(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
+) -> torch.Tensor:
+    """:class:`FlashAttentionAsOnAGpu` applied."""
+    out: torch.Tensor = FlashAttentionAsOnAGpu.apply(q, k, v, layout)  # type: ignore[no-untyped-call]
+    return out
+
+
 def _build(
     impl: str, model: planner.ModelSpec, train: planner.TrainSpec, config: dict[str, Any] | None
 ) -> tuple[Any, Callable[[Any, torch.Tensor], torch.Tensor]]:

@@ -104,7 +104,9 @@ def _kinds_best(points: ManyPoints, dense_grads: int, moe_grads: int) -> tuple[B
     hit = points.best.get(key)
     if hit is not None:
         return hit
-    top = [-1] * 8
+    # a group's total is negative where a layer above releases more than its gradients add
+    # (FSDP2 without resharding after forward): no total is below this
+    top = [-(1 << 126)] * 8
     where = [-1] * 8
     for i, (dense_layers, moe_layers, activations, dispatch, is_moe, edge) in enumerate(points):
         total = dense_layers * dense_grads + moe_layers * moe_grads + activations + dispatch

@@ -451,11 +451,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     dp, ep = inputs.data_parallel, inputs.ep
     zero_dense, zero_expert = _zero_shards(dp, 3), _zero_shards(dp // ep, 3)
     over_dense, over_expert = dp, max(1, dp // ep)
-    param_bytes, reduce_bytes, state_bytes = (
-        inputs.param_bytes,
-        inputs.reduce_bytes,
-        inputs.state_bytes,
-    )
+    param_bytes, state_bytes = inputs.param_bytes, inputs.state_bytes
     shard_bytes = inputs.master_bytes or param_bytes
     local_numel = _partition(sp, over_dense, over_expert)
     params = local_numel * shard_bytes
@@ -476,15 +472,88 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     if inputs.fsdp2_groups == "split":
         if sp.tied_embeddings:  # one group, gathered again for the embedding's backward
             table_numel = head_numel = table_numel + head_numel
-        return _fsdp2_split(
-            sp, inputs, table_numel, head_numel, local_numel, opt, opt_temp, ema_total
-        )
-    root = table_numel + head_numel
-    dense_unit = sp.dense_layer_numel
-    moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
+        timeline = _fsdp2_split(sp, inputs, table_numel, head_numel, grads_total)
+    else:
+        timeline = _fsdp2_root(sp, inputs, table_numel + head_numel, grads_total)
+    return ModelStates(
+        stage_params=sp,
+        zero_dense=zero_dense,
+        zero_expert=zero_expert,
+        offloaded_numel=0,
+        gpu_updated_numel=local_numel,
+        params=params,
+        grads_total=grads_total,
+        grads_start=timeline.grads_start,
+        layer_grads=timeline.layer_grads,
+        grads_tail=timeline.grads_tail,
+        master_params=0,
+        optimizer_states=opt,
+        optimizer_temporaries=opt_temp,
+        ema=ema_total if inputs.ema == "gpu" else 0,
+        transfer_buffers=timeline.transfer_buffers,
+        forward_transfer=timeline.forward_transfer,
+        loss_transfer=timeline.loss_transfer,
+        layer_transfer=timeline.layer_transfer,
+        released_transfer=timeline.released_transfer,
+        grads_resident=False,
+        host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
+        head_reduced=timeline.head_reduced,
+    )
+
+
+class _Fsdp2Timeline(NamedTuple):
+    """What FSDP2 holds through one step beyond the sharded state (``ModelStates``' fields of
+    the same names)."""
+
+    grads_start: int
+    layer_grads: PerKind[LayerGrads]
+    grads_tail: int
+    transfer_buffers: int
+    forward_transfer: int
+    loss_transfer: int
+    layer_transfer: tuple[int, int, int, int]
+    released_transfer: tuple[int, int]
+    head_reduced: tuple[int, int] | None
+
+
+class _Fsdp2Units(NamedTuple):
+    """A stage's blocks as FSDP2 gathers and reduces them."""
+
+    dense: int  # elements of a dense block
+    moe: int  # of an MoE block
+    n_dense: int
+    n_moe: int
+    unit: int  # the largest block's elements
+    layer_dense: int  # a dense block's sharded gradients (bytes)
+    layer_moe: int  # an MoE block's
+
+
+def _fsdp2_units(sp: StageParams, inputs: StatesInputs) -> _Fsdp2Units:
+    over_dense, over_expert = inputs.data_parallel, max(1, inputs.data_parallel // inputs.ep)
+    shard_bytes = inputs.master_bytes or inputs.param_bytes
+    dense = sp.dense_layer_numel
+    moe = sp.moe_layer_numel + sp.moe_layer_expert_numel
     n_moe = sp.num_moe_layers
     n_dense = sp.num_layers - n_moe
-    unit = max(dense_unit if n_dense else 0, moe_unit if n_moe else 0)
+    return _Fsdp2Units(
+        dense=dense,
+        moe=moe,
+        n_dense=n_dense,
+        n_moe=n_moe,
+        unit=max(dense if n_dense else 0, moe if n_moe else 0),
+        layer_dense=-(-dense // over_dense) * shard_bytes,
+        layer_moe=-(-sp.moe_layer_numel // over_dense) * shard_bytes
+        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes,
+    )
+
+
+def _fsdp2_root(
+    sp: StageParams, inputs: StatesInputs, root: int, grads_total: int
+) -> _Fsdp2Timeline:
+    """``fsdp2_states``' timeline with the root's one group (its docstring)."""
+    param_bytes, reduce_bytes = inputs.param_bytes, inputs.reduce_bytes
+    u = _fsdp2_units(sp, inputs)
+    dense_unit, moe_unit, n_dense, n_moe, unit = u.dense, u.moe, u.n_dense, u.n_moe, u.unit
     root_gathered, unit_gathered = root * param_bytes, unit * param_bytes
     reduce_input = unit * reduce_bytes  # a block's reduce-scatter input
     if inputs.reshard_after_forward:
@@ -506,11 +575,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     layer_transfer = (middle + reduce_input, bottom + reduce_input, top, bottom)
     # one layer's gradients: sharded once its post-backward is done, unsharded in param_dtype
     # while its backward makes them
-    layer_dense = -(-dense_unit // over_dense) * shard_bytes
-    layer_moe = (
-        -(-sp.moe_layer_numel // over_dense) * shard_bytes
-        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
-    )
+    layer_dense, layer_moe = u.layer_dense, u.layer_moe
     layers_sharded = n_dense * layer_dense + n_moe * layer_moe
     accumulating = inputs.accumulating
     layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True)
@@ -533,28 +598,16 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         embedding = (done + head_grads + made, root_gathered + (reduce_input if unit else 0))
         if sum(embedding) > tail_grads + tail_transfer:
             tail_grads, tail_transfer = embedding
-    return ModelStates(
-        stage_params=sp,
-        zero_dense=zero_dense,
-        zero_expert=zero_expert,
-        offloaded_numel=0,
-        gpu_updated_numel=local_numel,
-        params=params,
-        grads_total=grads_total,
+    return _Fsdp2Timeline(
         grads_start=grads_start,
         layer_grads=layer_grads,
         grads_tail=tail_grads,
-        master_params=0,
-        optimizer_states=opt,
-        optimizer_temporaries=opt_temp,
-        ema=ema_total if inputs.ema == "gpu" else 0,
         transfer_buffers=tail_transfer,
         forward_transfer=forward,
         loss_transfer=loss,
         layer_transfer=layer_transfer,
         released_transfer=released,
-        grads_resident=False,
-        host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
+        head_reduced=None,
     )
 
 
@@ -563,11 +616,8 @@ def _fsdp2_split(
     inputs: StatesInputs,
     table_numel: int,
     head_numel: int,
-    local_numel: int,
-    opt: int,
-    opt_temp: int,
-    ema_total: int,
-) -> ModelStates:
+    grads_total: int,
+) -> _Fsdp2Timeline:
     """``fsdp2_states`` under torchtitan 0.3's grouping (``apply_fsdp_to_decoder``, an untied
     table): the embedding a group of its own, resharded after forward as the blocks are; the
     final norm with the head one group, not resharded after forward. Read from FSDP2's code as
@@ -588,16 +638,10 @@ def _fsdp2_split(
     - the backward ends at the larger of the embedding's backward (the table gathered, its
       gradient made, the bottom block's reduce-scatter input) and its post-backward (its
       gradient and its reduce-scatter input)."""
-    dp, ep = inputs.data_parallel, inputs.ep
-    over_dense, over_expert = dp, max(1, dp // ep)
     param_bytes, reduce_bytes = inputs.param_bytes, inputs.reduce_bytes
     shard_bytes = inputs.master_bytes or param_bytes
-    params = local_numel * shard_bytes
-    dense_unit = sp.dense_layer_numel
-    moe_unit = sp.moe_layer_numel + sp.moe_layer_expert_numel
-    n_moe = sp.num_moe_layers
-    n_dense = sp.num_layers - n_moe
-    unit = max(dense_unit if n_dense else 0, moe_unit if n_moe else 0)
+    u = _fsdp2_units(sp, inputs)
+    dense_unit, moe_unit, n_dense, n_moe, unit = u.dense, u.moe, u.n_dense, u.n_moe, u.unit
     unit_gathered, reduce_input = unit * param_bytes, unit * reduce_bytes
     table, head = table_numel * param_bytes, head_numel * param_bytes
     head_reduce = head_numel * reduce_bytes
@@ -624,16 +668,11 @@ def _fsdp2_split(
         kept + unit_gathered + top,
         kept + unit_gathered + under_bottom + (reduce_input if not sp.tied_embeddings else 0),
     )
-    layer_dense = -(-dense_unit // over_dense) * shard_bytes
-    layer_moe = (
-        -(-sp.moe_layer_numel // over_dense) * shard_bytes
-        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
-    )
+    layer_dense, layer_moe = u.layer_dense, u.layer_moe
     layers_sharded = n_dense * layer_dense + n_moe * layer_moe
     accumulating = inputs.accumulating
-    grads_total = params
     live = grads_total if accumulating else 0
-    head_sharded = 0 if accumulating else -(-head_numel // over_dense) * shard_bytes
+    head_sharded = 0 if accumulating else -(-head_numel // inputs.data_parallel) * shard_bytes
     grads_start = live + head_sharded
     head_reduced = (grads_start, kept + 2 * head + head_reduce) if head_numel else None
     done = grads_total if accumulating else layers_sharded + head_sharded
@@ -647,28 +686,15 @@ def _fsdp2_split(
         embedding = (done + made, table + (reduce_input if unit else 0))
         if sum(embedding) > tail_grads + tail_transfer:
             tail_grads, tail_transfer = embedding
-    return ModelStates(
-        stage_params=sp,
-        zero_dense=_zero_shards(dp, 3),
-        zero_expert=_zero_shards(dp // ep, 3),
-        offloaded_numel=0,
-        gpu_updated_numel=local_numel,
-        params=params,
-        grads_total=grads_total,
+    return _Fsdp2Timeline(
         grads_start=grads_start,
         layer_grads=_running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True),
         grads_tail=tail_grads,
-        master_params=0,
-        optimizer_states=opt,
-        optimizer_temporaries=opt_temp,
-        ema=ema_total if inputs.ema == "gpu" else 0,
         transfer_buffers=tail_transfer,
         forward_transfer=forward,
         loss_transfer=loss,
         layer_transfer=layer_transfer,
         released_transfer=released,
-        grads_resident=False,
-        host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
         head_reduced=head_reduced,
     )
 

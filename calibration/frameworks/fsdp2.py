@@ -513,15 +513,7 @@ def trace(
             if train.recompute == "full":
                 apply_ac(net)
             apply_fsdp(net, dp_mesh, param_dtype, reduce_dtype, train.fsdp2.reshard_after_forward)
-            optimizer = torch.optim.AdamW(  # torchtitan's hyperparameters (no byte depends on them)
-                net.parameters(),
-                lr=8e-4,
-                betas=(0.9, 0.95),
-                eps=1e-8,
-                weight_decay=0.1,
-                foreach=train.optimizer_impl == "foreach",
-                fused=train.optimizer_impl == "fused",
-            )
+            optimizer = _torchtitan_adamw(net, train)
             measured = _steps(net, optimizer, model, train, steps, tp_mesh is not None)
     return {
         "impl": "hf",
@@ -561,15 +553,7 @@ def _trace_torchtitan(
     ):
         net, batch_loss = _torchtitan_parallelized(model, train, tensors)
         with tensors:
-            optimizer = torch.optim.AdamW(  # torchtitan's default_adamw (no byte depends on it)
-                net.parameters(),
-                lr=8e-4,
-                betas=(0.9, 0.95),
-                eps=1e-8,
-                weight_decay=0.1,
-                foreach=train.optimizer_impl == "foreach",
-                fused=train.optimizer_impl == "fused",
-            )
+            optimizer = _torchtitan_adamw(net, train)
             measured = _steps(net, optimizer, model, train, steps, False, batch_loss)
     return {
         "impl": "torchtitan",
@@ -579,6 +563,20 @@ def _trace_torchtitan(
         **measured,
         "torch": torch.__version__,
     }
+
+
+def _torchtitan_adamw(net: torch.nn.Module, train: planner.TrainSpec) -> torch.optim.Optimizer:
+    """torch AdamW with torchtitan's hyperparameters (no byte depends on them) and the spec's
+    ``optimizer_impl``."""
+    return torch.optim.AdamW(
+        net.parameters(),
+        lr=8e-4,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.1,
+        foreach=train.optimizer_impl == "foreach",
+        fused=train.optimizer_impl == "fused",
+    )
 
 
 def _hf_loss(net: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
