@@ -452,7 +452,8 @@ def point_layout(
     the bytes change linearly, and so do they between consecutive blocks of the same shape, so
     the ends of such runs are the only candidates (a stage of one kind of layer has two to
     six). With ``edges`` the bottom and top layers differ from the rest by more than their
-    counts (``PointLayout.edge``), so the layers next to them are candidates too."""
+    counts (``PointLayout.edge``), so the layers next to them and every layer of the blocks
+    next to theirs are candidates too, and an edge layer never ends a run."""
     key = (flags, k, edges)
     hit = _LAYOUTS.get(key)
     if hit is None:
@@ -496,7 +497,9 @@ def _point_layout(flags: Sequence[int], k: int | None, edges: bool) -> tuple[Poi
         return tuple(uniform)
     # blocks from the first layer: [b0, b0 + size); runs of identical blocks keep their ends
     blocks = [(b0, flags[b0 : b0 + size]) for b0 in range(0, n, size)]
-    edge_blocks = {j // size for j in near_edges}
+    # with edges, the blocks holding an edge layer and the blocks next to them: an edge layer
+    # holds what a framework holds there, so a run of blocks does not stay linear through it
+    edge_blocks = {b + d for b in (0, len(blocks) - 1) for d in (-1, 0, 1)} if edges else set()
     chosen = [
         i
         for i, (_, shape) in enumerate(blocks)
@@ -527,7 +530,8 @@ def _point_layout(flags: Sequence[int], k: int | None, edges: bool) -> tuple[Poi
                 moe = n - j - 1 - dense
                 edge = _edge(j, n, edges)
                 point = PointLayout(dense, moe, checkpoints, held[0], held[1], int(kind), edge)
-                found.append((point, (i, kind), (kind, offset, shape_number)))
+                # an edge layer's point is a class of its own, never the far end of a run
+                found.append((point, (i, kind, edge), (kind, offset, shape_number, edge)))
     return _without_midpoints(found)
 
 
