@@ -28,7 +28,7 @@ import time
 import torch
 
 from headroom import planner
-from headroom.calibration.design import FSDP2_PRECISION
+from headroom.calibration.design import FRAMEWORK_DESIGNS, FSDP2_PRECISION
 from headroom.calibration.trace_records import load_framework_traces
 from headroom.calibration.tracing import compare_trace
 
@@ -94,7 +94,7 @@ def trace_table(layers: list[int], world_sizes: list[int], seq_len: int) -> None
 
 
 def records_table() -> None:
-    for design in ("hf-fsdp2", "torchtitan-fsdp2"):
+    for design in FRAMEWORK_DESIGNS:
         print(f"{design}:")
         _design_table(design)
 

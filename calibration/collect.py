@@ -47,6 +47,7 @@ from headroom import planner
 from headroom.calibration.design import IMPLS, configurations
 from headroom.calibration.frameworks import FRAMEWORKS, check_framework, design_name
 from headroom.calibration.trace_records import (
+    PACKAGES,
     FrameworkTraceRecord,
     FrameworkTracesFile,
     TracePeak,
@@ -107,6 +108,9 @@ def main() -> None:
     except planner.SpecError as exc:
         parser.error(str(exc))
     name = design_name(args.impl, args.framework)
+    # the version of the model code's package the traces were made with
+    package = PACKAGES.get(args.impl)
+    versions = {package[0]: _version(package[1])} if package else {}
     output = args.output or traces_path(name)
     torch.set_num_threads(1)
     if args.framework == "fsdp2":
@@ -126,24 +130,14 @@ def main() -> None:
             python=platform.python_version(),
             created=dt.datetime.now(dt.UTC).date().isoformat(),
             records=tuple(traced),
-            transformers=_version("transformers") if args.impl == "hf" else None,
-            torchtitan=_version("torchtitan") if args.impl == "torchtitan" else None,
             framework=args.framework,
+            **versions,
         )
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(framework_traces.to_json_text())
         print(f"{len(traced)} records → {output}")
         return
     records = [record(m, t, h, args.impl) for m, t, h in configurations(args.impl)]
-    transformers_version = torchtitan_version = megatron_version = None
-    if args.impl == "hf":
-        import transformers
-
-        transformers_version = transformers.__version__
-    if args.impl == "torchtitan":
-        torchtitan_version = _version("torchtitan")
-    if args.impl == "megatron":
-        megatron_version = _version("megatron-core")
     traces = TracesFile(
         about=f"Traced training steps ({args.impl} implementation, calibration/tracing.py); "
         f"the shipped '{args.impl}' coefficients are fitted from the records not held out.",
@@ -152,9 +146,7 @@ def main() -> None:
         python=platform.python_version(),
         created=dt.datetime.now(dt.UTC).date().isoformat(),
         records=tuple(records),
-        transformers=transformers_version,
-        torchtitan=torchtitan_version,
-        megatron_core=megatron_version,
+        **versions,
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(traces.to_json_text())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from headroom import planner
+from headroom.calibration.design import FRAMEWORK_DESIGNS
 from headroom.calibration.regression import TRACE_DEVICE
 from headroom.calibration.shipped import ABOUT
 from headroom.calibration.trace_records import TracesFile, load_framework_traces, traces_path
@@ -64,7 +65,7 @@ def _framework_points() -> list[dict[str, Any]]:
 
     records = [
         r
-        for design in ("hf-fsdp2", "torchtitan-fsdp2")
+        for design in FRAMEWORK_DESIGNS
         for traces in [load_framework_traces(design)]
         for r in (traces.records if traces is not None else ())
     ]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from headroom.calibration.regression import FITTED, STRUCTURAL, fit_coefficients
-from headroom.calibration.trace_records import load_traces, traces_path
+from headroom.calibration.trace_records import PACKAGES, load_traces, traces_path
 
 #: the planner's coefficients file, which ships the sets
 SHIPPED = Path(str(resources.files("headroom.planner") / "data" / "coefficients.json"))
@@ -38,13 +38,9 @@ def shipped_entry(profile: str) -> dict[str, Any]:
     fitted = traces.fitted()
     c = fit_coefficients(fitted, profile)
     versions = f"torch {traces.torch}" + "".join(
-        f", {package} {version}"
-        for package, version in (
-            ("transformers", traces.transformers),
-            ("torchtitan", traces.torchtitan),
-            ("megatron-core", traces.megatron_core),
-        )
-        if version is not None
+        f", {package} {getattr(traces, key)}"
+        for key, package in PACKAGES.values()
+        if getattr(traces, key) is not None
     )
     return {
         "profile": profile,

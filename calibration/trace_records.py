@@ -61,6 +61,15 @@ class TraceRecord(BaseModel):
         return self.model_dump(mode="json", exclude={"uid"})
 
 
+#: the model-code package each implementation's traces name: impl -> (the traces file's key,
+#: the distribution whose version it holds)
+PACKAGES = {
+    "hf": ("transformers", "transformers"),
+    "torchtitan": ("torchtitan", "torchtitan"),
+    "megatron": ("megatron_core", "megatron-core"),
+}
+
+
 class TracesFile(BaseModel):
     """A committed traces file: provenance and records."""
 
@@ -91,12 +100,12 @@ class TracesFile(BaseModel):
 
     def to_json_text(self) -> str:
         """The file's text (one space of indent, as committed)."""
-        packages = ("transformers", "torchtitan", "megatron_core")
-        payload = self.model_dump(mode="json", exclude={"records", *packages})
+        keys = [key for key, _ in PACKAGES.values()]
+        payload = self.model_dump(mode="json", exclude={"records", *keys})
         payload["records"] = [r.to_json() for r in self.records]
-        for package in packages:
-            if getattr(self, package) is not None:
-                payload[package] = getattr(self, package)
+        for key in keys:
+            if getattr(self, key) is not None:
+                payload[key] = getattr(self, key)
         return json.dumps(payload, indent=1) + "\n"
 
 

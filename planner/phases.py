@@ -104,14 +104,14 @@ def _kinds_best(points: ManyPoints, dense_grads: int, moe_grads: int) -> tuple[B
     hit = points.best.get(key)
     if hit is not None:
         return hit
-    # a group's total is negative where a layer above releases more than its gradients add
-    # (FSDP2 without resharding after forward): no total is below this
-    top = [-(1 << 126)] * 8
+    # a group's first point is its best so far whatever its total, which is negative where the
+    # layers above release more than their gradients add (FSDP2 without resharding)
+    top = [0] * 8
     where = [-1] * 8
     for i, (dense_layers, moe_layers, activations, dispatch, is_moe, edge) in enumerate(points):
         total = dense_layers * dense_grads + moe_layers * moe_grads + activations + dispatch
         group = 2 * edge + is_moe
-        if total > top[group]:
+        if where[group] < 0 or total > top[group]:
             top[group], where[group] = total, i
     best = tuple(points[i] for i in sorted(where) if i >= 0)
     points.remember(key, best)

@@ -469,12 +469,13 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     # gathered units: the root (embedding, final norm, head) and a block of each kind
     table_numel = sp.embedding_numel if sp.has_embedding else 0
     head_numel = sp.head_unit_numel if sp.has_head else 0
+    units = _fsdp2_units(sp, inputs)
     if inputs.fsdp2_groups == "split":
         if sp.tied_embeddings:  # one group, gathered again for the embedding's backward
             table_numel = head_numel = table_numel + head_numel
-        timeline = _fsdp2_split(sp, inputs, table_numel, head_numel, grads_total)
+        timeline = _fsdp2_split(sp, inputs, units, table_numel, head_numel, grads_total)
     else:
-        timeline = _fsdp2_root(sp, inputs, table_numel + head_numel, grads_total)
+        timeline = _fsdp2_root(sp, inputs, units, table_numel + head_numel, grads_total)
     return ModelStates(
         stage_params=sp,
         zero_dense=zero_dense,
@@ -484,7 +485,9 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         params=params,
         grads_total=grads_total,
         grads_start=timeline.grads_start,
-        layer_grads=timeline.layer_grads,
+        layer_grads=_running_layer_grads(
+            sp, inputs, units.layer_dense, units.layer_moe, whole_layer=True
+        ),
         grads_tail=timeline.grads_tail,
         master_params=0,
         optimizer_states=opt,
@@ -506,7 +509,6 @@ class _Fsdp2Timeline(NamedTuple):
     the same names)."""
 
     grads_start: int
-    layer_grads: PerKind[LayerGrads]
     grads_tail: int
     transfer_buffers: int
     forward_transfer: int
@@ -526,6 +528,7 @@ class _Fsdp2Units(NamedTuple):
     unit: int  # the largest block's elements
     layer_dense: int  # a dense block's sharded gradients (bytes)
     layer_moe: int  # an MoE block's
+    layers_sharded: int  # every block's sharded gradients (bytes)
 
 
 def _fsdp2_units(sp: StageParams, inputs: StatesInputs) -> _Fsdp2Units:
@@ -535,24 +538,28 @@ def _fsdp2_units(sp: StageParams, inputs: StatesInputs) -> _Fsdp2Units:
     moe = sp.moe_layer_numel + sp.moe_layer_expert_numel
     n_moe = sp.num_moe_layers
     n_dense = sp.num_layers - n_moe
+    layer_dense = -(-dense // over_dense) * shard_bytes
+    layer_moe = (
+        -(-sp.moe_layer_numel // over_dense) * shard_bytes
+        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes
+    )
     return _Fsdp2Units(
         dense=dense,
         moe=moe,
         n_dense=n_dense,
         n_moe=n_moe,
         unit=max(dense if n_dense else 0, moe if n_moe else 0),
-        layer_dense=-(-dense // over_dense) * shard_bytes,
-        layer_moe=-(-sp.moe_layer_numel // over_dense) * shard_bytes
-        + -(-sp.moe_layer_expert_numel // over_expert) * shard_bytes,
+        layer_dense=layer_dense,
+        layer_moe=layer_moe,
+        layers_sharded=n_dense * layer_dense + n_moe * layer_moe,
     )
 
 
 def _fsdp2_root(
-    sp: StageParams, inputs: StatesInputs, root: int, grads_total: int
+    sp: StageParams, inputs: StatesInputs, u: _Fsdp2Units, root: int, grads_total: int
 ) -> _Fsdp2Timeline:
     """``fsdp2_states``' timeline with the root's one group (its docstring)."""
     param_bytes, reduce_bytes = inputs.param_bytes, inputs.reduce_bytes
-    u = _fsdp2_units(sp, inputs)
     dense_unit, moe_unit, n_dense, n_moe, unit = u.dense, u.moe, u.n_dense, u.n_moe, u.unit
     root_gathered, unit_gathered = root * param_bytes, unit * param_bytes
     reduce_input = unit * reduce_bytes  # a block's reduce-scatter input
@@ -573,12 +580,7 @@ def _fsdp2_root(
         released = (dense_unit * param_bytes, moe_unit * param_bytes)
     # by edge: the layer above's reduce-scatter input is held under all but the top block
     layer_transfer = (middle + reduce_input, bottom + reduce_input, top, bottom)
-    # one layer's gradients: sharded once its post-backward is done, unsharded in param_dtype
-    # while its backward makes them
-    layer_dense, layer_moe = u.layer_dense, u.layer_moe
-    layers_sharded = n_dense * layer_dense + n_moe * layer_moe
     accumulating = inputs.accumulating
-    layer_grads = _running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True)
     # the head's gradients (a tied table's too) wait unsharded for the root's post-backward
     head_grads = sp.head_unit_numel * param_bytes if sp.has_head else 0
     table = sp.embedding_numel * param_bytes
@@ -586,7 +588,7 @@ def _fsdp2_root(
         head_grads += table
     live = grads_total if accumulating else 0
     grads_start = live + head_grads
-    done = grads_total if accumulating else layers_sharded
+    done = grads_total if accumulating else u.layers_sharded
     # the root's post-backward: its parameters resharded, its gradients and their
     # reduce-scatter input
     tail_grads, tail_transfer = done + root * param_bytes, root * reduce_bytes
@@ -600,7 +602,6 @@ def _fsdp2_root(
             tail_grads, tail_transfer = embedding
     return _Fsdp2Timeline(
         grads_start=grads_start,
-        layer_grads=layer_grads,
         grads_tail=tail_grads,
         transfer_buffers=tail_transfer,
         forward_transfer=forward,
@@ -614,6 +615,7 @@ def _fsdp2_root(
 def _fsdp2_split(
     sp: StageParams,
     inputs: StatesInputs,
+    u: _Fsdp2Units,
     table_numel: int,
     head_numel: int,
     grads_total: int,
@@ -640,7 +642,6 @@ def _fsdp2_split(
       gradient and its reduce-scatter input)."""
     param_bytes, reduce_bytes = inputs.param_bytes, inputs.reduce_bytes
     shard_bytes = inputs.master_bytes or param_bytes
-    u = _fsdp2_units(sp, inputs)
     dense_unit, moe_unit, n_dense, n_moe, unit = u.dense, u.moe, u.n_dense, u.n_moe, u.unit
     unit_gathered, reduce_input = unit * param_bytes, unit * reduce_bytes
     table, head = table_numel * param_bytes, head_numel * param_bytes
@@ -668,14 +669,12 @@ def _fsdp2_split(
         kept + unit_gathered + top,
         kept + unit_gathered + under_bottom + (reduce_input if not sp.tied_embeddings else 0),
     )
-    layer_dense, layer_moe = u.layer_dense, u.layer_moe
-    layers_sharded = n_dense * layer_dense + n_moe * layer_moe
     accumulating = inputs.accumulating
     live = grads_total if accumulating else 0
     head_sharded = 0 if accumulating else -(-head_numel // inputs.data_parallel) * shard_bytes
     grads_start = live + head_sharded
     head_reduced = (grads_start, kept + 2 * head + head_reduce) if head_numel else None
-    done = grads_total if accumulating else layers_sharded + head_sharded
+    done = grads_total if accumulating else u.layers_sharded + head_sharded
     tail_grads, tail_transfer = done, reduce_input if unit else 0
     if table_numel:
         # its post-backward: its gradient and their reduce-scatter input
@@ -688,7 +687,6 @@ def _fsdp2_split(
             tail_grads, tail_transfer = embedding
     return _Fsdp2Timeline(
         grads_start=grads_start,
-        layer_grads=_running_layer_grads(sp, inputs, layer_dense, layer_moe, whole_layer=True),
         grads_tail=tail_grads,
         transfer_buffers=tail_transfer,
         forward_transfer=forward,

@@ -420,11 +420,11 @@ def _torchtitan_meshes_on_the_cpu() -> Iterator[None]:
 
 
 def _torchtitan_parallelized(
-    model: planner.ModelSpec,
+    config: Any,
     train: planner.TrainSpec,
     tensors: contextlib.AbstractContextManager[Any],
 ) -> tuple[torch.nn.Module, Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]]:
-    """torchtitan's Llama 3 of ``model``'s shape parallelized by torchtitan's own
+    """torchtitan's Llama 3 of ``config`` parallelized by torchtitan's own
     ``parallelize_llama`` (its FSDP grouping, ``apply_fsdp_to_decoder``; ``FullAC`` with
     ``recompute: full``; ``fsdp_reshard_after_forward`` default or never), and its loss."""
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -446,7 +446,7 @@ def _torchtitan_parallelized(
         dims.build_mesh()
     names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
     with tensors:
-        net = torchtitan.build(torchtitan.config_for(model, train.seq_len))
+        net = torchtitan.build(config)
         parallelize_llama(
             net,
             parallel_dims=dims,
@@ -489,7 +489,7 @@ def trace(
         raise SpecError(f"impl: allowed: hf, torchtitan (got {impl!r})", field="impl")
     param_dtype, reduce_dtype = check_traceable(train)
     if impl == "torchtitan":
-        return _trace_torchtitan(model, train, steps, mode)
+        return _trace_torchtitan(model, train, steps, mode, config)
     cfg = config if config is not None else hf.config_for(model)
     hf.spec_of(cfg)
     check_model(cfg, train)
@@ -526,7 +526,7 @@ def trace(
 
 
 def _trace_torchtitan(
-    model: planner.ModelSpec, train: planner.TrainSpec, steps: int, mode: str
+    model: planner.ModelSpec, train: planner.TrainSpec, steps: int, mode: str, config: Any
 ) -> dict[str, Any]:
     """:func:`trace` of torchtitan's own Llama 3, parallelized by torchtitan's own code (see
     :func:`_torchtitan_parallelized`; torchtitan's ``partial_dtensor`` backend, whose FSDP
@@ -539,7 +539,8 @@ def _trace_torchtitan(
             f"allowed: 1 (got {train.parallel.tp})",
             field="parallel.tp",
         )
-    torchtitan.config_for(model)  # Llama 3's shape, or the field it lacks
+    # Llama 3's shape (or a SpecError naming the field it lacks), RoPE as long as the sequence
+    cfg = config if config is not None else torchtitan.config_for(model, train.seq_len)
     start = time.perf_counter()
     tensors: contextlib.AbstractContextManager[Any] = (
         FakeTensorMode() if mode == "fake" else contextlib.nullcontext()
@@ -551,7 +552,7 @@ def _trace_torchtitan(
         _redistribution_advice_off(),
         torchtitan.flex_attention_as_on_a_gpu(),
     ):
-        net, batch_loss = _torchtitan_parallelized(model, train, tensors)
+        net, batch_loss = _torchtitan_parallelized(cfg, train, tensors)
         with tensors:
             optimizer = _torchtitan_adamw(net, train)
             measured = _steps(net, optimizer, model, train, steps, False, batch_loss)

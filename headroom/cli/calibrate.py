@@ -163,7 +163,7 @@ def trace_command(
                 spec,
                 train_spec,
                 steps=steps,
-                config=config if chosen is Impl.hf else None,
+                config=config,
                 impl=chosen.value,
             )
         else:

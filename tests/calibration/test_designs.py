@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from headroom import planner
-from headroom.calibration.design import DESIGNS, configurations, load_design
+from headroom.calibration.design import DESIGNS, FRAMEWORK_DESIGNS, configurations, load_design
 from headroom.calibration.trace_records import FrameworkTracesFile, TracesFile
 
 DATA = Path(__file__).resolve().parents[2] / "calibration" / "data"
@@ -62,7 +62,7 @@ def test_the_typed_records_write_the_committed_files() -> None:
         assert record["train"].pop("megatron")["use_distributed_optimizer"] is True
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
-    for name in ("hf-fsdp2", "torchtitan-fsdp2"):
+    for name in FRAMEWORK_DESIGNS:
         text = (DATA / f"{name}-traces.json").read_text()
         assert FrameworkTracesFile.model_validate_json(text).to_json_text() == text
     for name in ("torchtitan", "megatron"):
