@@ -35,7 +35,7 @@ from headroom.planner.coefficients import (
 from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec, spec_bytes
-from headroom.planner.phases import PhaseRows, phase_rows, phase_totals, stage_layer_backward
+from headroom.planner.phases import PhaseRows, largest_phase, phase_rows, stage_layer_backward
 from headroom.planner.stage import StageParams
 from headroom.planner.states import ModelStates, StatesInputs, model_states, states_bytes
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
@@ -413,11 +413,11 @@ def stages_allocated(
     out = []
     for i, stage in enumerate(stages):
         in_flight = min(pp - stage, grad_accum)
-        totals = phase_totals(
-            phase_rows(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+        out.append(
+            StageAllocated(
+                *largest_phase(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+            )
         )
-        allocated = max(totals)
-        out.append(StageAllocated(allocated, totals.index(allocated)))
     return tuple(out)
 
 

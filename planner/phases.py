@@ -9,8 +9,9 @@ tensors up to it or, with recompute, the checkpoints below its block and the blo
 it, and its own backward temporaries) and the embedding's. The optimizer phase adds the step's
 own temporaries.
 
-``phase_rows`` is the only statement of this arithmetic: the verdict's phase totals are the sums
-of its rows (``phase_totals``), and the Budget's per-bucket views and ``explain`` show the rows.
+``_phase_terms`` is the only statement of this arithmetic: ``phase_rows`` lays its terms out per
+bucket (the Budget's per-bucket views and ``explain`` show the rows) and ``largest_phase`` adds
+them up per phase for the verdict, which is the largest of the rows' sums (``phase_totals``).
 """
 
 from __future__ import annotations
@@ -137,17 +138,17 @@ def stage_layer_backward(
     )
 
 
-def phase_rows(
+def _phase_terms(
     states: ModelStates,
     acts: ActivationTerms,
     in_flight: int,
     streaming: bool,
     accumulating: bool,
-) -> PhaseRows:
-    """Allocated bytes per GPU bucket in each phase of one stage with ``in_flight``
-    micro-batches (see the module docstring)."""
-    params, master, ema = states.params, states.master_params, states.ema
-    transfer, opt = states.transfer_buffers, states.optimizer_states
+) -> tuple[int, int, int, int, tuple[int, int, int, int, int]]:
+    """What ``phase_rows`` and ``largest_phase`` read beyond the states' own buckets: (live
+    gradients, activations, dispatch, transfer) through forward, and (grads, activations,
+    logits, dispatch, transfer) at the backward's largest point."""
+    transfer = states.transfer_buffers
     logits = acts.logits_forward
     activations = in_flight * acts.activations_saved
     dispatch = in_flight * acts.dispatch_saved
@@ -181,6 +182,24 @@ def phase_rows(
         loss = (live_grads, activations, loss_logits, dispatch, loss_transfer)
         if sum(loss) > sum(back):
             back = loss
+    return live_grads, activations, dispatch, forward_transfer, back
+
+
+def phase_rows(
+    states: ModelStates,
+    acts: ActivationTerms,
+    in_flight: int,
+    streaming: bool,
+    accumulating: bool,
+) -> PhaseRows:
+    """Allocated bytes per GPU bucket in each phase of one stage with ``in_flight``
+    micro-batches (see the module docstring)."""
+    params, master, ema = states.params, states.master_params, states.ema
+    transfer, opt = states.transfer_buffers, states.optimizer_states
+    logits = acts.logits_forward
+    live_grads, activations, dispatch, forward_transfer, back = _phase_terms(
+        states, acts, in_flight, streaming, accumulating
+    )
     grads, back_activations, back_logits, back_dispatch, back_transfer = back
 
     if streaming:  # the CPU updates each layer as its gradients land
@@ -201,6 +220,33 @@ def phase_rows(
         optimizer,
     )
     # fmt: on
+
+
+def largest_phase(
+    states: ModelStates,
+    acts: ActivationTerms,
+    in_flight: int,
+    streaming: bool,
+    accumulating: bool,
+) -> tuple[int, int]:
+    """(allocated bytes, index in ``PHASES``) of the largest of ``phase_rows``' phases, the
+    first on a tie: each phase's total added up from the same terms without building its row
+    (the verdict reads nothing else; ``tests/planner/test_properties.py`` holds it to the
+    rows' sums)."""
+    live_grads, activations, dispatch, forward_transfer, back = _phase_terms(
+        states, acts, in_flight, streaming, accumulating
+    )
+    held = states.params + states.master_params + states.ema  # in every phase
+    opt = states.optimizer_states  # from step 2 on
+    forward = held + live_grads + activations + acts.logits_forward + dispatch + forward_transfer
+    backward = held + sum(back)
+    if streaming:
+        optimizer = held + states.transfer_buffers
+    else:
+        optimizer = held + states.grads_total + opt + states.optimizer_temporaries
+    totals = (forward, backward, forward + opt, backward + opt, optimizer)
+    largest = max(totals)
+    return largest, totals.index(largest)
 
 
 def phase_totals(rows: PhaseRows) -> list[int]:
