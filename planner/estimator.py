@@ -5,10 +5,11 @@ A training spec is flattened once into ``Knobs``. Each pipeline stage that can b
 (``planner.states``: placement, precisions, optimizer, offload) and its ``ActivationTerms``
 (``planner.activations``: batch shape, recompute). Each half is memoised by its own inputs
 (``StatesInputs``, ``ActivationInputs``), so a search that varies the batch shape reuses the
-states and one that varies placement reuses the activations. ``planner.phases`` turns a stage's
-terms into allocated bytes per bucket and phase; the reported peak is the largest phase total
-(plus the CUDA context and the allocator's overhead), never the sum of the buckets' separate
-maxima.
+states and one that varies placement reuses the activations. ``planner.phases`` turns a
+stage's terms into allocated bytes per bucket and phase; the reported peak is the largest phase
+total (plus the CUDA context and the allocator's overhead), never the sum of the buckets'
+separate maxima. The end stages' largest phases are memoised per knobs object
+(``end_stages``): a spec estimated again costs the verdict alone.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec, spec_bytes
 from headroom.planner.phases import PhaseRows, largest_phase, phase_rows, stage_layer_backward
 from headroom.planner.stage import StageParams
-from headroom.planner.states import ModelStates, StatesInputs, model_states, states_bytes
+from headroom.planner.states import (
+    HostBytes,
+    ModelStates,
+    StatesInputs,
+    model_states,
+    states_bytes,
+)
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
 
@@ -272,54 +279,56 @@ def overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> 
 def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
     """The knobs and coefficients ``model_states`` reads (values it ignores normalised, so
     candidates that differ only there share an entry)."""
-    streaming = settings.offload_mode == "streaming"
+    mode, framework = settings.offload_mode, settings.framework
+    # built by position (``StatesInputs``' fields in declaration order): every new candidate
+    # builds one, and keyword arguments cost a named tuple this long a microsecond more
     return StatesInputs(
-        tp=settings.tp,
-        pp=settings.pp,
-        ep=settings.ep,
-        data_parallel=settings.dp * settings.cp,
-        zero_stage=settings.zero_stage,
-        param_bytes=settings.param_bytes,
-        grad_bytes=settings.grad_bytes,
-        master_bytes=settings.master_bytes,
-        state_bytes=settings.state_bytes,
-        optimizer=settings.optimizer,
-        optimizer_impl=settings.optimizer_impl,
-        ema=settings.ema,
-        offload_mode=settings.offload_mode,
-        offload_fraction=settings.offload_fraction if settings.offload_mode == "optimizer" else 0.0,
-        num_buffers=settings.num_buffers if streaming else 0,
-        accumulating=settings.grad_accum > 1,
-        backward_mlp_grads=coeffs.backward_mlp_grads,
-        framework=settings.framework,
-        reshard_after_forward=settings.reshard_after_forward,
-        fsdp2_groups=settings.fsdp2_groups,
-        reduce_bytes=settings.reduce_bytes if settings.framework in ("fsdp2", "megatron") else 4,
-        deepspeed=settings.deepspeed,
-        distributed_optimizer=settings.distributed_optimizer
-        if settings.framework == "megatron"
-        else True,
+        settings.tp,
+        settings.pp,
+        settings.ep,
+        settings.dp * settings.cp,  # data_parallel
+        settings.zero_stage,
+        settings.param_bytes,
+        settings.grad_bytes,
+        settings.master_bytes,
+        settings.state_bytes,
+        settings.optimizer,
+        settings.optimizer_impl,
+        settings.ema,
+        mode,
+        settings.offload_fraction if mode == "optimizer" else 0.0,
+        settings.num_buffers if mode == "streaming" else 0,
+        settings.grad_accum > 1,  # accumulating
+        coeffs.backward_mlp_grads,
+        framework,
+        settings.reshard_after_forward,
+        settings.fsdp2_groups,
+        settings.reduce_bytes if framework in ("fsdp2", "megatron") else 4,
+        settings.deepspeed,
+        settings.distributed_optimizer if framework == "megatron" else True,
     )
 
 
 def activation_inputs(settings: Knobs) -> ActivationInputs:
     """The knobs ``activation_terms`` reads."""
+    fsdp2 = settings.framework == "fsdp2"
+    # built by position (``ActivationInputs``' fields in declaration order), as above
     return ActivationInputs(
-        tp=settings.tp,
-        pp=settings.pp,
-        ep=settings.ep,
-        cp=settings.cp,
-        sequence_parallel=settings.sequence_parallel,
-        micro_batch=settings.micro_batch,
-        seq_len=settings.seq_len,
-        act_bytes=settings.param_bytes,
-        eager_attention=settings.eager_attention,
-        capacity_factor=settings.capacity_factor,
-        imbalance=settings.imbalance,
-        selective=settings.selective,
-        checkpoint_every=settings.checkpoint_every,
-        gathered_tp_inputs=settings.framework == "fsdp2",
-        edges=settings.framework == "fsdp2",
+        settings.tp,
+        settings.pp,
+        settings.ep,
+        settings.cp,
+        settings.sequence_parallel,
+        settings.micro_batch,
+        settings.seq_len,
+        settings.param_bytes,  # act_bytes
+        settings.eager_attention,
+        settings.capacity_factor,
+        settings.imbalance,
+        settings.selective,
+        settings.checkpoint_every,
+        fsdp2,  # gathered_tp_inputs
+        fsdp2,  # edges
     )
 
 
@@ -337,22 +346,11 @@ _ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerm
 )
 
 
-@identity_memo(
-    4096,
-    4 << 20,
-    objects=2,
-    nbytes=lambda settings, coeffs: SMALL_ENTRY_BYTES + coefficients_bytes(coeffs),
-)
-def _inputs(settings: Knobs, coeffs: Coefficients) -> tuple[StatesInputs, ActivationInputs]:
-    """Both halves' inputs, memoised by the knobs' identity (an estimate's are per spec)."""
-    return states_inputs(settings, coeffs), activation_inputs(settings)
-
-
 def stage_parts(
     model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
 ) -> tuple[tuple[ModelStates, ...], tuple[ActivationTerms, ...]]:
     """Persistent state and activation terms of each of ``stages`` (in order), memoised."""
-    inputs, act_inputs = _inputs(settings, coeffs)
+    inputs = states_inputs(settings, coeffs)
     key = (id(model), stages, inputs)
     hit = _STATES.get(key)
     if hit is None:
@@ -360,6 +358,7 @@ def stage_parts(
         weight = spec_bytes(model) + sum(map(states_bytes, states_now))
         hit = _STATES.put(key, (model, states_now), weight)
     states = hit[1]
+    act_inputs = activation_inputs(settings)
     akey = (id(model), id(coeffs), stages, act_inputs)
     ahit = _ACTS.get(akey)
     if ahit is None:
@@ -437,6 +436,39 @@ def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
     return Peak(best, where, index)
 
 
+#: ``end_stages``' memo: (model, knobs, coefficients) by identity -> (the objects, kept alive so
+#: their ids stay unique; each end stage's largest phase and host bytes). An estimate's knobs are
+#: its spec's (``knobs`` is memoised per spec object), so a service asked the same question
+#: again reads its stages' verdicts here; a search's new candidates miss and add an entry.
+_ENDS: BoundedDict[
+    tuple[int, int, int],
+    tuple[
+        tuple[ModelSpec, Knobs, Coefficients],
+        tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]],
+    ],
+] = BoundedDict(4096, 4 << 20)
+
+
+def end_stages(
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients
+) -> tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]]:
+    """The largest phase and the host bytes of each stage that can be the heaviest: the first
+    and, when pp > 1, the last (memoised by the identity of the model, knobs and
+    coefficients)."""
+    key = (id(model), id(settings), id(coeffs))
+    hit = _ENDS.get(key)
+    if hit is not None:
+        return hit[1]
+    pp = settings.pp
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    streaming = settings.offload_mode == "streaming"
+    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
+    ends = allocated, tuple(states.host for states in all_states)
+    weight = SMALL_ENTRY_BYTES + spec_bytes(model) + coefficients_bytes(coeffs)
+    return _ENDS.put(key, ((model, settings, coeffs), ends), weight)[1]
+
+
 def stage_terms(
     model: ModelSpec,
     train: TrainSpec,
@@ -466,12 +498,9 @@ def evaluate(
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
     over = overheads(coeffs, hardware, settings.expandable_segments)
     pp = settings.pp
-    stages = (0, pp - 1) if pp > 1 else (0,)
-    streaming = settings.offload_mode == "streaming"
-    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
-    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
+    allocated, hosts = end_stages(model, settings, coeffs)
     peak_bytes, i, index = gpu_peak(allocated, over)
-    stage, host = stages[i], all_states[i].host
+    stage, host = i * (pp - 1), hosts[i]  # the first stage, or the last
     capacity = hardware.memory_bytes
     ranks = min(hardware.gpus_per_node, settings.dp * settings.tp * pp * settings.cp)
     host_peak = sum(host) * ranks
@@ -479,7 +508,7 @@ def evaluate(
     margin = math.ceil(peak_bytes * coeffs.margin_fraction)
     fits = peak_bytes + margin <= capacity and (host_cap is None or host_peak <= host_cap)
     warnings = []
-    if streaming and settings.ema == "gpu":
+    if settings.ema == "gpu" and settings.offload_mode == "streaming":
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
@@ -525,5 +554,5 @@ def clear_spec_caches() -> None:
     _STATES.clear()
     _ACTS.clear()
     knobs.cache_clear()
-    _inputs.cache_clear()
+    _ENDS.clear()
     layer_activations.cache_clear()
