@@ -31,9 +31,11 @@ from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
 from headroom.planner.buckets import logits_bytes, moe_capacity, moe_dispatch_bytes, routing_slabs
 from headroom.planner.coefficients import Coefficients, coefficients_bytes
 from headroom.planner.model import ModelSpec, spec_bytes
-from headroom.planner.stage import PerKind, stage_params
+from headroom.planner.stage import PerKind, StageParams, stage_params
 
 _DEFAULT_CAPACITY_FACTOR = 1.25
+#: builds a tuple subclass from a tuple of its fields without calling its ``__new__``
+_new = tuple.__new__
 
 
 class LayerActivations(NamedTuple):
@@ -275,77 +277,107 @@ class ActivationTerms(NamedTuple):
     logits_backward: int
 
 
-def activation_terms(
-    model: ModelSpec, coeffs: Coefficients, stage: int, inputs: ActivationInputs
-) -> ActivationTerms:
-    """One micro-batch's activation terms of ``stage``'s rank under ``inputs``."""
-    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+class LayerTerms(NamedTuple):
+    """What every layer of a kind holds under one set of inputs, whichever stage it is in."""
+
+    layer: LayerActivations  # one dense and one MoE layer's terms
+    saved_dense: int  # what a dense layer keeps for its backward (its scores not, with
+    # selective recompute)
+    saved_moe: int  # the same for an MoE layer, its dispatch buffers apart
+    temporaries: PerKind[LayerTemporaries]  # a dense and an MoE layer's backward's
+
+
+def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs) -> LayerTerms:
+    """The layers' own terms under ``inputs``: the part of ``activation_terms`` no stage
+    changes."""
     moe = model.moe
     capacity_factor = (
         inputs.capacity_factor or (moe.capacity_factor if moe else None) or _DEFAULT_CAPACITY_FACTOR
     )
-    micro_batch, seq_len, act_bytes = inputs.micro_batch, inputs.seq_len, inputs.act_bytes
-    tp, cp, k = inputs.tp, inputs.cp, inputs.checkpoint_every
+    tp = inputs.tp
     layer = layer_activations(
         model,
         coeffs,
-        micro_batch,
-        seq_len,
-        act_bytes,
+        inputs.micro_batch,
+        inputs.seq_len,
+        inputs.act_bytes,
         inputs.eager_attention,
         tp,
-        cp,
+        inputs.cp,
         inputs.ep,
         inputs.sequence_parallel,
         capacity_factor,
         inputs.imbalance,
         inputs.gathered_tp_inputs and tp > 1,
     )
-    n, n_moe = sp.num_layers, sp.num_moe_layers
-    saved_dense, saved_moe, dispatch, layer_input = (
-        layer.dense,
-        layer.moe,
-        layer.dispatch,
-        layer.layer_input,
-    )
+    saved_dense, saved_moe = layer.dense, layer.moe
     # held throughout the layer's backward; the FFN-width part during its MLP's only
     throughout_dense = layer.backward_dense - layer.backward_ffn_dense
     throughout_moe = layer.backward_moe - layer.backward_ffn_moe
-    if k is None:
-        saved = (n - n_moe) * saved_dense + n_moe * saved_moe
-        dispatch_saved = n_moe * dispatch
+    if inputs.checkpoint_every is None:
         if inputs.selective:  # each layer recomputes its scores in its own backward
             scores = layer.scores
-            saved -= n * scores
             saved_dense -= scores
             saved_moe -= scores
             throughout_dense += scores
             throughout_moe += scores
     else:
-        saved = -(-n // k) * layer_input
-        dispatch_saved = 0
-        rerun = int(coeffs.recompute_hidden_tensors * layer_input)
+        rerun = int(coeffs.recompute_hidden_tensors * layer.layer_input)
         throughout_dense += rerun
         throughout_moe += rerun
-    points = backward_points(
-        sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input, inputs.edges
-    )
-    # built by position (fields in declaration order): a search builds these for every new
-    # batch shape, and keyword arguments cost a named tuple a quarter of a microsecond more
-    temporaries = PerKind(
-        LayerTemporaries(throughout_dense, layer.backward_ffn_dense, layer.mlp_dense, 0, 0),
-        LayerTemporaries(
-            throughout_moe,
-            layer.backward_ffn_moe,
-            layer.mlp_moe,
-            layer.backward_start_moe,
-            layer.backward_end_moe,
-            dispatch,
+    # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
+    # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
+    temporaries = _new(
+        PerKind,
+        (
+            _new(
+                LayerTemporaries,
+                (throughout_dense, layer.backward_ffn_dense, layer.mlp_dense, 0, 0, 0),
+            ),
+            _new(
+                LayerTemporaries,
+                (
+                    throughout_moe,
+                    layer.backward_ffn_moe,
+                    layer.mlp_moe,
+                    layer.backward_start_moe,
+                    layer.backward_end_moe,
+                    layer.dispatch,
+                ),
+            ),
         ),
     )
+    return _new(LayerTerms, (layer, saved_dense, saved_moe, temporaries))
+
+
+def stage_activation_terms(
+    model: ModelSpec,
+    coeffs: Coefficients,
+    sp: StageParams,
+    inputs: ActivationInputs,
+    terms: LayerTerms,
+    points: tuple[BackwardPoint, ...] | None = None,
+) -> ActivationTerms:
+    """One micro-batch's activation terms of the rank of the stage ``sp`` under ``inputs``,
+    from its layers' ``terms`` (and its ``backward_points``, if given: those of a stage whose
+    layers are of the same kinds in the same order)."""
+    layer, saved_dense, saved_moe, temporaries = terms
+    k, dispatch, layer_input = inputs.checkpoint_every, layer.dispatch, layer.layer_input
+    n, n_moe = sp.num_layers, sp.num_moe_layers
+    if k is None:
+        saved = (n - n_moe) * saved_dense + n_moe * saved_moe
+        dispatch_saved = n_moe * dispatch
+    else:
+        saved = -(-n // k) * layer_input
+        dispatch_saved = 0
+    if points is None:
+        points = backward_points(
+            sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input, inputs.edges
+        )
     logits_forward = logits_backward = 0
     if sp.has_head:
-        tokens = micro_batch * -(-seq_len // cp)
+        act_bytes, tp = inputs.act_bytes, inputs.tp
+        tokens = inputs.micro_batch * -(-inputs.seq_len // inputs.cp)
         vocab_local = -(-model.vocab_size // tp)
         logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
         logits_backward = logits_bytes(
@@ -362,9 +394,37 @@ def activation_terms(
             hidden = tokens * model.hidden_size * act_bytes
             saved += hidden - hidden // tp
             logits_backward += logits_bytes(tokens, vocab_local, 4)
-    return ActivationTerms(
-        layer, saved, dispatch_saved, points, temporaries, logits_forward, logits_backward
+    return _new(
+        ActivationTerms,
+        (layer, saved, dispatch_saved, points, temporaries, logits_forward, logits_backward),
     )
+
+
+def stages_activation_terms(
+    model: ModelSpec,
+    coeffs: Coefficients,
+    stages: Sequence[StageParams],
+    inputs: ActivationInputs,
+) -> tuple[ActivationTerms, ...]:
+    """``activation_terms`` of each of ``stages`` (their ``stage_params``): the layers' own
+    terms once for all of them, and the backward points once for stages whose layers are of
+    the same kinds in the same order (a pipeline's end stages, mostly)."""
+    terms = layer_terms(model, coeffs, inputs)
+    out: list[ActivationTerms] = []
+    for i, sp in enumerate(stages):
+        points = None
+        if i and sp.moe_flags == stages[i - 1].moe_flags:
+            points = out[-1].backward_points
+        out.append(stage_activation_terms(model, coeffs, sp, inputs, terms, points))
+    return tuple(out)
+
+
+def activation_terms(
+    model: ModelSpec, coeffs: Coefficients, stage: int, inputs: ActivationInputs
+) -> ActivationTerms:
+    """One micro-batch's activation terms of ``stage``'s rank under ``inputs``."""
+    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+    return stage_activation_terms(model, coeffs, sp, inputs, layer_terms(model, coeffs, inputs))
 
 
 #: an upper bound of the bytes one backward point holds (a named tuple of five numbers)
@@ -421,21 +481,17 @@ def backward_points(
     checkpoint. With ``edges`` the stage's bottom and top layers (and the layers next to
     them) are points of their own, marked in ``edge``.
     """
-    # unpacked and built by position: a search builds these for every new batch shape
-    points = tuple(
-        BackwardPoint(
-            dense,
-            moe,
-            checkpoints * layer_input + held_dense * saved_dense + held_moe * saved_moe,
-            held_moe * dispatch,
-            is_moe,
-            edge,
+    # unpacked, and built by position with ``tuple.__new__`` in a plain loop: a search builds
+    # these for every new batch shape
+    points = []
+    for dense, moe, checkpoints, held_dense, held_moe, is_moe, edge in point_layout(
+        flags, k, edges
+    ):
+        activations = checkpoints * layer_input + held_dense * saved_dense + held_moe * saved_moe
+        points.append(
+            _new(BackwardPoint, (dense, moe, activations, held_moe * dispatch, is_moe, edge))
         )
-        for dense, moe, checkpoints, held_dense, held_moe, is_moe, edge in point_layout(
-            flags, k, edges
-        )
-    )
-    return ManyPoints(points) if len(points) >= MANY_POINTS else points
+    return ManyPoints(points) if len(points) >= MANY_POINTS else tuple(points)
 
 
 #: ``point_layout``'s memo: (layer kinds, block size) -> the layouts

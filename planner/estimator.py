@@ -23,8 +23,8 @@ from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
 from headroom.planner.activations import (
     ActivationInputs,
     ActivationTerms,
-    activation_terms,
     layer_activations,
+    stages_activation_terms,
     terms_bytes,
 )
 from headroom.planner.budget import PHASES, Budget
@@ -362,7 +362,8 @@ def stage_parts(
     akey = (id(model), id(coeffs), stages, act_inputs)
     ahit = _ACTS.get(akey)
     if ahit is None:
-        acts = tuple(activation_terms(model, coeffs, s, act_inputs) for s in stages)
+        sps = [stage_states.stage_params for stage_states in states]
+        acts = stages_activation_terms(model, coeffs, sps, act_inputs)
         weight = spec_bytes(model) + coefficients_bytes(coeffs) + sum(map(terms_bytes, acts))
         ahit = _ACTS.put(akey, (model, coeffs, acts), weight)
     return states, ahit[2]
