@@ -385,6 +385,11 @@ def stage_terms_from_knobs(
     )
 
 
+#: builds a named tuple from a tuple of its fields without calling its ``__new__`` (a Python
+#: call): what a search builds per candidate
+_new = tuple.__new__
+
+
 class StageAllocated(NamedTuple):
     """One stage's largest phase."""
 
@@ -413,11 +418,8 @@ def stages_allocated(
     out = []
     for i, stage in enumerate(stages):
         in_flight = min(pp - stage, grad_accum)
-        out.append(
-            StageAllocated(
-                *largest_phase(all_states[i], all_acts[i], in_flight, streaming, accumulating)
-            )
-        )
+        largest = largest_phase(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+        out.append(_new(StageAllocated, largest))  # (allocated_bytes, phase_index)
     return tuple(out)
 
 
@@ -428,13 +430,13 @@ def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
     if len(allocated) == 1:
         stage_bytes, phase_index = allocated[0]
         overhead = b.allocator_overhead_bytes(stage_bytes, fraction)
-        return Peak(stage_bytes + context + overhead, 0, phase_index)
+        return _new(Peak, (stage_bytes + context + overhead, 0, phase_index))
     best, where, index = -1, 0, 0
     for i, (stage_bytes, phase_index) in enumerate(allocated):
         total = stage_bytes + context + b.allocator_overhead_bytes(stage_bytes, fraction)
         if total > best:
             best, where, index = total, i, phase_index
-    return Peak(best, where, index)
+    return _new(Peak, (best, where, index))
 
 
 #: ``end_stages``' memo: (model, knobs, coefficients) by identity -> (the objects, kept alive so
@@ -465,7 +467,7 @@ def end_stages(
     streaming = settings.offload_mode == "streaming"
     all_states, all_acts = stage_parts(model, settings, coeffs, stages)
     allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
-    ends = allocated, tuple(states.host for states in all_states)
+    ends = allocated, tuple([states.host for states in all_states])
     weight = SMALL_ENTRY_BYTES + spec_bytes(model) + coefficients_bytes(coeffs)
     return _ENDS.put(key, ((model, settings, coeffs), ends), weight)[1]
 

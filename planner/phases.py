@@ -126,13 +126,22 @@ def stage_layer_backward(
     moe_dispatch, transfer_buffers) at the largest of its layers' backward points."""
     dense, moe = states.layer_grads
     temporaries = acts.temporaries
+    # the peaks of the kinds of layer the stage holds (its points are of those kinds only)
+    sp = states.stage_params
+    if not sp.num_moe_layers:
+        peaks = (layer_peak(dense, temporaries.dense),) * 2
+    elif sp.num_moe_layers == sp.num_layers:
+        peaks = (layer_peak(moe, temporaries.moe),) * 2
+    else:
+        peaks = (layer_peak(dense, temporaries.dense), layer_peak(moe, temporaries.moe))
+    extra = in_flight - 1  # micro-batches in flight besides the running one
     return through_layers(
         acts.backward_points,
         states.grads_start,
         (dense.layer, moe.layer),
-        (layer_peak(dense, temporaries.dense), layer_peak(moe, temporaries.moe)),
-        (in_flight - 1) * acts.activations_saved,
-        (in_flight - 1) * acts.dispatch_saved,
+        peaks,
+        extra * acts.activations_saved,
+        extra * acts.dispatch_saved,
         states.layer_transfer,
         states.released_transfer,
     )
