@@ -439,10 +439,24 @@ def gpu_peak(allocated: tuple[StageAllocated, ...], over: Overheads) -> Peak:
     return _new(Peak, (best, where, index))
 
 
-#: ``end_stages``' memo: (model, knobs, coefficients) by identity -> (the objects, kept alive so
-#: their ids stay unique; each end stage's largest phase and host bytes). An estimate's knobs are
-#: its spec's (``knobs`` is memoised per spec object), so a service asked the same question
-#: again reads its stages' verdicts here; a search's new candidates miss and add an entry.
+def end_stages(
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients
+) -> tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]]:
+    """The largest phase and the host bytes of each stage that can be the heaviest: the first
+    and, when pp > 1, the last."""
+    pp = settings.pp
+    stages = (0, pp - 1) if pp > 1 else (0,)
+    streaming = settings.offload_mode == "streaming"
+    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
+    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
+    return allocated, tuple([states.host for states in all_states])
+
+
+#: ``estimate``'s memo of ``end_stages``: (model, knobs, coefficients) by identity -> (the
+#: objects, kept alive so their ids stay unique; the end stages). A spec's knobs are one object
+#: (``knobs`` is memoised per spec), so a service asked the same question again reads its
+#: stages' verdicts here. ``evaluate`` does not use it: a search's candidates are new knobs
+#: each (``_replace``), which could never be found again.
 _ENDS: BoundedDict[
     tuple[int, int, int],
     tuple[
@@ -452,22 +466,15 @@ _ENDS: BoundedDict[
 ] = BoundedDict(4096, 4 << 20)
 
 
-def end_stages(
+def _memoised_end_stages(
     model: ModelSpec, settings: Knobs, coeffs: Coefficients
 ) -> tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]]:
-    """The largest phase and the host bytes of each stage that can be the heaviest: the first
-    and, when pp > 1, the last (memoised by the identity of the model, knobs and
-    coefficients)."""
+    """``end_stages``, memoised by the identity of the model, knobs and coefficients."""
     key = (id(model), id(settings), id(coeffs))
     hit = _ENDS.get(key)
     if hit is not None:
         return hit[1]
-    pp = settings.pp
-    stages = (0, pp - 1) if pp > 1 else (0,)
-    streaming = settings.offload_mode == "streaming"
-    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
-    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
-    ends = allocated, tuple([states.host for states in all_states])
+    ends = end_stages(model, settings, coeffs)
     weight = SMALL_ENTRY_BYTES + spec_bytes(model) + coefficients_bytes(coeffs)
     return _ENDS.put(key, ((model, settings, coeffs), ends), weight)[1]
 
@@ -488,7 +495,9 @@ def estimate(
     model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> Budget:
     """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
-    return evaluate(model, knobs(train), hardware, coefficients)
+    settings = knobs(train)
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
 def evaluate(
@@ -499,9 +508,20 @@ def evaluate(
     Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
     """
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
+
+
+def _budget(
+    model: ModelSpec,
+    settings: Knobs,
+    hardware: Hardware,
+    coeffs: Coefficients,
+    ends: tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]],
+) -> Budget:
+    """The verdict and the Budget from the end stages' largest phases and host bytes."""
+    allocated, hosts = ends
     over = overheads(coeffs, hardware, settings.expandable_segments)
     pp = settings.pp
-    allocated, hosts = end_stages(model, settings, coeffs)
     peak_bytes, i, index = gpu_peak(allocated, over)
     stage, host = i * (pp - 1), hosts[i]  # the first stage, or the last
     capacity = hardware.memory_bytes
