@@ -310,42 +310,48 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         inputs.imbalance,
         inputs.gathered_tp_inputs and tp > 1,
     )
-    saved_dense, saved_moe = layer.dense, layer.moe
+    # unpacked rather than read by attribute (fields in declaration order)
+    (
+        saved_dense,
+        saved_moe,
+        scores,
+        dispatch,
+        layer_input,
+        backward_dense,
+        backward_moe,
+        backward_ffn_dense,
+        backward_ffn_moe,
+        backward_start_moe,
+        backward_end_moe,
+        mlp_dense,
+        mlp_moe,
+    ) = layer
     # held throughout the layer's backward; the FFN-width part during its MLP's only
-    throughout_dense = layer.backward_dense - layer.backward_ffn_dense
-    throughout_moe = layer.backward_moe - layer.backward_ffn_moe
+    throughout_dense = backward_dense - backward_ffn_dense
+    throughout_moe = backward_moe - backward_ffn_moe
     if inputs.checkpoint_every is None:
         if inputs.selective:  # each layer recomputes its scores in its own backward
-            scores = layer.scores
             saved_dense -= scores
             saved_moe -= scores
             throughout_dense += scores
             throughout_moe += scores
     else:
-        rerun = int(coeffs.recompute_hidden_tensors * layer.layer_input)
+        rerun = int(coeffs.recompute_hidden_tensors * layer_input)
         throughout_dense += rerun
         throughout_moe += rerun
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
+    dense = (throughout_dense, backward_ffn_dense, mlp_dense, 0, 0, 0)
+    moe_temporaries = (
+        throughout_moe,
+        backward_ffn_moe,
+        mlp_moe,
+        backward_start_moe,
+        backward_end_moe,
+        dispatch,
+    )
     temporaries = _new(
-        PerKind,
-        (
-            _new(
-                LayerTemporaries,
-                (throughout_dense, layer.backward_ffn_dense, layer.mlp_dense, 0, 0, 0),
-            ),
-            _new(
-                LayerTemporaries,
-                (
-                    throughout_moe,
-                    layer.backward_ffn_moe,
-                    layer.mlp_moe,
-                    layer.backward_start_moe,
-                    layer.backward_end_moe,
-                    layer.dispatch,
-                ),
-            ),
-        ),
+        PerKind, (_new(LayerTemporaries, dense), _new(LayerTemporaries, moe_temporaries))
     )
     return _new(LayerTerms, (layer, saved_dense, saved_moe, temporaries))
 
@@ -410,10 +416,13 @@ def stages_activation_terms(
     terms once for all of them, and the backward points once for stages whose layers are of
     the same kinds in the same order (a pipeline's end stages, mostly)."""
     terms = layer_terms(model, coeffs, inputs)
-    out: list[ActivationTerms] = []
-    for i, sp in enumerate(stages):
-        points = None
-        if i and sp.moe_flags == stages[i - 1].moe_flags:
+    first = stage_activation_terms(model, coeffs, stages[0], inputs, terms)
+    if len(stages) == 1:
+        return (first,)
+    out = [first]
+    for i in range(1, len(stages)):
+        sp, points = stages[i], None
+        if sp.moe_flags == stages[i - 1].moe_flags:
             points = out[-1].backward_points
         out.append(stage_activation_terms(model, coeffs, sp, inputs, terms, points))
     return tuple(out)
