@@ -47,6 +47,10 @@ from headroom.planner.states import (
 )
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
 
+#: builds a named tuple from a tuple of its fields without calling its ``__new__`` (a Python
+#: call): what a search builds per candidate
+_new = tuple.__new__
+
 
 class Knobs(NamedTuple):
     """A training spec flattened to the scalars the estimate reads, resolved once per spec.
@@ -273,7 +277,7 @@ def overheads(coeffs: Coefficients, hw: Hardware, expandable_segments: bool) -> 
         fraction = coeffs.allocator_overhead_fraction
     else:
         fraction = hw.allocator_overhead_fraction
-    return Overheads(context, fraction)
+    return _new(Overheads, (context, fraction))
 
 
 def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
@@ -383,11 +387,6 @@ def stage_terms_from_knobs(
         streaming=settings.offload_mode == "streaming",
         accumulating=settings.grad_accum > 1,
     )
-
-
-#: builds a named tuple from a tuple of its fields without calling its ``__new__`` (a Python
-#: call): what a search builds per candidate
-_new = tuple.__new__
 
 
 class StageAllocated(NamedTuple):
