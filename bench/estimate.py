@@ -3,10 +3,16 @@
 Specs are parsed once, as a service or the ladder would. Three measurements per case:
 
 - repeat: ``planner.estimate`` on one spec, over and over (a service answering the same
-  question; every call runs both pipeline end stages when pp > 1 and every phase).
+  question). ``estimate`` memoises a spec's end stages (their largest phases and host bytes)
+  per knobs object, so a repeat costs the verdict (coefficients, overheads, peak, margin,
+  warnings) and the ``Budget``, not the phases.
 - sweep: ``planner.evaluate`` on distinct candidates made with ``knobs(train)._replace`` (micro-
   batch x sequence length x recompute x offload fraction), each evaluated exactly once after the
-  spec-dependent caches are cleared; model-derived facts stay warm. This is the ladder's load.
+  spec-dependent caches are cleared; model-derived facts stay warm. ``evaluate`` memoises no
+  candidate's end stages, so each computes its activation terms (unless an earlier candidate
+  had the same ``ActivationInputs``) and every phase of both pipeline end stages when pp > 1;
+  its persistent state is the earlier candidates' (same ``StatesInputs``). This is the
+  ladder's load.
 - dump: ``Budget.model_dump()`` on top of an estimate (what the API and ``--format json`` add).
 
 Run: .venv/bin/python bench/estimate.py [--seconds 2]
