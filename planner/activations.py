@@ -341,7 +341,7 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         throughout_moe += rerun
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
-    dense = (throughout_dense, backward_ffn_dense, mlp_dense, 0, 0, 0)
+    dense_temporaries = (throughout_dense, backward_ffn_dense, mlp_dense, 0, 0, 0)
     moe_temporaries = (
         throughout_moe,
         backward_ffn_moe,
@@ -351,7 +351,8 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         dispatch,
     )
     temporaries = _new(
-        PerKind, (_new(LayerTemporaries, dense), _new(LayerTemporaries, moe_temporaries))
+        PerKind,
+        (_new(LayerTemporaries, dense_temporaries), _new(LayerTemporaries, moe_temporaries)),
     )
     return _new(LayerTerms, (layer, saved_dense, saved_moe, temporaries))
 

@@ -8,8 +8,9 @@ A training spec is flattened once into ``Knobs``. Each pipeline stage that can b
 states and one that varies placement reuses the activations. ``planner.phases`` turns a
 stage's terms into allocated bytes per bucket and phase; the reported peak is the largest phase
 total (plus the CUDA context and the allocator's overhead), never the sum of the buckets'
-separate maxima. The end stages' largest phases are memoised per knobs object
-(``end_stages``): a spec estimated again costs the verdict alone.
+separate maxima. ``estimate`` memoises the end stages' largest phases per knobs object
+(``end_stages``; a search's ``evaluate`` does not): a spec estimated again costs the verdict
+alone.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ tensors up to it or, with recompute, the checkpoints below its block and the blo
 it, and its own backward temporaries) and the embedding's. The optimizer phase adds the step's
 own temporaries.
 
-``_phase_terms`` is the only statement of this arithmetic: ``phase_rows`` lays its terms out per
-bucket (the Budget's per-bucket views and ``explain`` show the rows) and ``largest_phase`` adds
-them up per phase for the verdict, which is the largest of the rows' sums (``phase_totals``).
+``_phase_terms`` states this arithmetic once. ``phase_rows`` lays its terms out per bucket (the
+Budget's per-bucket views and ``explain`` show the rows); ``largest_phase`` adds the same terms
+up per phase for the verdict without building the rows, and ``tests/planner/test_properties.py``
+holds its totals to the rows' sums (``phase_totals``).
 """
 
 from __future__ import annotations
