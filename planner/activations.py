@@ -54,6 +54,8 @@ class LayerActivations(NamedTuple):
     # its MLP's gradients (held instead of backward_ffn_moe, not beside it)
     mlp_dense: int  # what a dense layer's MLP saves (part of dense), freed by its backward
     mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
+    backward_end_dense: int = 0  # a dense layer's as its MLP's backward ends, beside all of
+    # its MLP's gradients (DTensor's tensor parallelism: whole-sequence input gradients)
 
 
 @identity_memo(
@@ -196,6 +198,12 @@ def layer_activations(
         backward_end_moe=end_slots,
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
+        # DTensor's tensor parallelism: as the MLP's backward ends, whole-sequence gradients
+        # (the output's all-gathered one, the column-wise projections' input gradients as
+        # partial sums before their reduce-scatter) beside all of the MLP's gradients
+        backward_end_dense=int(coeffs.tp_backward_end_hidden_tensors * tokens * h * e)
+        if gathered_inputs
+        else 0,
     )
 
 
@@ -333,7 +341,13 @@ def activation_terms(
     # built by position (fields in declaration order): a search builds these for every new
     # batch shape, and keyword arguments cost a named tuple a quarter of a microsecond more
     temporaries = PerKind(
-        LayerTemporaries(throughout_dense, layer.backward_ffn_dense, layer.mlp_dense, 0, 0),
+        LayerTemporaries(
+            throughout_dense,
+            layer.backward_ffn_dense,
+            layer.mlp_dense,
+            0,
+            layer.backward_end_dense,
+        ),
         LayerTemporaries(
             throughout_moe,
             layer.backward_ffn_moe,

@@ -299,6 +299,9 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         distributed_optimizer=settings.distributed_optimizer
         if settings.framework == "megatron"
         else True,
+        embedding_grad_whole_vocab=coeffs.embedding_grad_whole_vocab
+        if settings.framework == "fsdp2" and settings.tp > 1
+        else True,
     )
 
 
