@@ -7,7 +7,8 @@
 ``queue_run`` (``launch.plan``) writes a run ``queued``. Each transition updates the row only
 if it is still in the state the transition leaves, so two supervisors, a cancel and a finish
 racing each other leave one winner and the others see ``False``. ``note_started``,
-``note_probing`` and ``note_exit`` change what a run says, not its state.
+``note_submitted``, ``note_probing``, ``note_exit`` and ``adopt`` change what a run says or
+who watches it, not its state.
 """
 
 from __future__ import annotations
@@ -68,6 +69,35 @@ def note_started(session: Session, run_id: int, *, pid: int, log_path: str, back
         log_path=log_path,
         reason=f"running: pid {pid} ({backend})",
     )
+
+
+def note_submitted(session: Session, run_id: int, *, job_id: str, log_path: str) -> bool:
+    """A running run's trainer was submitted as Slurm job ``job_id``; False if it was cancelled
+    meanwhile."""
+    return _changed(
+        session,
+        run_id,
+        "running",
+        job_id=job_id,
+        log_path=log_path,
+        reason=f"running: slurm job {job_id}",
+    )
+
+
+def adopt(session: Session, run_id: int, *, owner: str | None, by: str) -> bool:
+    """A running run whose supervisor (``owner``) is gone is watched by ``by`` from now on (a
+    Slurm job outlives the service that submitted it); False if another took it first."""
+    result = session.execute(
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == "running",
+            Run.owner.is_(None) if owner is None else Run.owner == owner,
+        )
+        .values(owner=by, updated_at=utcnow())
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def finish(

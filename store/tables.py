@@ -107,6 +107,9 @@ class Run(Base):
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
     steps: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), nullable=True, doc="the Slurm job it was submitted as (backend slurm)"
+    )
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
