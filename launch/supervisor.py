@@ -13,6 +13,9 @@ kept in its run directory first (``rundirs.save_ending``), and a write the datab
 tried again each tick, so a database that is away for a while delays the record, never loses
 it. Such an outage is logged once when it begins and once when it ends.
 
+Replicas of the service on one database share ``max_running``: a claim counts every running
+run (``transitions.claim``), so a supervisor starts nothing while all places are taken.
+
 A run with ``backend: slurm`` is a batch job instead (``launch.slurm``): the supervisor writes
 the batch script into the run's directory, submits it, keeps the job id in the store and
 watches the job through the controller (every ``JOB_POLL_S``); the job's end is the run's
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner, store
@@ -79,8 +82,7 @@ from headroom.planner.trainable import TORCH_DTYPE, working_precision
 from headroom.store import Run
 
 log = logging.getLogger("headroom.runs")
-#: seconds between two reconciliations, and between two sweeps of expired run directories
-RECONCILE_EVERY_S = 30.0
+#: seconds between two sweeps of expired run directories (reconciliations: the settings')
 SWEEP_EVERY_S = 300.0
 #: seconds between two questions to the Slurm controller about one job
 JOB_POLL_S = 1.0
@@ -94,6 +96,9 @@ class SupervisorSettings(RunDirSettings, Protocol):
 
     @property
     def max_running(self) -> int: ...
+
+    @property
+    def reconcile_every_s(self) -> float: ...
 
 
 def this_process() -> str:
@@ -341,7 +346,7 @@ class Supervisor:
         wait = 0.0  # the runs a stopped service left running come first
         while not self.stop.wait(wait):
             now = time.monotonic()
-            if now - reconciled >= RECONCILE_EVERY_S or self._recovered:
+            if now - reconciled >= self.settings.reconcile_every_s or self._recovered:
                 self._recovered = False
                 self._guarded(self._reconcile_step)
                 reconciled = now
@@ -477,19 +482,28 @@ class Supervisor:
             run_id = transitions.next_queued(session)
             if run_id is None:
                 return False
-            if not self._claim(session, run_id):
-                return True  # another worker took it; look again
+            if not self._claim(session, run_id, self.settings.max_running):
+                # another worker took it (look again), or the replicas run all they may
+                return self._running(session) < self.settings.max_running
             run = session.get(Run, run_id)
             assert run is not None
             session.refresh(run)
             self.launch(session, run)
             return True
 
-    def _claim(self, session: Session, run_id: int) -> bool:
-        """queued → running, owned by this supervisor; False if another claimed it first."""
+    def _claim(self, session: Session, run_id: int, max_running: int | None = None) -> bool:
+        """queued → running, owned by this supervisor; False if another claimed it first (or,
+        with ``max_running``, that many run already on the database)."""
         if self.device is None:
             self.device = resolve_device(self.settings.run_device)
-        return transitions.claim(session, run_id, owner=self.owner, device=self.device)
+        return transitions.claim(
+            session, run_id, owner=self.owner, device=self.device, max_running=max_running
+        )
+
+    @staticmethod
+    def _running(session: Session) -> int:
+        """Runs running on the database, whoever supervises them."""
+        return session.scalar(select(func.count()).where(Run.status == "running")) or 0
 
     def _fail(self, session: Session, run: Run, reason: str, directory: Path | None) -> None:
         """End a run that could not start; kept as a child until the store has its ending."""

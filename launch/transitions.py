@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select, text, update
+from sqlalchemy.orm import Session, aliased
 
 from headroom.store import Run, utcnow
 
 #: the states a run can be cancelled from
 CANCELLABLE = ("queued", "running")
+#: the PostgreSQL advisory lock that claims under ``max_running`` take in turn ("headroom")
+CLAIM_LOCK = int.from_bytes(b"headroom", "big") >> 1
 
 
 def _changed(session: Session, run_id: int, state: str, /, **values: Any) -> bool:
@@ -40,18 +42,29 @@ def next_queued(session: Session) -> int | None:
     return session.scalar(select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1))
 
 
-def claim(session: Session, run_id: int, *, owner: str, device: str) -> bool:
-    """queued → running, owned by ``owner`` on ``device``; False if another claimed it first."""
-    return _changed(
-        session,
-        run_id,
-        "queued",
-        status="running",
-        owner=owner,
-        device=device,
-        started_at=utcnow(),
-        reason="starting",
+def claim(
+    session: Session, run_id: int, *, owner: str, device: str, max_running: int | None = None
+) -> bool:
+    """queued → running, owned by ``owner`` on ``device``; False if another claimed it first,
+    or if ``max_running`` runs are running already (every supervisor on the database counted:
+    on PostgreSQL the claims take one transaction-scoped advisory lock in turn, so two replicas
+    cannot both see the last free place; SQLite has one writer at a time)."""
+    values = {"status": "running", "owner": owner, "device": device, "started_at": utcnow()}
+    if max_running is None:
+        return _changed(session, run_id, "queued", **values, reason="starting")
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK})
+    other = aliased(Run)
+    running = (
+        select(func.count()).select_from(other).where(other.status == "running").scalar_subquery()
     )
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == "queued", running < max_running)
+        .values(**values, reason="starting", updated_at=utcnow())
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def note_probing(session: Session, run_id: int) -> None:
