@@ -52,7 +52,11 @@ class SlurmSettings(BaseSettings):
     )
     gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs each node is given.")
     ranks_per_node: int = Field(
-        default=1, ge=1, le=256, description="Trainer processes per node (torchrun's)."
+        default=1,
+        ge=1,
+        le=256,
+        description="Trainer processes per node (torchrun's); a run's is its parallel.dp over "
+        "its nodes.",
     )
 
 

@@ -532,7 +532,7 @@ class Supervisor:
                 plan = confirmed
                 args = write_specs(plan, run, directory)
             if run.backend == "slurm":
-                self._submit(session, run, args, directory)
+                self._submit(session, run, plan, args, directory)
                 return
             backend = launcher(run.backend)
             logfile = open_log(directory / "log.txt")  # closed when the child is reaped
@@ -552,10 +552,20 @@ class Supervisor:
         self.children[run.id] = child  # before any write: a failed one is tried again
         self._note_started(session, child)
 
-    def _submit(self, session: Session, run: Run, args: list[str], directory: Path) -> None:
+    def _submit(
+        self, session: Session, run: Run, plan: RunPlan, args: list[str], directory: Path
+    ) -> None:
         """Submit a claimed run as a Slurm batch job (its allocation: ``HEADROOM_SLURM_*`` with
-        the run's own over them), output into the run's log; watched from then on."""
+        the run's own over them; ``parallel.dp`` ranks over its nodes), output into the run's
+        log; watched from then on."""
         overrides = slurm.SlurmOverrides.model_validate(run.plan.get("slurm") or {})
+        world, nodes = plan.train.parallel.dp, overrides.nodes
+        if world % nodes:
+            reason = f"parallel.dp {world} is not a multiple of slurm.nodes {nodes}"
+            self._fail(session, run, f"could not submit: {reason}", directory)
+            return
+        settings = overrides.applied(slurm.SlurmSettings())
+        settings = settings.model_copy(update={"ranks_per_node": world // nodes})
         script = directory / "job.sbatch"
         write_private(
             script,
@@ -563,8 +573,8 @@ class Supervisor:
                 args,
                 job_name=f"headroom-{run.uid}",
                 log=directory / "log.txt",
-                nodes=overrides.nodes,
-                settings=overrides.applied(slurm.SlurmSettings()),
+                nodes=nodes,
+                settings=settings,
                 python=sys.executable,
                 chdir=directory,
             ),

@@ -286,3 +286,39 @@ def test_a_stopped_service_leaves_its_slurm_jobs_running_and_the_next_takes_them
     assert row.reason == (
         f"slurm job {job_id}: cancelled in Slurm (scancel, preemption or an administrator)"
     )
+
+
+def test_a_slurm_job_runs_parallel_dp_ranks_over_its_nodes(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``parallel.dp`` ranks split over the run's nodes (torchrun's ranks per node); a data
+    parallelism the nodes cannot split evenly is not submitted, saying why."""
+    sessions = _sessions(settings)
+    scripts: list[str] = []
+
+    def submit(script: Path, env: Any = None) -> str:
+        scripts.append(script.read_text())
+        raise slurm.SlurmError("sbatch: not submitted by this test")
+
+    monkeypatch.setattr(slurm, "submit", submit)
+    hw = planner.gpu("H100-80GB")
+    with sessions() as session:
+        for uid, dp, nodes in (("dp4-on-2", 4, 2), ("dp3-on-2", 3, 2)):
+            row = _queued_row(uid, hw, steps=2)
+            row.plan = {
+                **row.plan,
+                "train": {**row.plan["train"], "parallel": {"dp": dp}},
+                "slurm": {"nodes": nodes},
+            }
+            session.add(row)
+        session.commit()
+    Supervisor(sessions, settings).tick()
+    with sessions() as session:
+        runs = {r.uid: r for r in session.query(Run)}
+    assert len(scripts) == 1
+    assert "#SBATCH --nodes=2" in scripts[0] and "--nproc-per-node 2" in scripts[0]
+    assert runs["dp4-on-2"].reason == "could not submit: sbatch: not submitted by this test"
+    assert runs["dp3-on-2"].status == "failed"
+    assert runs["dp3-on-2"].reason == (
+        "could not submit: parallel.dp 3 is not a multiple of slurm.nodes 2"
+    )
