@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import threading
 from pathlib import Path
@@ -16,11 +15,11 @@ from typing import Any
 import httpx
 from api_client import wait_for
 from headroom_process import Served, serve_headroom
+from run_rows import TINY, gone
 from sqlalchemy import create_engine, text
 
 TOKEN = "replica-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TINY = {"model": "tiny-dense", "train": {"seq_len": 16, "micro_batch_size": 1}}
 RUNS = 4
 WAIT_S = 180.0
 
@@ -61,14 +60,6 @@ def _owner(database_url: str, run_id: int) -> str:
             return str(owner.scalar_one())
     finally:
         engine.dispose()
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def test_two_replicas_train_each_run_once_and_share_max_running(
@@ -131,7 +122,7 @@ def test_a_dead_replicas_run_is_reconciled_by_the_other(postgres_url: str, tmp_p
             what="the other replica to reconcile the run",
         )
         assert done["status"] == "failed" and "trainer was ended" in done["reason"], done
-        wait_for(lambda: _gone(running["pid"]), timeout=30, what="the orphaned trainer to end")
+        wait_for(lambda: gone(running["pid"]), timeout=30, what="the orphaned trainer to end")
 
 
 def test_racing_claims_never_run_more_than_max_running(postgres_url: str) -> None:

@@ -19,30 +19,21 @@ from typing import Any
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
+from run_rows import AUTH, TINY, run_row, run_settings, sessions_of
 
-from headroom import planner, store
+from headroom import planner
 from headroom.api.main import create_app
 from headroom.api.settings import Settings
 from headroom.launch import Supervisor, slurm
 from headroom.store import Run
 
-TOKEN = "test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TINY = {"model": "tiny-dense", "train": {"seq_len": 16, "micro_batch_size": 1}}
 TINY_SETS = ["--set", "seq_len=16", "--set", "micro_batch_size=1"]
 WAIT_S = 120.0
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(
-        database_url=f"sqlite:///{tmp_path}/runs.db",
-        token=TOKEN,
-        run_dir=tmp_path / "runs",
-        run_device="cpu",
-        max_running=2,
-    )
+    return run_settings(tmp_path)
 
 
 @pytest.fixture
@@ -194,28 +185,9 @@ def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
     assert done["exit_code"] == -signal.SIGKILL
 
 
-def _sessions(settings: Settings) -> sessionmaker[Session]:
-    store.upgrade(settings.database_url)
-    return store.make_sessionmaker(store.make_engine(settings.database_url))
-
-
 def _queued_row(uid: str, hardware: planner.Hardware, steps: int) -> Run:
-    model = planner.load_model("tiny-dense")
     train = planner.TrainSpec(micro_batch_size=1, seq_len=16)
-    plan = {
-        "model": model.model_dump(mode="json"),
-        "train": train.model_dump(mode="json"),
-        "hardware": hardware.model_dump(mode="json"),
-    }
-    return Run(
-        uid=uid,
-        model_name=model.name,
-        gpu_name=hardware.name,
-        plan=plan,
-        steps=steps,
-        backend="slurm",
-        status="queued",
-    )
+    return run_row(uid, hardware, train, steps=steps, backend="slurm", status="queued")
 
 
 def _supervised(supervisor: Supervisor, until: Any) -> None:
@@ -231,7 +203,7 @@ def test_a_slurm_job_out_of_memory_ends_the_run_failed_with_the_phase(
 ) -> None:
     """The planned card is smaller than the run needs (queued past the gate, as a stale plan
     would be): the job's trainer runs out of memory and the run says where, from its report."""
-    sessions = _sessions(settings)
+    sessions = sessions_of(settings)
     small = planner.Hardware(
         **{**planner.gpu("RTX-3090").model_dump(), "name": "sim-1MiB", "aliases": ()},
     ).model_copy(update={"memory_bytes": 2**20, "cuda_context_bytes": 0})
@@ -251,7 +223,7 @@ def test_a_slurm_job_out_of_memory_ends_the_run_failed_with_the_phase(
 def test_a_stopped_service_leaves_its_slurm_jobs_running_and_the_next_takes_them_over(
     settings: Settings, on_the_cluster: dict[str, str]
 ) -> None:
-    sessions = _sessions(settings)
+    sessions = sessions_of(settings)
     with sessions() as session:
         session.add(_queued_row("slurm-adopted", planner.gpu("H100-80GB"), steps=10_000_000))
         session.commit()
@@ -293,7 +265,7 @@ def test_a_slurm_job_runs_parallel_dp_ranks_over_its_nodes(
 ) -> None:
     """``parallel.dp`` ranks split over the run's nodes (torchrun's ranks per node); a data
     parallelism the nodes cannot split evenly is not submitted, saying why."""
-    sessions = _sessions(settings)
+    sessions = sessions_of(settings)
     scripts: list[str] = []
 
     def submit(script: Path, env: Any = None) -> str:
