@@ -38,6 +38,14 @@ class LaunchSettings(StoreSettings):
         description="Seconds between two looks for runs a stopped service (a replica) left "
         "running.",
     )
+    owner_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86400,
+        description="Seconds without a heartbeat after which a supervisor on another host counts "
+        "as gone: its Slurm jobs are taken over by a replica here (supervisors beat every "
+        "third of it).",
+    )
     run_retention_days: float | None = Field(
         default=None,
         gt=0,

@@ -24,6 +24,11 @@ or a cancellation from Slurm's side); cancelling is ``scancel``. A job outlives 
 submitted it: a supervisor that stops leaves its jobs running, and the next to reconcile takes
 them over (``transitions.adopt``) and records how they end.
 
+Each supervisor beats for its running runs (``owner_seen_at``, every third of
+``owner_timeout_s``): a Slurm job whose supervisor is on another host and has not beaten for
+``owner_timeout_s`` is taken over by a replica here (a process-run there is left to that host,
+whose trainer only it can see).
+
 Runs that a stopped service left ``running`` are reconciled when a supervisor starts (and from
 time to time after): a Slurm job is taken over; a trainer process still alive is stopped; the
 run ends with the ending its supervisor kept, or as failed with the reason, or as succeeded if
@@ -79,7 +84,7 @@ from headroom.launch.rundirs import (
 )
 from headroom.planner.report import TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
-from headroom.store import Run
+from headroom.store import Run, utcnow
 
 log = logging.getLogger("headroom.runs")
 #: seconds between two sweeps of expired run directories (reconciliations: the settings')
@@ -99,6 +104,9 @@ class SupervisorSettings(RunDirSettings, Protocol):
 
     @property
     def reconcile_every_s(self) -> float: ...
+
+    @property
+    def owner_timeout_s(self) -> float: ...
 
 
 def this_process() -> str:
@@ -342,10 +350,13 @@ class Supervisor:
             )
 
     def _loop(self, interval_s: float) -> None:
-        reconciled = swept = -float("inf")
+        reconciled = swept = beat = -float("inf")
         wait = 0.0  # the runs a stopped service left running come first
         while not self.stop.wait(wait):
             now = time.monotonic()
+            if now - beat >= self.settings.owner_timeout_s / 3:
+                self._guarded(self._heartbeat_step)
+                beat = now
             if now - reconciled >= self.settings.reconcile_every_s or self._recovered:
                 self._recovered = False
                 self._guarded(self._reconcile_step)
@@ -390,6 +401,11 @@ class Supervisor:
 
     def _tick_step(self) -> bool:
         self.tick()
+        return True
+
+    def _heartbeat_step(self) -> bool:
+        with self.sessions() as session:
+            transitions.heartbeat(session, self.owner)
         return True
 
     def _reconcile_step(self) -> bool:
@@ -629,9 +645,13 @@ class Supervisor:
 
                 self._guarded(start, only_outages=True)
         try:
+            beat = time.monotonic()
             while run_id in self.children:
                 self.stop.wait(poll_s)
                 self._guarded(self.tick_children, only_outages=True)
+                if time.monotonic() - beat >= self.settings.owner_timeout_s / 3:
+                    self._guarded(self._heartbeat_step, only_outages=True)
+                    beat = time.monotonic()
         except KeyboardInterrupt:
             self._guarded(lambda: self._cancel_own(run_id), only_outages=True)
             child = self.children.get(run_id)
@@ -669,7 +689,10 @@ class Supervisor:
             for run in session.scalars(select(Run).where(Run.status == "running")):
                 if run.id in self.children:
                     continue
-                if run.owner != self.owner and owner_alive(run.owner) is not False:
+                supervised = owner_alive(run.owner) if run.owner != self.owner else False
+                if supervised is None and run.job_id is not None and self._silent(run):
+                    supervised = False  # a supervisor on another host that stopped beating
+                if supervised is not False:
                     continue
                 if run.job_id is not None:
                     self._adopt(session, run)
@@ -682,6 +705,17 @@ class Supervisor:
                     session, run.id, status=status, reason=reason, exit_code=code
                 )
         return ended
+
+    def _silent(self, run: Run) -> bool:
+        """Whether the run's supervisor has not beaten for ``owner_timeout_s`` (a run from
+        before heartbeats has none: judged silent only by its last change)."""
+        seen = run.owner_seen_at or run.updated_at
+        if seen is None:
+            return False
+        since = store.as_utc(seen)
+        assert since is not None
+        age = (utcnow() - since).total_seconds()
+        return age > self.settings.owner_timeout_s
 
     def _adopt(self, session: Session, run: Run) -> None:
         """Watch the Slurm job of a run whose supervisor is gone (or lost it), if no other

@@ -7,8 +7,8 @@
 ``queue_run`` (``launch.plan``) writes a run ``queued``. Each transition updates the row only
 if it is still in the state the transition leaves, so two supervisors, a cancel and a finish
 racing each other leave one winner and the others see ``False``. ``note_started``,
-``note_submitted``, ``note_probing``, ``note_exit`` and ``adopt`` change what a run says or
-who watches it, not its state.
+``note_submitted``, ``note_probing``, ``note_exit``, ``adopt`` and ``heartbeat`` change what a
+run says or who watches it, not its state.
 """
 
 from __future__ import annotations
@@ -49,7 +49,14 @@ def claim(
     or if ``max_running`` runs are running already (every supervisor on the database counted:
     on PostgreSQL the claims take one transaction-scoped advisory lock in turn, so two replicas
     cannot both see the last free place; SQLite has one writer at a time)."""
-    values = {"status": "running", "owner": owner, "device": device, "started_at": utcnow()}
+    now = utcnow()
+    values = {
+        "status": "running",
+        "owner": owner,
+        "device": device,
+        "started_at": now,
+        "owner_seen_at": now,
+    }
     if max_running is None:
         return _changed(session, run_id, "queued", **values, reason="starting")
     if session.get_bind().dialect.name == "postgresql":
@@ -107,10 +114,21 @@ def adopt(session: Session, run_id: int, *, owner: str | None, by: str) -> bool:
             Run.status == "running",
             Run.owner.is_(None) if owner is None else Run.owner == owner,
         )
-        .values(owner=by, updated_at=utcnow())
+        .values(owner=by, owner_seen_at=utcnow(), updated_at=utcnow())
     )
     session.commit()
     return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def heartbeat(session: Session, owner: str) -> int:
+    """``owner`` still watches its running runs (``owner_seen_at``); how many it has."""
+    result = session.execute(
+        update(Run)
+        .where(Run.owner == owner, Run.status == "running")
+        .values(owner_seen_at=utcnow())
+    )
+    session.commit()
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def finish(

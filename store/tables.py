@@ -116,6 +116,11 @@ class Run(Base):
     owner: Mapped[str | None] = mapped_column(
         String(200), nullable=True, doc="host:pid:start-ticks of the supervising process"
     )
+    owner_seen_at: Mapped[dt.datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        nullable=True,
+        doc="when its supervisor last said it still watches it (its heartbeat)",
+    )
     device: Mapped[str | None] = mapped_column(String(16), nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -6,6 +6,7 @@ and the next supervisor takes them over by job id."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -21,10 +22,10 @@ from api_client import wait_for
 from fastapi.testclient import TestClient
 from run_rows import AUTH, TINY, run_row, run_settings, sessions_of
 
-from headroom import planner
+from headroom import planner, store
 from headroom.api.main import create_app
 from headroom.api.settings import Settings
-from headroom.launch import Supervisor, slurm
+from headroom.launch import Supervisor, slurm, transitions
 from headroom.store import Run
 
 TINY_SETS = ["--set", "seq_len=16", "--set", "micro_batch_size=1"]
@@ -294,3 +295,38 @@ def test_a_slurm_job_runs_parallel_dp_ranks_over_its_nodes(
     assert runs["dp3-on-2"].reason == (
         "could not submit: parallel.dp 3 is not a multiple of slurm.nodes 2"
     )
+
+
+def test_a_slurm_job_of_a_silent_supervisor_on_another_host_is_taken_over(
+    settings: Settings,
+) -> None:
+    """A replica on another host (whose processes this host cannot see) that stopped beating
+    for ``owner_timeout_s`` leaves its Slurm jobs to a replica here; one that beats keeps them,
+    and a process-run there is left to its own host."""
+    sessions = sessions_of(settings)
+    hw = planner.gpu("H100-80GB")
+    now = store.utcnow()
+    long_ago = now - dt.timedelta(seconds=settings.owner_timeout_s + 60)
+    elsewhere = "another-host:4242:1:cafe"
+    with sessions() as session:
+        for uid, seen, job_id in (
+            ("silent-job", long_ago, "101"),
+            ("beating-job", now, "102"),
+            ("silent-process", long_ago, None),
+        ):
+            where = {"job_id": job_id, "backend": "slurm"} if job_id else {"pid": 4242}
+            row = run_row(uid, hw, status="running", owner=elsewhere, owner_seen_at=seen, **where)
+            session.add(row)
+        session.commit()
+    here = Supervisor(sessions, settings)
+    assert here.reconcile() == 0  # nothing ended: one job taken over, the rest left alone
+    with sessions() as session:
+        runs = {r.uid: r for r in session.query(Run)}
+    assert set(here.children) == {runs["silent-job"].id}
+    assert here.children[runs["silent-job"].id].job_id == "101"
+    assert runs["silent-job"].owner == here.owner and runs["silent-job"].status == "running"
+    assert runs["beating-job"].owner == elsewhere
+    assert runs["silent-process"].owner == elsewhere and runs["silent-process"].status == "running"
+    # the new owner beats for it from now on
+    with sessions() as session:
+        assert transitions.heartbeat(session, here.owner) == 1
