@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
 from headroom.api.forms import GpuInput, HostMemoryInput, ModelInput, TrainInput
+from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
@@ -212,7 +213,16 @@ class RunIn(_In):
     train: TrainInput = Field(default=None, description=_TRAIN)
     gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
     steps: Annotated[int, NUMBER] = Field(default=10, ge=1, le=10_000_000)
-    backend: Literal["local", "torchrun"] = "local"
+    backend: Literal["local", "torchrun", "slurm"] = Field(
+        default="local",
+        description="How the trainer starts: a process beside the service (local, torchrun) or "
+        "a Slurm batch job (slurm; the allocation from HEADROOM_SLURM_* and `slurm`).",
+    )
+    slurm: SlurmOverrides | None = Field(
+        default=None,
+        description="backend slurm: this run's allocation over the service's HEADROOM_SLURM_* "
+        "settings (partition, account, time_limit, gpus_per_node, nodes).",
+    )
     fit: StrictBool = Field(
         default=True,
         description="Let the auto-fit ladder choose the plan (otherwise the given spec must be "
@@ -238,6 +248,7 @@ class RunOut(BaseModel):
     steps: int
     device: str | None
     pid: int | None
+    job_id: str | None = Field(description="The Slurm job it was submitted as (backend slurm).")
     exit_code: int | None
     reason: str
     started_at: dt.datetime | None

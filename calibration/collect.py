@@ -27,7 +27,8 @@ the fitted estimate.
   phase's tracker categories.
 - ``--impl torchtitan --framework fsdp2``: torchtitan's own Llama 3 flavors cut to a few layers,
   parallelized by torchtitan's own ``parallelize_llama`` (its FSDP grouping, ``FullAC``) on rank
-  0 of 8 to 256 data-parallel ranks; written to ``torchtitan-fsdp2-traces.json``.
+  0 of 8 to 256 ranks, with and without its own tensor-parallel plan; written to
+  ``torchtitan-fsdp2-traces.json``.
 
 Run: .venv/bin/python -m headroom.calibration.collect [--impl runtime|hf|torchtitan|megatron]
 [--framework none|fsdp2] [--output FILE]

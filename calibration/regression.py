@@ -75,8 +75,16 @@ STRUCTURAL: dict[str, dict[str, Any]] = {
         "routing_product_slab_elements": ROUTING_SLAB_ELEMENTS,
     },
     "hf": {},
-    "torchtitan": {},
-    "megatron": {},
+    # both run the embedding on the rank's shard of the vocabulary under tensor parallelism
+    # (torchtitan: ``local_map`` in ``set_decoder_sharding_config``; Megatron-Core:
+    # ``VocabParallelEmbedding``), so its backward makes only that shard's gradient
+    # torchtitan's tensor-parallel MLP (``set_dense_ffn_sharding``) as its backward ends on
+    # the 405B and 70B widths (torchtitan-fsdp2-traces.json, the runs marked fitted): the
+    # output's all-gathered gradient and w1's and w3's input gradients (partial sums), whole
+    # sequence, beside w1/w2/w3's gradients (transformers' MLP under torch's plan: the hf
+    # profile's one-rank terms already cover its traces, so none)
+    "torchtitan": {"embedding_grad_whole_vocab": False, "tp_backward_end_hidden_tensors": 3.0},
+    "megatron": {"embedding_grad_whole_vocab": False},
 }
 ZERO = {
     "attention_scale": 0.0,

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Protocol, TypeAlias
 
-BACKENDS = ("local", "torchrun")
+#: how a run starts: a process of this host (``local``, ``torchrun``) or a Slurm batch job
+#: (``slurm``: submitted by the supervisor through ``launch.slurm``, not started here)
+BACKENDS = ("local", "torchrun", "slurm")
 #: exit code of ``headroom train`` when the device ran out of memory (a caller steps down)
 EXIT_OOM = 3
 #: the trainer's umask: what it writes into its run directory is its user's alone
@@ -96,7 +98,10 @@ def launcher(name: str) -> Launcher:
         return LocalLauncher()
     if name == "torchrun":
         return TorchrunLauncher()
-    raise ValueError(f"backend: unknown launcher {name!r}; allowed: {', '.join(BACKENDS)}")
+    raise ValueError(
+        f"backend: unknown launcher {name!r}; allowed: local, torchrun (slurm runs are submitted "
+        "as jobs)"
+    )
 
 
 def describe_exit(code: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -125,6 +126,7 @@ def queue_run(
     gate: bool,
     probe: bool = False,
     uid: str | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> tuple[store.Run, bool]:
     """Store ``plan`` as a queued run (idempotent on ``uid``); (run, created).
 
@@ -152,4 +154,5 @@ def queue_run(
         backend=backend,
         probe=probe,
         fitted=plan.fitted,
+        slurm=slurm,
     )

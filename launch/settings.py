@@ -25,7 +25,26 @@ class LaunchSettings(StoreSettings):
         default="auto", description="Where launched runs train (auto: cuda when NVML sees one)."
     )
     max_running: int = Field(
-        default=1, ge=1, le=64, description="Runs one service process trains at a time."
+        default=1,
+        ge=1,
+        le=64,
+        description="Runs trained at a time: by one service process, and by all the service's "
+        "replicas on one database together.",
+    )
+    reconcile_every_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds between two looks for runs a stopped service (a replica) left "
+        "running.",
+    )
+    owner_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86400,
+        description="Seconds without a heartbeat after which a supervisor on another host counts "
+        "as gone: its Slurm jobs are taken over by a replica here (supervisors beat every "
+        "third of it).",
     )
     run_retention_days: float | None = Field(
         default=None,

@@ -12,8 +12,11 @@ ended it, a cancellation, a time limit or a node failure.
 The commands run with the caller's environment (``SLURM_CONF`` points at a cluster); nothing
 goes through a shell but the batch script itself, whose every argument is quoted.
 
-Not wired into ``headroom launch`` and ``POST /runs`` yet: the supervisor still starts runs as
-processes (``launch.backends``).
+``headroom launch --backend slurm`` and ``POST /runs`` with ``backend: slurm`` submit through
+here (``launch.supervisor``): the run keeps its job id, the supervisor watches the job through
+the controller, a restarted supervisor takes the jobs of runs it finds running over, and the
+trainer's log is the job's output in the run directory (which the cluster's nodes must see at
+the same path, as they must see this interpreter).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from headroom.launch.backends import EXIT_OOM, describe_exit
@@ -33,6 +36,8 @@ from headroom.launch.backends import EXIT_OOM, describe_exit
 COMMAND_TIMEOUT_S = 30.0
 #: the rendezvous port on a job's first node
 RDZV_PORT = 29500
+#: what a partition or account name may hold (Slurm's names; nothing a shell would read)
+SAFE = r"^[A-Za-z0-9_.,+-]+$"
 
 
 class SlurmSettings(BaseSettings):
@@ -47,8 +52,35 @@ class SlurmSettings(BaseSettings):
     )
     gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs each node is given.")
     ranks_per_node: int = Field(
-        default=1, ge=1, le=256, description="Trainer processes per node (torchrun's)."
+        default=1,
+        ge=1,
+        le=256,
+        description="Trainer processes per node (torchrun's); a run's is its parallel.dp over "
+        "its nodes.",
     )
+
+
+class SlurmOverrides(BaseModel):
+    """One launch's own allocation, over ``SlurmSettings``' (None: the setting's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=SAFE, description="sbatch --partition."
+    )
+    account: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=SAFE, description="sbatch --account."
+    )
+    time_limit: str | None = Field(
+        default=None, max_length=32, pattern=r"^[0-9:-]+$", description="sbatch --time."
+    )
+    gpus_per_node: int | None = Field(default=None, ge=0, le=64, description="GPUs per node.")
+    nodes: int = Field(default=1, ge=1, le=1024, description="Nodes the job runs on.")
+
+    def applied(self, settings: SlurmSettings) -> SlurmSettings:
+        """``settings`` with this launch's allocation over them."""
+        values = self.model_dump(exclude_none=True, exclude={"nodes"})
+        return settings.model_copy(update=values)
 
 
 class SlurmError(RuntimeError):
@@ -88,9 +120,10 @@ def batch_script(
     nodes: int,
     settings: SlurmSettings,
     python: str,
+    chdir: Path | None = None,
 ) -> str:
     """The batch script that runs ``headroom train trainer_args`` on ``nodes`` nodes of
-    ``settings.ranks_per_node`` ranks each."""
+    ``settings.ranks_per_node`` ranks each (in ``chdir``, where given)."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={shlex.quote(job_name)}",
@@ -100,6 +133,8 @@ def batch_script(
         f"#SBATCH --time={settings.time_limit}",
         f"#SBATCH --output={shlex.quote(str(log))}",
     ]
+    if chdir is not None:
+        lines.append(f"#SBATCH --chdir={shlex.quote(str(chdir))}")
     if settings.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={settings.gpus_per_node}")
     if settings.partition:

@@ -13,9 +13,26 @@ kept in its run directory first (``rundirs.save_ending``), and a write the datab
 tried again each tick, so a database that is away for a while delays the record, never loses
 it. Such an outage is logged once when it begins and once when it ends.
 
+Replicas of the service on one database share ``max_running``: a claim counts every running
+run (``transitions.claim``), so a supervisor starts nothing while all places are taken.
+
+A run with ``backend: slurm`` is a batch job instead (``launch.slurm``): the supervisor writes
+the batch script into the run's directory, submits it, keeps the job id in the store and
+watches the job through the controller (every ``JOB_POLL_S``); the job's end is the run's
+(the trainer's exit code and report as for a process; a signal, a time limit, a node failure
+or a cancellation from Slurm's side); cancelling is ``scancel``. A job outlives the service that
+submitted it: a supervisor that stops leaves its jobs running, and the next to reconcile takes
+them over (``transitions.adopt``) and records how they end.
+
+Each supervisor beats for its running runs (``owner_seen_at``, every third of
+``owner_timeout_s``): a Slurm job whose supervisor is on another host and has not beaten for
+``owner_timeout_s`` is taken over by a replica here (a process-run there is left to that host,
+whose trainer only it can see).
+
 Runs that a stopped service left ``running`` are reconciled when a supervisor starts (and from
-time to time after): a trainer still alive is stopped; the run ends with the ending its
-supervisor kept, or as failed with the reason, or as succeeded if its report shows it finished.
+time to time after): a Slurm job is taken over; a trainer process still alive is stopped; the
+run ends with the ending its supervisor kept, or as failed with the reason, or as succeeded if
+its report shows it finished.
 Runs this supervisor claimed but lost track of (the database failed while one started) are
 ended the same way. The directories of runs that ended longer ago than
 ``HEADROOM_RUN_RETENTION_DAYS`` are removed (``rundirs.remove_expired``).
@@ -29,6 +46,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,11 +54,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner, store
-from headroom.launch import transitions
+from headroom.launch import slurm, transitions
 from headroom.launch.backends import (
     EXIT_OOM,
     describe_exit,
@@ -66,12 +84,13 @@ from headroom.launch.rundirs import (
 )
 from headroom.planner.report import TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
-from headroom.store import Run
+from headroom.store import Run, utcnow
 
 log = logging.getLogger("headroom.runs")
-#: seconds between two reconciliations, and between two sweeps of expired run directories
-RECONCILE_EVERY_S = 30.0
+#: seconds between two sweeps of expired run directories (reconciliations: the settings')
 SWEEP_EVERY_S = 300.0
+#: seconds between two questions to the Slurm controller about one job
+JOB_POLL_S = 1.0
 
 
 class SupervisorSettings(RunDirSettings, Protocol):
@@ -82,6 +101,12 @@ class SupervisorSettings(RunDirSettings, Protocol):
 
     @property
     def max_running(self) -> int: ...
+
+    @property
+    def reconcile_every_s(self) -> float: ...
+
+    @property
+    def owner_timeout_s(self) -> float: ...
 
 
 def this_process() -> str:
@@ -155,6 +180,19 @@ def ending(code: int, directory: Path) -> Ending:
     return Ending("failed", reason, code)
 
 
+def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Ending:
+    """How a Slurm job that has ended ended: where the trainer's own exit is the job's (it
+    completed or exited with a code), read as a process's (``ending``); else Slurm's reason
+    (a signal, a time limit, a node failure, a cancellation from Slurm's side)."""
+    if job.state in ("COMPLETED", "FAILED") and not job.signal and directory is not None:
+        return ending(job.exit_code, directory)
+    status, reason = slurm.ending(job)
+    if status == "cancelled":  # not through Headroom (that run is cancelled already)
+        status, reason = "failed", "cancelled in Slurm (scancel, preemption or an administrator)"
+    code = -job.signal if job.signal else job.exit_code
+    return Ending(status, f"slurm job {job_id}: {reason}", code)
+
+
 def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
     """Write the run's validated specs into its (private) directory; the trainer's arguments."""
     make_private_dir(directory)
@@ -206,9 +244,14 @@ class Child:
     backend: str = "local"
     noted: bool = True
     ending: Ending | None = None
+    job_id: str | None = None  # a Slurm job's (watched through the controller, not a process)
+    next_poll: float = 0.0  # when the controller is asked about the job next (monotonic)
 
     def poll(self) -> None:
         """Learn whether the trainer has ended, and how (kept in its directory at once)."""
+        if self.ending is None and self.job_id is not None:
+            self._poll_job(self.job_id)
+            return
         if self.ending is not None or self.proc is None:
             return
         code = self.proc.poll()
@@ -218,6 +261,31 @@ class Child:
             self.logfile.close()
         assert self.directory is not None  # a started trainer has its directory
         self.ending = ending(code, self.directory)
+        save_ending(self.directory, self.ending)
+
+    def _poll_job(self, job_id: str) -> None:
+        """Ask the controller about the job (at most every ``JOB_POLL_S``); an unreachable
+        controller is asked again later."""
+        now = time.monotonic()
+        if now < self.next_poll:
+            return
+        self.next_poll = now + JOB_POLL_S
+        try:
+            job = slurm.job_state(job_id)
+        except slurm.SlurmError as exc:
+            log.warning("slurm job %s of run %d: %s", job_id, self.run_id, exc)
+            return
+        if job is None:
+            self.ending = Ending(
+                "failed",
+                f"slurm job {job_id} is gone and the controller kept no record of its end "
+                "(no accounting)",
+                None,
+            )
+        elif job.state in slurm.ENDED:
+            self.ending = job_ending(job_id, job, self.directory)
+        else:
+            return
         save_ending(self.directory, self.ending)
 
 
@@ -253,6 +321,16 @@ class Supervisor:
         # signalled at once and share one grace, so N trainers take one grace, not N
         for child in self.children.values():
             child.poll()  # one that ended by itself keeps its own ending
+        # a Slurm job runs on the cluster, not in this service: it keeps running, and the next
+        # supervisor to reconcile takes it over
+        jobs = [c for c in self.children.values() if c.job_id is not None and c.ending is None]
+        for child in jobs:
+            del self.children[child.run_id]
+        if jobs:
+            log.info(
+                "%d slurm job(s) keep running; the next supervisor to start watches them",
+                len(jobs),
+            )
         running = [c for c in self.children.values() if c.proc is not None and c.ending is None]
         end_process_groups([c.proc for c in running if c.proc is not None], grace_s=5)
         for child in running:
@@ -272,11 +350,14 @@ class Supervisor:
             )
 
     def _loop(self, interval_s: float) -> None:
-        reconciled = swept = -float("inf")
+        reconciled = swept = beat = -float("inf")
         wait = 0.0  # the runs a stopped service left running come first
         while not self.stop.wait(wait):
             now = time.monotonic()
-            if now - reconciled >= RECONCILE_EVERY_S or self._recovered:
+            if now - beat >= self.settings.owner_timeout_s / 3:
+                self._guarded(self._heartbeat_step)
+                beat = now
+            if now - reconciled >= self.settings.reconcile_every_s or self._recovered:
                 self._recovered = False
                 self._guarded(self._reconcile_step)
                 reconciled = now
@@ -322,6 +403,11 @@ class Supervisor:
         self.tick()
         return True
 
+    def _heartbeat_step(self) -> bool:
+        with self.sessions() as session:
+            transitions.heartbeat(session, self.owner)
+        return True
+
     def _reconcile_step(self) -> bool:
         self.reconcile()
         return True
@@ -364,9 +450,21 @@ class Supervisor:
         return wrote
 
     def _note_started(self, session: Session, child: Child) -> None:
-        """Tell the store the child's pid and log; a run cancelled meanwhile has its trainer
-        ended."""
-        assert child.proc is not None and child.directory is not None
+        """Tell the store the child's pid (or job id) and log; a run cancelled meanwhile has its
+        trainer ended."""
+        assert child.directory is not None
+        if child.job_id is not None:
+            submitted = transitions.note_submitted(
+                session,
+                child.run_id,
+                job_id=child.job_id,
+                log_path=str(child.directory / "log.txt"),
+            )
+            child.noted = True
+            if not submitted and child.ending is None:
+                _scancel(child.job_id)  # cancelled between the claim and the submission
+            return
+        assert child.proc is not None
         started = transitions.note_started(
             session,
             child.run_id,
@@ -400,19 +498,28 @@ class Supervisor:
             run_id = transitions.next_queued(session)
             if run_id is None:
                 return False
-            if not self._claim(session, run_id):
-                return True  # another worker took it; look again
+            if not self._claim(session, run_id, self.settings.max_running):
+                # another worker took it (look again), or the replicas run all they may
+                return self._running(session) < self.settings.max_running
             run = session.get(Run, run_id)
             assert run is not None
             session.refresh(run)
             self.launch(session, run)
             return True
 
-    def _claim(self, session: Session, run_id: int) -> bool:
-        """queued → running, owned by this supervisor; False if another claimed it first."""
+    def _claim(self, session: Session, run_id: int, max_running: int | None = None) -> bool:
+        """queued → running, owned by this supervisor; False if another claimed it first (or,
+        with ``max_running``, that many run already on the database)."""
         if self.device is None:
             self.device = resolve_device(self.settings.run_device)
-        return transitions.claim(session, run_id, owner=self.owner, device=self.device)
+        return transitions.claim(
+            session, run_id, owner=self.owner, device=self.device, max_running=max_running
+        )
+
+    @staticmethod
+    def _running(session: Session) -> int:
+        """Runs running on the database, whoever supervises them."""
+        return session.scalar(select(func.count()).where(Run.status == "running")) or 0
 
     def _fail(self, session: Session, run: Run, reason: str, directory: Path | None) -> None:
         """End a run that could not start; kept as a child until the store has its ending."""
@@ -427,7 +534,8 @@ class Supervisor:
         directory: Path | None = None
         try:
             plan = plan or plan_of(run)
-            refusal = cpu_refusal(plan, run)
+            # a job runs on the cluster's nodes, whose RAM this host cannot see
+            refusal = cpu_refusal(plan, run) if run.backend != "slurm" else None
             if refusal is not None:
                 self._fail(session, run, refusal, directory)
                 return
@@ -439,6 +547,9 @@ class Supervisor:
                     return
                 plan = confirmed
                 args = write_specs(plan, run, directory)
+            if run.backend == "slurm":
+                self._submit(session, run, plan, args, directory)
+                return
             backend = launcher(run.backend)
             logfile = open_log(directory / "log.txt")  # closed when the child is reaped
         except (OSError, ValueError, planner.HeadroomError) as exc:
@@ -454,6 +565,42 @@ class Supervisor:
             self._fail(session, run, f"could not start: {exc}", directory)
             return
         child = Child(run.id, directory, proc, logfile, backend=backend.name, noted=False)
+        self.children[run.id] = child  # before any write: a failed one is tried again
+        self._note_started(session, child)
+
+    def _submit(
+        self, session: Session, run: Run, plan: RunPlan, args: list[str], directory: Path
+    ) -> None:
+        """Submit a claimed run as a Slurm batch job (its allocation: ``HEADROOM_SLURM_*`` with
+        the run's own over them; ``parallel.dp`` ranks over its nodes), output into the run's
+        log; watched from then on."""
+        overrides = slurm.SlurmOverrides.model_validate(run.plan.get("slurm") or {})
+        world, nodes = plan.train.parallel.dp, overrides.nodes
+        if world % nodes:
+            reason = f"parallel.dp {world} is not a multiple of slurm.nodes {nodes}"
+            self._fail(session, run, f"could not submit: {reason}", directory)
+            return
+        settings = overrides.applied(slurm.SlurmSettings())
+        settings = settings.model_copy(update={"ranks_per_node": world // nodes})
+        script = directory / "job.sbatch"
+        write_private(
+            script,
+            slurm.batch_script(
+                args,
+                job_name=f"headroom-{run.uid}",
+                log=directory / "log.txt",
+                nodes=nodes,
+                settings=settings,
+                python=sys.executable,
+                chdir=directory,
+            ),
+        )
+        try:
+            job_id = slurm.submit(script)
+        except slurm.SlurmError as exc:
+            self._fail(session, run, f"could not submit: {exc}", directory)
+            return
+        child = Child(run.id, directory, backend="slurm", noted=False, job_id=job_id)
         self.children[run.id] = child  # before any write: a failed one is tried again
         self._note_started(session, child)
 
@@ -498,12 +645,22 @@ class Supervisor:
 
                 self._guarded(start, only_outages=True)
         try:
+            beat = time.monotonic()
             while run_id in self.children:
                 self.stop.wait(poll_s)
                 self._guarded(self.tick_children, only_outages=True)
+                if time.monotonic() - beat >= self.settings.owner_timeout_s / 3:
+                    self._guarded(self._heartbeat_step, only_outages=True)
+                    beat = time.monotonic()
         except KeyboardInterrupt:
             self._guarded(lambda: self._cancel_own(run_id), only_outages=True)
             child = self.children.get(run_id)
+            if child is not None and child.job_id is not None and child.ending is None:
+                _scancel(child.job_id)  # its end (CANCELLED) is watched for a while
+                deadline = time.monotonic() + 30
+                while child.ending is None and time.monotonic() < deadline:
+                    self.stop.wait(poll_s)
+                    child.poll()
             if child is not None and child.proc is not None:
                 # our own child: end its group here, and wait for it (reaped there: gone as
                 # soon as it exits)
@@ -532,7 +689,13 @@ class Supervisor:
             for run in session.scalars(select(Run).where(Run.status == "running")):
                 if run.id in self.children:
                     continue
-                if run.owner != self.owner and owner_alive(run.owner) is not False:
+                supervised = owner_alive(run.owner) if run.owner != self.owner else False
+                if supervised is None and run.job_id is not None and self._silent(run):
+                    supervised = False  # a supervisor on another host that stopped beating
+                if supervised is not False:
+                    continue
+                if run.job_id is not None:
+                    self._adopt(session, run)
                     continue
                 alive = _ours(run)
                 if alive:
@@ -542,6 +705,33 @@ class Supervisor:
                     session, run.id, status=status, reason=reason, exit_code=code
                 )
         return ended
+
+    def _silent(self, run: Run) -> bool:
+        """Whether the run's supervisor has not beaten for ``owner_timeout_s`` (a run from
+        before heartbeats has none: judged silent only by its last change)."""
+        seen = run.owner_seen_at or run.updated_at
+        if seen is None:
+            return False
+        since = store.as_utc(seen)
+        assert since is not None
+        age = (utcnow() - since).total_seconds()
+        return age > self.settings.owner_timeout_s
+
+    def _adopt(self, session: Session, run: Run) -> None:
+        """Watch the Slurm job of a run whose supervisor is gone (or lost it), if no other
+        supervisor took it first; an ending its supervisor kept is recorded at once."""
+        if not transitions.adopt(session, run.id, owner=run.owner, by=self.owner):
+            return
+        assert run.job_id is not None
+        try:
+            directory: Path | None = run_dir(self.settings, run)
+        except ValueError:
+            directory = None
+        kept = read_ending(directory) if directory is not None else None
+        self.children[run.id] = Child(
+            run.id, directory, backend="slurm", job_id=run.job_id, ending=kept
+        )
+        log.info("run %d: watching slurm job %s, which its supervisor left", run.id, run.job_id)
 
     def _lost_ending(self, run: Run, alive: bool) -> tuple[str, str, int | None]:
         """How a run whose supervisor is gone (or lost it) ended: the ending its supervisor
@@ -572,8 +762,22 @@ def cancel(session: Session, run: Run, end_group: bool = True) -> Run:
     """Cancel a queued or running run; a running one's whole process group is ended (in the
     background; ``end_group=False`` leaves that to a caller that owns the process)."""
     was_running = run.status == "running"
-    if transitions.cancel(session, run) and end_group and was_running and _ours(run):
+    cancelled = transitions.cancel(session, run)
+    if cancelled and was_running and run.job_id is not None:
+        # a job is Slurm's to end, whoever submitted it
+        threading.Thread(
+            target=_scancel, args=(run.job_id,), name="headroom-scancel", daemon=True
+        ).start()
+    elif cancelled and end_group and was_running and _ours(run):
         threading.Thread(
             target=end_process_group, args=(run.pid,), name="headroom-cancel", daemon=True
         ).start()
     return run
+
+
+def _scancel(job_id: str) -> None:
+    """Cancel a Slurm job; a controller that refuses is logged (the job's end is watched)."""
+    try:
+        slurm.cancel(job_id)
+    except slurm.SlurmError as exc:
+        log.warning("scancel of slurm job %s failed: %s", job_id, exc)

@@ -7,20 +7,23 @@
 ``queue_run`` (``launch.plan``) writes a run ``queued``. Each transition updates the row only
 if it is still in the state the transition leaves, so two supervisors, a cancel and a finish
 racing each other leave one winner and the others see ``False``. ``note_started``,
-``note_probing`` and ``note_exit`` change what a run says, not its state.
+``note_submitted``, ``note_probing``, ``note_exit``, ``adopt`` and ``heartbeat`` change what a
+run says or who watches it, not its state.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select, text, update
+from sqlalchemy.orm import Session, aliased
 
 from headroom.store import Run, utcnow
 
 #: the states a run can be cancelled from
 CANCELLABLE = ("queued", "running")
+#: the PostgreSQL advisory lock that claims under ``max_running`` take in turn ("headroom")
+CLAIM_LOCK = int.from_bytes(b"headroom", "big") >> 1
 
 
 def _changed(session: Session, run_id: int, state: str, /, **values: Any) -> bool:
@@ -39,18 +42,36 @@ def next_queued(session: Session) -> int | None:
     return session.scalar(select(Run.id).where(Run.status == "queued").order_by(Run.id).limit(1))
 
 
-def claim(session: Session, run_id: int, *, owner: str, device: str) -> bool:
-    """queued → running, owned by ``owner`` on ``device``; False if another claimed it first."""
-    return _changed(
-        session,
-        run_id,
-        "queued",
-        status="running",
-        owner=owner,
-        device=device,
-        started_at=utcnow(),
-        reason="starting",
+def claim(
+    session: Session, run_id: int, *, owner: str, device: str, max_running: int | None = None
+) -> bool:
+    """queued → running, owned by ``owner`` on ``device``; False if another claimed it first,
+    or if ``max_running`` runs are running already (every supervisor on the database counted:
+    on PostgreSQL the claims take one transaction-scoped advisory lock in turn, so two replicas
+    cannot both see the last free place; SQLite has one writer at a time)."""
+    now = utcnow()
+    values = {
+        "status": "running",
+        "owner": owner,
+        "device": device,
+        "started_at": now,
+        "owner_seen_at": now,
+    }
+    if max_running is None:
+        return _changed(session, run_id, "queued", **values, reason="starting")
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK})
+    other = aliased(Run)
+    running = (
+        select(func.count()).select_from(other).where(other.status == "running").scalar_subquery()
     )
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == "queued", running < max_running)
+        .values(**values, reason="starting", updated_at=utcnow())
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def note_probing(session: Session, run_id: int) -> None:
@@ -68,6 +89,46 @@ def note_started(session: Session, run_id: int, *, pid: int, log_path: str, back
         log_path=log_path,
         reason=f"running: pid {pid} ({backend})",
     )
+
+
+def note_submitted(session: Session, run_id: int, *, job_id: str, log_path: str) -> bool:
+    """A running run's trainer was submitted as Slurm job ``job_id``; False if it was cancelled
+    meanwhile."""
+    return _changed(
+        session,
+        run_id,
+        "running",
+        job_id=job_id,
+        log_path=log_path,
+        reason=f"running: slurm job {job_id}",
+    )
+
+
+def adopt(session: Session, run_id: int, *, owner: str | None, by: str) -> bool:
+    """A running run whose supervisor (``owner``) is gone is watched by ``by`` from now on (a
+    Slurm job outlives the service that submitted it); False if another took it first."""
+    result = session.execute(
+        update(Run)
+        .where(
+            Run.id == run_id,
+            Run.status == "running",
+            Run.owner.is_(None) if owner is None else Run.owner == owner,
+        )
+        .values(owner=by, owner_seen_at=utcnow(), updated_at=utcnow())
+    )
+    session.commit()
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def heartbeat(session: Session, owner: str) -> int:
+    """``owner`` still watches its running runs (``owner_seen_at``); how many it has."""
+    result = session.execute(
+        update(Run)
+        .where(Run.owner == owner, Run.status == "running")
+        .values(owner_seen_at=utcnow())
+    )
+    session.commit()
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def finish(

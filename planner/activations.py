@@ -56,6 +56,8 @@ class LayerActivations(NamedTuple):
     # its MLP's gradients (held instead of backward_ffn_moe, not beside it)
     mlp_dense: int  # what a dense layer's MLP saves (part of dense), freed by its backward
     mlp_moe: int  # what an MoE layer's MLP saves (part of moe; its dispatch buffers apart)
+    backward_end_dense: int = 0  # a dense layer's as its MLP's backward ends, beside all of
+    # its MLP's gradients (DTensor's tensor parallelism: whole-sequence input gradients)
 
 
 @identity_memo(
@@ -198,6 +200,12 @@ def layer_activations(
         backward_end_moe=end_slots,
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
+        # DTensor's tensor parallelism: as the MLP's backward ends, whole-sequence gradients
+        # (the output's all-gathered one, the column-wise projections' input gradients as
+        # partial sums before their reduce-scatter) beside all of the MLP's gradients
+        backward_end_dense=int(coeffs.tp_backward_end_hidden_tensors * tokens * h * e)
+        if gathered_inputs
+        else 0,
     )
 
 
@@ -325,6 +333,7 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         backward_end_moe,
         mlp_dense,
         mlp_moe,
+        backward_end_dense,
     ) = layer
     # held throughout the layer's backward; the FFN-width part during its MLP's only
     throughout_dense = backward_dense - backward_ffn_dense
@@ -341,7 +350,7 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         throughout_moe += rerun
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
-    dense_temporaries = (throughout_dense, backward_ffn_dense, mlp_dense, 0, 0, 0)
+    dense_temporaries = (throughout_dense, backward_ffn_dense, mlp_dense, 0, backward_end_dense, 0)
     moe_temporaries = (
         throughout_moe,
         backward_ffn_moe,

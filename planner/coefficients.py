@@ -103,6 +103,24 @@ class Coefficients(FewUnknownKeys):
         description="Elements at a time the implementation makes the routing weights' "
         "products' gradients in (Headroom's trainer works in slabs); None: all slots at once.",
     )
+    tp_backward_end_hidden_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Whole-sequence hidden-width tensors a dense layer holds as its MLP's "
+        "backward ends, beside all of the MLP's gradients, under DTensor's tensor parallelism "
+        "(framework: fsdp2 with tp > 1): the output's all-gathered gradient and the "
+        "column-wise projections' input gradients as partial sums before their "
+        "reduce-scatter. Read off FSDP2 traces with tensor parallelism; 0: none beyond the "
+        "one-rank terms.",
+    )
+    embedding_grad_whole_vocab: bool = Field(
+        default=True,
+        description="Under tensor parallelism the embedding's backward makes the whole "
+        "vocabulary's gradient beside the rank's share of the table (DTensor's sharded "
+        "embedding, as torch's RowwiseParallel runs it); false where the model code runs the "
+        "embedding on its local shard (torchtitan's local_map, Megatron's "
+        "VocabParallelEmbedding). Read by framework: fsdp2.",
+    )
     backward_mlp_grads: float = Field(
         default=0.0,
         ge=0,

@@ -311,6 +311,8 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         settings.reduce_bytes if framework in ("fsdp2", "megatron") else 4,
         settings.deepspeed,
         settings.distributed_optimizer if framework == "megatron" else True,
+        # embedding_grad_whole_vocab: read by fsdp2 with tp > 1 only
+        coeffs.embedding_grad_whole_vocab if framework == "fsdp2" and settings.tp > 1 else True,
     )
 
 

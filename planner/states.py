@@ -53,6 +53,9 @@ class StatesInputs(NamedTuple):
     reduce_bytes: int = 4  # fsdp2: bytes per element of a reduce-scatter's input
     deepspeed: tuple[int, ...] = ()  # deepspeed: ``planner.estimator.deepspeed_knobs``
     distributed_optimizer: bool = True  # megatron: master weights and moments over dp x cp
+    # fsdp2 with tp > 1: the embedding's backward makes the whole vocabulary's gradient
+    # (``Coefficients.embedding_grad_whole_vocab``)
+    embedding_grad_whole_vocab: bool = True
 
 
 class ZeroShards(NamedTuple):
@@ -445,7 +448,8 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
       copies them into a reduce-scatter input in ``reduce_dtype``, held until the next
       block's post-backward (so under every block's backward but the top's);
     - the backward ends at the larger of the embedding's backward (a table-sized gradient;
-      under tensor parallelism the whole vocabulary's, beside the local table's) and the
+      under tensor parallelism, where the model code runs a DTensor embedding, the whole
+      vocabulary's, beside the local table's) and the
       root's post-backward (its gradients and their reduce-scatter input).
     """
     dp, ep = inputs.data_parallel, inputs.ep
@@ -593,10 +597,10 @@ def _fsdp2_root(
     # reduce-scatter input
     tail_grads, tail_transfer = done + root * param_bytes, root * reduce_bytes
     if sp.has_embedding:
-        # the embedding's backward: a table-sized gradient (under tensor parallelism the whole
-        # vocabulary's, reduced to the local table's), added out of place to a tied head's;
+        # the embedding's backward: a table-sized gradient (:func:`_embedding_grad`), added
+        # out of place to a tied head's;
         # the root gathered, the bottom block's reduce-scatter input held
-        made = table * (inputs.tp + 1 if inputs.tp > 1 else 1) + table * int(sp.tied_embeddings)
+        made = _embedding_grad(inputs, table) + table * int(sp.tied_embeddings)
         embedding = (done + head_grads + made, root_gathered + (reduce_input if unit else 0))
         if sum(embedding) > tail_grads + tail_transfer:
             tail_grads, tail_transfer = embedding
@@ -610,6 +614,15 @@ def _fsdp2_root(
         released_transfer=released,
         head_reduced=None,
     )
+
+
+def _embedding_grad(inputs: StatesInputs, table: int) -> int:
+    """Bytes the embedding's backward makes of ``table`` bytes of local table: under tensor
+    parallelism, where the model code runs a DTensor embedding, the whole vocabulary's
+    gradient beside the local table's; else the local table's."""
+    if inputs.tp > 1 and inputs.embedding_grad_whole_vocab:
+        return table * (inputs.tp + 1)
+    return table
 
 
 def _fsdp2_split(
@@ -679,9 +692,9 @@ def _fsdp2_split(
     if table_numel:
         # its post-backward: its gradient and their reduce-scatter input
         tail_grads, tail_transfer = done + table, table_numel * reduce_bytes
-        # its backward: the table gathered, its gradient made (under tensor parallelism the
-        # whole vocabulary's beside the local table's), the bottom block's reduce-scatter input
-        made = table * (inputs.tp + 1 if inputs.tp > 1 else 1)
+        # its backward: the table gathered, its gradient made (:func:`_embedding_grad`), the
+        # bottom block's reduce-scatter input
+        made = _embedding_grad(inputs, table)
         embedding = (done + made, table + (reduce_input if unit else 0))
         if sum(embedding) > tail_grads + tail_transfer:
             tail_grads, tail_transfer = embedding

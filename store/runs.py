@@ -50,6 +50,7 @@ def add_run(
     backend: str,
     probe: bool,
     fitted: planner.FitResult | None = None,
+    slurm: dict[str, Any] | None = None,
 ) -> tuple[Run, bool]:
     """Store a planned run as ``queued``: the specs it trains, what their estimate predicted
     and, where the ladder chose the plan, what it weighed; (run, created): a uid stored
@@ -62,6 +63,8 @@ def add_run(
         "predicted_peak_bytes": predicted_peak_bytes,
         "probe": probe,
     }
+    if slurm is not None:  # a Slurm job's own allocation (``launch.slurm.SlurmOverrides``)
+        plan["slurm"] = slurm
     if fitted is not None:
         plan["fit"] = {
             "predicted_step_seconds": fitted.predicted_step_seconds,

@@ -107,11 +107,19 @@ class Run(Base):
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
     steps: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), nullable=True, doc="the Slurm job it was submitted as (backend slurm)"
+    )
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     owner: Mapped[str | None] = mapped_column(
         String(200), nullable=True, doc="host:pid:start-ticks of the supervising process"
+    )
+    owner_seen_at: Mapped[dt.datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        nullable=True,
+        doc="when its supervisor last said it still watches it (its heartbeat)",
     )
     device: Mapped[str | None] = mapped_column(String(16), nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

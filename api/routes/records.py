@@ -158,6 +158,11 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
     With ``fit`` (the default) the ladder chooses the plan; without it the given spec must be
     predicted to fit, as the CI gate would decide. Either way nothing that is predicted to run
     out of memory is queued: the refusal is a 422 naming the field."""
+    if body.slurm is not None and body.backend != "slurm":
+        raise planner.SpecError(
+            f"slurm: an allocation is for backend slurm (got backend {body.backend})",
+            field="slurm",
+        )
     uid = body.uid or uuid.uuid4().hex
     row, created = store.run_by_uid(session=db, uid=uid), False
     if row is None:
@@ -171,6 +176,7 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
             gate=not body.fit,
             probe=body.probe,
             uid=uid,
+            slurm=body.slurm.model_dump(exclude_none=True) if body.slurm is not None else None,
         )
     if not created:
         response.status_code = 200

@@ -16,7 +16,11 @@ fp32 (``precision.master``), computed in ``precision.params`` (bf16) and reduced
 ``max_grad_norm`` is set and steps ``torch.optim.AdamW`` (``optimizer_impl``: torchtitan ships
 fused) over the sharded DTensor parameters.
 
-The model is a transformers one built from a config with random weights (``calibration.hf``).
+The model is a transformers one built from a config with random weights (``calibration.hf``),
+or with ``impl="torchtitan"`` torchtitan's own Llama 3 parallelized by torchtitan's own
+``parallelize_llama`` (``partial_dtensor`` backend): its FSDP grouping and, with
+``parallel.tp > 1``, its own tensor-parallel plan (the sharding configs its trainer sets,
+``set_llama3_sharding_config``; its vocabulary-parallel loss).
 The process group is ``torch.distributed``'s ``fake`` backend: collectives return at once and
 rank 0 holds what any rank holds (FSDP2 pads its shards, rank 0's are the largest). Under fake
 tensors (``mode="fake"``, the default) nothing is allocated, so layers of full width trace in
@@ -105,6 +109,10 @@ COMPARED = ("params", "grads", "optimizer_states", "transient")
 PHASES = ("step1_forward", "step1_backward", "step1_optimizer", "forward", "backward", "optimizer")
 #: the model types whose modules the tensor-parallel plan names
 TP_MODEL_TYPES = ("llama", "qwen2")
+
+# torchtitan's DTensor backend for its FSDP2 and tensor-parallel plan (``ParallelismConfig.
+# spmd_backend``): its default ``spmd_types`` backend declares the same layouts and groups
+SPMD_BACKEND = "partial_dtensor"
 #: ``precision.params`` / ``precision.grads`` → torch dtype (FSDP2's param and reduce dtypes)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -419,6 +427,20 @@ def _torchtitan_meshes_on_the_cpu() -> Iterator[None]:
         parallel_dims.device_type = original
 
 
+@contextlib.contextmanager
+def _torchtitan_backend(name: str) -> Iterator[None]:
+    """torchtitan's SPMD backend set as its trainer sets it (``dist_utils.set_spmd_backend``
+    of ``parallelism.spmd_backend``): its loss reads it to take tensor-parallel logits."""
+    from torchtitan.distributed import utils as dist_utils
+
+    original = dist_utils.get_spmd_backend()
+    dist_utils.set_spmd_backend(name)
+    try:
+        yield
+    finally:
+        dist_utils.set_spmd_backend(original)
+
+
 def _torchtitan_parallelized(
     config: Any,
     train: planner.TrainSpec,
@@ -438,10 +460,14 @@ def _torchtitan_parallelized(
     parallelism = ParallelismConfig(
         data_parallel_shard_degree=par.dp,
         tensor_parallel_degree=par.tp,
+        enable_sequence_parallel=par.sequence_parallel,
         fsdp_reshard_after_forward="default" if train.fsdp2.reshard_after_forward else "never",
-        spmd_backend="partial_dtensor",
+        spmd_backend=SPMD_BACKEND,
     )
     dims = ParallelDims.from_config(parallelism, par.dp * par.tp)
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    set_llama3_sharding_config(config, enable_sp=par.sequence_parallel)
     with _torchtitan_meshes_on_the_cpu():
         dims.build_mesh()
     names = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -533,11 +559,14 @@ def _trace_torchtitan(
     grouping its default ``spmd_types`` backend shares)."""
     from headroom.calibration import torchtitan
 
-    if train.parallel.tp != 1:
+    if train.parallel.tp > 1 and model.tied_embeddings:
+        # its TP plan distributes the embedding's and the head's weight each on its own
+        # (``Module._distribute_states``), so the tie is broken until its trainer ties them
+        # again after FSDP2 has made both groups' shards (``Decoder.init_states``)
         raise SpecError(
-            "parallel.tp: an fsdp2 trace of torchtitan's model runs data parallelism; "
-            f"allowed: 1 (got {train.parallel.tp})",
-            field="parallel.tp",
+            "model.tied_embeddings: torchtitan's tensor-parallel plan breaks a tied table in "
+            "two; an fsdp2 trace of torchtitan's model with parallel.tp > 1 allows: false",
+            field="model.tied_embeddings",
         )
     # Llama 3's shape (or a SpecError naming the field it lacks), RoPE as long as the sequence
     cfg = config if config is not None else torchtitan.config_for(model, train.seq_len)
@@ -546,11 +575,12 @@ def _trace_torchtitan(
         FakeTensorMode() if mode == "fake" else contextlib.nullcontext()
     )
     with (
-        fake_process_group(train.parallel.dp),
+        fake_process_group(train.parallel.dp * train.parallel.tp),
         dtensor_propagation_apart(),
         device_meshes_outside_fake_tensors(),
         _redistribution_advice_off(),
         torchtitan.flex_attention_as_on_a_gpu(),
+        _torchtitan_backend(SPMD_BACKEND),
     ):
         net, batch_loss = _torchtitan_parallelized(cfg, train, tensors)
         with tensors:

@@ -34,6 +34,7 @@ from headroom.cli.options import (
 class Backend(StrEnum):
     local = "local"
     torchrun = "torchrun"
+    slurm = "slurm"
 
 
 def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exit:
@@ -43,6 +44,45 @@ def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exi
     else:
         typer.echo(f"not launched: {reason}", err=True)
     return typer.Exit(ExitCode.NOTHING_FITS)
+
+
+def _slurm_allocation(
+    backend: Backend,
+    partition: str | None,
+    account: str | None,
+    time_limit: str | None,
+    gpus_per_node: int | None,
+    nodes: int,
+) -> dict[str, Any] | None:
+    """The run's own Slurm allocation (None: not a Slurm run); a SpecError names the option
+    that is invalid, or given without ``--backend slurm``."""
+    from pydantic import ValidationError
+
+    from headroom.launch.slurm import SlurmOverrides
+    from headroom.planner import SpecError
+
+    given = {
+        "partition": partition,
+        "account": account,
+        "time_limit": time_limit,
+        "gpus_per_node": gpus_per_node,
+        "nodes": nodes if nodes != 1 else None,
+    }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if backend is not Backend.slurm:
+        if chosen:
+            name = next(iter(chosen)).replace("_", "-")
+            raise SpecError(
+                f"--slurm-{name}: a Slurm allocation needs --backend slurm (got {backend.value})",
+                field=f"slurm-{name}",
+            )
+        return None
+    try:
+        return SlurmOverrides.model_validate(chosen).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]).replace("_", "-")
+        raise SpecError(f"--slurm-{name}: {first['msg']}", field=f"slurm-{name}") from None
 
 
 def launch_command(
@@ -70,11 +110,29 @@ def launch_command(
     margin: MarginOpt = None,
     probe: ProbeOpt = False,
     max_probes: MaxProbesOpt = 3,
+    slurm_partition: Annotated[
+        str | None, typer.Option("--slurm-partition", help="--backend slurm: sbatch --partition.")
+    ] = None,
+    slurm_account: Annotated[
+        str | None, typer.Option("--slurm-account", help="--backend slurm: sbatch --account.")
+    ] = None,
+    slurm_time_limit: Annotated[
+        str | None, typer.Option("--slurm-time-limit", help="--backend slurm: sbatch --time.")
+    ] = None,
+    slurm_gpus_per_node: Annotated[
+        int | None,
+        typer.Option("--slurm-gpus-per-node", help="--backend slurm: GPUs per node.", min=0),
+    ] = None,
+    slurm_nodes: Annotated[
+        int, typer.Option("--slurm-nodes", help="--backend slurm: nodes the job runs on.", min=1)
+    ] = 1,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
     """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
-    trainer ran out of memory, 4 it failed otherwise, 130 cancelled."""
+    trainer ran out of memory, 4 it failed otherwise, 130 cancelled. With --backend slurm the
+    run is a batch job (HEADROOM_SLURM_* settings, --slurm-* over them), watched until it
+    ends."""
     from headroom import launch as launching
     from headroom.store import open_store
 
@@ -83,7 +141,18 @@ def launch_command(
         from headroom.planner.trainable import check_supported
 
         check_supported(spec)
-        where = resolve_device(device)
+        slurm = _slurm_allocation(
+            backend, slurm_partition, slurm_account, slurm_time_limit, slurm_gpus_per_node,
+            slurm_nodes,
+        )  # fmt: skip
+        if slurm is not None and device is ProbeDevice.auto:
+            # where the job's nodes train: their GPUs if the allocation has any
+            from headroom.launch.slurm import SlurmOverrides, SlurmSettings
+
+            given = SlurmOverrides.model_validate(slurm).applied(SlurmSettings())
+            where = "cuda" if given.gpus_per_node else "cpu"
+        else:
+            where = resolve_device(device)
         probes: list[Any] = []
         if probe:
             auto = run_autofit(model, spec, train_spec, hw, margin, where, max_probes, True)
@@ -103,7 +172,12 @@ def launch_command(
         sessions = open_store()
         with sessions() as session:
             row, _ = launching.queue_run(
-                session=session, plan=plan, steps=steps, backend=backend.value, gate=True
+                session=session,
+                plan=plan,
+                steps=steps,
+                backend=backend.value,
+                gate=True,
+                slurm=slurm,
             )
         settings = launching.LaunchSettings(run_device=where)
         run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
@@ -117,6 +191,7 @@ def launch_command(
             "exit_code": run.exit_code,
             "reason": run.reason,
             "log_path": run.log_path,
+            "job_id": run.job_id,
         },
         "plan": run.plan["train"],
         "probes": probes,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
+from run_rows import AUTH, TINY, gone, run_row, run_settings, sessions_of
 
 from headroom import planner
 from headroom.api.main import create_app
@@ -25,20 +25,10 @@ from headroom.launch import Supervisor
 from headroom.launch.supervisor import this_process
 from headroom.store import Run
 
-TOKEN = "test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TINY = {"model": "tiny-dense", "train": {"seq_len": 16, "micro_batch_size": 1}}
-
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(
-        database_url=f"sqlite:///{tmp_path}/runs.db",
-        token=TOKEN,
-        run_dir=tmp_path / "runs",
-        run_device="cpu",
-        max_running=2,
-    )
+    return run_settings(tmp_path)
 
 
 @pytest.fixture
@@ -59,14 +49,6 @@ def ended(client: TestClient, run_id: int) -> dict[str, Any]:
         ),
         what=f"run {run_id} to end",
     )
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.mark.parametrize("backend", ["local", "torchrun"])
@@ -93,10 +75,10 @@ def test_cancel_ends_the_whole_process_group(client: TestClient) -> None:
         lambda: (r := run_state(client, run["id"]))["pid"] and r, what="the trainer to start"
     )
     pid = running["pid"]
-    assert running["status"] == "running" and not group_gone(pid)
+    assert running["status"] == "running" and not gone(pid, group=True)
     cancelled = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=AUTH).json()
     assert cancelled["status"] == "cancelled" and cancelled["reason"] == "cancelled by request"
-    wait_for(lambda: group_gone(pid), timeout=30, what="the process group to end")
+    wait_for(lambda: gone(pid, group=True), timeout=30, what="the process group to end")
     # the trainer's end is still recorded, and the run stays cancelled
     final = wait_for(
         lambda: (r := run_state(client, run["id"]))["exit_code"] is not None and r,
@@ -127,40 +109,15 @@ def test_nothing_predicted_to_oom_is_queued(client: TestClient) -> None:
     assert client.get("/api/v1/runs").json()["total"] == 0
 
 
-def _sessions(settings: Settings) -> sessionmaker[Session]:
-    from headroom.store import make_engine, make_sessionmaker, upgrade
-
-    upgrade(settings.database_url)
-    return make_sessionmaker(make_engine(settings.database_url))
-
-
-def _row(uid: str, hardware: planner.Hardware, **values: Any) -> Run:
-    model = planner.load_model("tiny-dense")
-    train = planner.TrainSpec(micro_batch_size=4, seq_len=64)
-    plan = {
-        "model": model.model_dump(mode="json"),
-        "train": train.model_dump(mode="json"),
-        "hardware": hardware.model_dump(mode="json"),
-    }
-    return Run(
-        uid=uid,
-        model_name=model.name,
-        gpu_name=hardware.name,
-        plan=plan,
-        steps=values.pop("steps", 2),
-        **values,
-    )
-
-
 def test_a_trainer_out_of_memory_ends_failed_with_the_phase(settings: Settings) -> None:
     """The planned card is smaller than the run needs (queued past the gate, as a stale plan
     would be): the trainer runs out of memory on the simulated device and the run says where."""
-    sessions = _sessions(settings)
+    sessions = sessions_of(settings)
     small = planner.Hardware(
         **{**planner.gpu("RTX-3090").model_dump(), "name": "sim-1MiB", "aliases": ()},
     ).model_copy(update={"memory_bytes": 2**20, "cuda_context_bytes": 0})
     with sessions() as session:
-        session.add(_row("oom-run", small))
+        session.add(run_row("oom-run", small))
         session.commit()
     supervisor = Supervisor(sessions, settings)
     supervisor.tick()
@@ -172,7 +129,7 @@ def test_a_trainer_out_of_memory_ends_failed_with_the_phase(settings: Settings) 
 
 
 def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -> None:
-    sessions = _sessions(settings)
+    sessions = sessions_of(settings)
     hw = planner.gpu("H100-80GB")
     # a service process that has exited: its owner tag no longer names a live process
     gone = subprocess.run(
@@ -190,11 +147,13 @@ def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -
     (finished_dir / "report.json").write_text(json.dumps({"losses": [1.0, 0.9]}))
     with sessions() as session:
         common = {"status": "running", "owner": dead_owner}
-        session.add(_row("orphan-run", hw, pid=orphan.pid, **common))
+        session.add(run_row("orphan-run", hw, pid=orphan.pid, **common))
         session.add(
-            _row("finished-run", hw, pid=999_999, log_path=str(finished_dir / "log.txt"), **common)
+            run_row(
+                "finished-run", hw, pid=999_999, log_path=str(finished_dir / "log.txt"), **common
+            )
         )
-        session.add(_row("lost-run", hw, pid=999_998, **common))
+        session.add(run_row("lost-run", hw, pid=999_998, **common))
         session.commit()
     assert Supervisor(sessions, settings).reconcile() == 3
     orphan.wait(timeout=10)
@@ -209,7 +168,7 @@ def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -
     assert rows["lost-run"].status == "failed" and "exit status was lost" in rows["lost-run"].reason
     # a live owner's runs are left alone
     with sessions() as session:
-        session.add(_row("live-run", hw, status="running", owner=this_process(), pid=1))
+        session.add(run_row("live-run", hw, status="running", owner=this_process(), pid=1))
         session.commit()
     assert Supervisor(sessions, settings).reconcile() == 0
 

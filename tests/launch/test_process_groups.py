@@ -120,6 +120,8 @@ class _Settings:
         self.run_device = "cpu"
         self.max_running = 3
         self.run_retention_days = None
+        self.reconcile_every_s = 30.0
+        self.owner_timeout_s = 120.0
 
 
 def test_supervisor_close_ends_its_trainers_together(

@@ -7,27 +7,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-import slurm_cluster
 
 from headroom.launch import slurm
 
 WAIT_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    missing = slurm_cluster.missing()
-    if missing:
-        pytest.fail(
-            f"{', '.join(missing)} not found: run scripts/install-slurm.sh to install Slurm and "
-            "MUNGE for the Slurm tests"
-        )
-    with slurm_cluster.one_node_cluster(tmp_path_factory.mktemp("slurm")) as env:
-        yield env
 
 
 def _wait(job_id: str, env: dict[str, str], states: frozenset[str]) -> slurm.JobState:

@@ -66,3 +66,35 @@ def test_queueing_the_same_uid_twice_keeps_one_run(sessions: sessionmaker[Sessio
             session=session, plan=plan, steps=1, backend="local", gate=True, uid="same"
         )
     assert created and not created_again and again.id == first.id
+
+
+def test_a_claim_under_max_running_waits_for_a_free_place(
+    sessions: sessionmaker[Session],
+) -> None:
+    """``max_running`` counts every running run on the database, whoever supervises it."""
+    with sessions() as session:
+        first, second = _queued(session), _queued(session)
+        assert transitions.claim(session, first.id, owner="a", device="cpu", max_running=1)
+        assert not transitions.claim(session, second.id, owner="b", device="cpu", max_running=1)
+        session.refresh(second)
+        assert second.status == "queued" and second.owner is None
+        assert transitions.finish(session, first.id, status="succeeded", reason="", exit_code=0)
+        assert transitions.claim(session, second.id, owner="b", device="cpu", max_running=1)
+
+
+def test_a_supervisor_starts_nothing_while_other_supervisors_fill_max_running(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Another replica's run takes the one place: a tick claims nothing and returns (it does
+    not spin on the queued run it may not start)."""
+    from headroom.launch import LaunchSettings, Supervisor
+
+    with sessions() as session:
+        theirs, ours = _queued(session), _queued(session)
+        assert transitions.claim(session, theirs.id, owner="elsewhere", device="cpu")
+    settings = LaunchSettings(run_dir=tmp_path / "runs", run_device="cpu", max_running=1)
+    supervisor = Supervisor(sessions, settings)
+    supervisor.tick()
+    assert supervisor.children == {}
+    with sessions() as session:
+        assert session.get(store.Run, ours.id).status == "queued"  # type: ignore[union-attr]

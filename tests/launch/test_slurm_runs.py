@@ -1,0 +1,332 @@
+"""Runs launched on Slurm (``backend: slurm``) against a real one-node cluster: through
+``headroom launch --backend slurm`` and ``POST /runs``, a run is a batch job whose id the store
+keeps, watched to its end (completed, out of memory, killed by a signal, cancelled through the
+API or from Slurm's side), its log served by the API; a stopped service leaves its jobs running
+and the next supervisor takes them over by job id."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_client import wait_for
+from fastapi.testclient import TestClient
+from run_rows import AUTH, TINY, run_row, run_settings, sessions_of
+
+from headroom import planner, store
+from headroom.api.main import create_app
+from headroom.api.settings import Settings
+from headroom.launch import Supervisor, slurm, transitions
+from headroom.store import Run
+
+TINY_SETS = ["--set", "seq_len=16", "--set", "micro_batch_size=1"]
+WAIT_S = 120.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return run_settings(tmp_path)
+
+
+@pytest.fixture
+def on_the_cluster(cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process's Slurm commands go to the test cluster (as ``SLURM_CONF`` points a
+    service at its cluster)."""
+    monkeypatch.setenv("SLURM_CONF", cluster["SLURM_CONF"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return cluster
+
+
+@pytest.fixture
+def client(settings: Settings, on_the_cluster: dict[str, str]) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _state(client: TestClient, run_id: int) -> dict[str, Any]:
+    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
+
+
+def _ended(client: TestClient, run_id: int) -> dict[str, Any]:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (
+            (r := _state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
+        ),
+        timeout=WAIT_S,
+        what=f"run {run_id} to end",
+    )
+
+
+def _job_in(job_id: str, states: frozenset[str]) -> slurm.JobState:
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (job := slurm.job_state(job_id)) is not None and job.state in states and job,
+        timeout=WAIT_S,
+        what=f"slurm job {job_id} in {sorted(states)}",
+    )
+
+
+def _launch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "headroom", "launch", "tiny-dense", *TINY_SETS, *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env={
+            **env,
+            "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/runs.db",
+            "HEADROOM_RUN_DIR": str(tmp_path / "runs"),
+            "OMP_NUM_THREADS": "1",
+        },
+    )
+
+
+def test_headroom_launch_backend_slurm_runs_a_job_to_completion(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    done = _launch(
+        tmp_path, cluster, "--steps", "2", "--backend", "slurm", "--slurm-time-limit", "00:10:00",
+        "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)["run"]
+    assert run["status"] == "succeeded" and run["backend"] == "slurm", run
+    assert run["reason"] == "completed 2 step(s)" and run["job_id"].isdigit()
+    directory = Path(run["log_path"]).parent
+    script = (directory / "job.sbatch").read_text()
+    assert "#SBATCH --time=00:10:00" in script and f"#SBATCH --chdir={directory}" in script
+    log = Path(run["log_path"]).read_text()
+    assert len(json.loads(log[log.index("{") :])["losses"]) == 2  # the trainer's own report
+
+
+def test_a_slurm_allocation_without_the_slurm_backend_is_refused_naming_the_option(
+    tmp_path: Path,
+) -> None:
+    refused = _launch(tmp_path, dict(os.environ), "--slurm-partition", "gpu")
+    assert refused.returncode == 2
+    assert "--slurm-partition" in refused.stderr and "--backend slurm" in refused.stderr
+    bad = _launch(tmp_path, dict(os.environ), "--backend", "slurm", "--slurm-account", "a;b")
+    assert bad.returncode == 2 and "--slurm-account" in bad.stderr, bad.stderr
+
+
+def test_post_runs_backend_slurm_is_a_job_whose_log_the_api_serves(client: TestClient) -> None:
+    created = client.post(
+        "/api/v1/runs",
+        json={**TINY, "steps": 2, "backend": "slurm", "slurm": {"time_limit": "00:05:00"}},
+        headers=AUTH,
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["plan"]["slurm"] == {"time_limit": "00:05:00", "nodes": 1}
+    done = _ended(client, created.json()["id"])
+    assert done["status"] == "succeeded" and done["job_id"].isdigit(), done
+    assert done["pid"] is None and done["exit_code"] == 0
+    log = client.get(f"/api/v1/runs/{done['id']}/logs").text
+    assert len(json.loads(log[log.index("{") :])["losses"]) == 2
+
+
+def test_a_slurm_allocation_for_another_backend_or_unsafe_is_a_422(client: TestClient) -> None:
+    for body in (
+        {**TINY, "backend": "local", "slurm": {"partition": "gpu"}},
+        {**TINY, "backend": "slurm", "slurm": {"partition": "gpu; rm -rf /"}},
+        {**TINY, "backend": "slurm", "slurm": {"nodes": 0}},
+    ):
+        refused = client.post("/api/v1/runs", json=body, headers=AUTH)
+        assert refused.status_code == 422, refused.text
+        assert "slurm" in refused.text
+    assert client.get("/api/v1/runs").json()["total"] == 0
+
+
+def test_cancelling_a_slurm_run_scancels_its_job(client: TestClient) -> None:
+    run = client.post(
+        "/api/v1/runs", json={**TINY, "steps": 10_000_000, "backend": "slurm"}, headers=AUTH
+    ).json()
+    job_id = wait_for(lambda: _state(client, run["id"])["job_id"], what="the job's submission")
+    _job_in(job_id, frozenset({"RUNNING"}))
+    cancelled = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=AUTH).json()
+    assert cancelled["status"] == "cancelled" and cancelled["reason"] == "cancelled by request"
+    assert _job_in(job_id, slurm.ENDED).state == "CANCELLED"
+    assert _state(client, run["id"])["status"] == "cancelled"
+
+
+def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
+    client: TestClient,
+) -> None:
+    run = client.post(
+        "/api/v1/runs", json={**TINY, "steps": 10_000_000, "backend": "slurm"}, headers=AUTH
+    ).json()
+    job_id = wait_for(lambda: _state(client, run["id"])["job_id"], what="the job's submission")
+    _job_in(job_id, frozenset({"RUNNING"}))
+    # the trainer, found by its run's uid on the node (this machine), killed outright
+    pid = wait_for(
+        lambda: next(
+            (
+                int(p)
+                for p in subprocess.run(
+                    ["pgrep", "-f", f"headroom train .*{run['uid']}"],
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+            ),
+            None,
+        ),
+        what="the trainer's process",
+    )
+    os.kill(pid, signal.SIGKILL)
+    done = _ended(client, run["id"])
+    assert done["status"] == "failed", done
+    assert done["reason"] == f"slurm job {job_id}: killed by SIGKILL", done["reason"]
+    assert done["exit_code"] == -signal.SIGKILL
+
+
+def _queued_row(uid: str, hardware: planner.Hardware, steps: int) -> Run:
+    train = planner.TrainSpec(micro_batch_size=1, seq_len=16)
+    return run_row(uid, hardware, train, steps=steps, backend="slurm", status="queued")
+
+
+def _supervised(supervisor: Supervisor, until: Any) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not until():
+        assert time.monotonic() < deadline, "the supervisor never saw it"
+        supervisor.tick()
+        time.sleep(0.2)
+
+
+def test_a_slurm_job_out_of_memory_ends_the_run_failed_with_the_phase(
+    settings: Settings, on_the_cluster: dict[str, str]
+) -> None:
+    """The planned card is smaller than the run needs (queued past the gate, as a stale plan
+    would be): the job's trainer runs out of memory and the run says where, from its report."""
+    sessions = sessions_of(settings)
+    small = planner.Hardware(
+        **{**planner.gpu("RTX-3090").model_dump(), "name": "sim-1MiB", "aliases": ()},
+    ).model_copy(update={"memory_bytes": 2**20, "cuda_context_bytes": 0})
+    with sessions() as session:
+        session.add(_queued_row("slurm-oom", small, steps=2))
+        session.commit()
+    supervisor = Supervisor(sessions, settings)
+    supervisor.tick()
+    assert set(supervisor.children)  # submitted
+    _supervised(supervisor, lambda: not supervisor.children)
+    with sessions() as session:
+        run = session.query(Run).filter_by(uid="slurm-oom").one()
+    assert run.status == "failed" and run.exit_code == 3, run.reason
+    assert run.reason.startswith("out of memory in ") and run.job_id is not None
+
+
+def test_a_stopped_service_leaves_its_slurm_jobs_running_and_the_next_takes_them_over(
+    settings: Settings, on_the_cluster: dict[str, str]
+) -> None:
+    sessions = sessions_of(settings)
+    with sessions() as session:
+        session.add(_queued_row("slurm-adopted", planner.gpu("H100-80GB"), steps=10_000_000))
+        session.commit()
+    first = Supervisor(sessions, settings)
+    first.tick()
+    with sessions() as session:
+        run = session.query(Run).filter_by(uid="slurm-adopted").one()
+    assert run.job_id is not None and run.status == "running"
+    job_id = run.job_id
+    _job_in(job_id, frozenset({"RUNNING"}))
+    first.close()  # the service stops: its job runs on
+    job = slurm.job_state(job_id)
+    assert job is not None and job.state == "RUNNING"
+    # a service process that has exited owned it (as after a restart)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    with sessions() as session:
+        row = session.query(Run).filter_by(uid="slurm-adopted").one()
+        assert row.status == "running"
+        row.owner = f"{first.owner.split(':')[0]}:{int(gone.stdout)}:1"
+        session.commit()
+    second = Supervisor(sessions, settings)
+    assert second.reconcile() == 0  # nothing ended: the job is taken over, not stopped
+    assert set(second.children) == {run.id}
+    assert Supervisor(sessions, settings).reconcile() == 0  # and taken once
+    slurm.cancel(job_id)  # ended from Slurm's side, not through Headroom
+    _supervised(second, lambda: not second.children)
+    with sessions() as session:
+        row = session.query(Run).filter_by(uid="slurm-adopted").one()
+    assert row.status == "failed" and row.owner == second.owner
+    assert row.reason == (
+        f"slurm job {job_id}: cancelled in Slurm (scancel, preemption or an administrator)"
+    )
+
+
+def test_a_slurm_job_runs_parallel_dp_ranks_over_its_nodes(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``parallel.dp`` ranks split over the run's nodes (torchrun's ranks per node); a data
+    parallelism the nodes cannot split evenly is not submitted, saying why."""
+    sessions = sessions_of(settings)
+    scripts: list[str] = []
+
+    def submit(script: Path, env: Any = None) -> str:
+        scripts.append(script.read_text())
+        raise slurm.SlurmError("sbatch: not submitted by this test")
+
+    monkeypatch.setattr(slurm, "submit", submit)
+    hw = planner.gpu("H100-80GB")
+    with sessions() as session:
+        for uid, dp, nodes in (("dp4-on-2", 4, 2), ("dp3-on-2", 3, 2)):
+            row = _queued_row(uid, hw, steps=2)
+            row.plan = {
+                **row.plan,
+                "train": {**row.plan["train"], "parallel": {"dp": dp}},
+                "slurm": {"nodes": nodes},
+            }
+            session.add(row)
+        session.commit()
+    Supervisor(sessions, settings).tick()
+    with sessions() as session:
+        runs = {r.uid: r for r in session.query(Run)}
+    assert len(scripts) == 1
+    assert "#SBATCH --nodes=2" in scripts[0] and "--nproc-per-node 2" in scripts[0]
+    assert runs["dp4-on-2"].reason == "could not submit: sbatch: not submitted by this test"
+    assert runs["dp3-on-2"].status == "failed"
+    assert runs["dp3-on-2"].reason == (
+        "could not submit: parallel.dp 3 is not a multiple of slurm.nodes 2"
+    )
+
+
+def test_a_slurm_job_of_a_silent_supervisor_on_another_host_is_taken_over(
+    settings: Settings,
+) -> None:
+    """A replica on another host (whose processes this host cannot see) that stopped beating
+    for ``owner_timeout_s`` leaves its Slurm jobs to a replica here; one that beats keeps them,
+    and a process-run there is left to its own host."""
+    sessions = sessions_of(settings)
+    hw = planner.gpu("H100-80GB")
+    now = store.utcnow()
+    long_ago = now - dt.timedelta(seconds=settings.owner_timeout_s + 60)
+    elsewhere = "another-host:4242:1:cafe"
+    with sessions() as session:
+        for uid, seen, job_id in (
+            ("silent-job", long_ago, "101"),
+            ("beating-job", now, "102"),
+            ("silent-process", long_ago, None),
+        ):
+            where = {"job_id": job_id, "backend": "slurm"} if job_id else {"pid": 4242}
+            row = run_row(uid, hw, status="running", owner=elsewhere, owner_seen_at=seen, **where)
+            session.add(row)
+        session.commit()
+    here = Supervisor(sessions, settings)
+    assert here.reconcile() == 0  # nothing ended: one job taken over, the rest left alone
+    with sessions() as session:
+        runs = {r.uid: r for r in session.query(Run)}
+    assert set(here.children) == {runs["silent-job"].id}
+    assert here.children[runs["silent-job"].id].job_id == "101"
+    assert runs["silent-job"].owner == here.owner and runs["silent-job"].status == "running"
+    assert runs["beating-job"].owner == elsewhere
+    assert runs["silent-process"].owner == elsewhere and runs["silent-process"].status == "running"
+    # the new owner beats for it from now on
+    with sessions() as session:
+        assert transitions.heartbeat(session, here.owner) == 1
