@@ -234,6 +234,7 @@ class RunIn(_In):
         "calibration; steps down on out-of-memory).",
     )
 
+
 class RunOut(BaseModel):
     id: int
     uid: str
