@@ -1,6 +1,7 @@
-"""The Kubeflow PyTorchJob a plan renders to (``launch.k8s``): byte for byte against a
-committed golden file, validated against the published schema through the Kubeflow training
-SDK's models (generated from the CRD's OpenAPI schema).
+"""The Kubeflow PyTorchJob a plan renders to (``launch.k8s``, ``headroom launch --backend k8s
+--dry-run``): byte for byte against a committed golden file, validated against the published
+schema through the Kubeflow training SDK's models (generated from the CRD's OpenAPI schema), and
+printed by the command line without anything stored.
 
 The golden file is ``tests/launch/data/pytorchjob-golden.yaml``; regenerate it only for an
 intended change of the manifest (or of the specs it carries), with
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ GOLDEN_SETTINGS = {
     "gpus_per_node": 1,
     "ranks_per_node": 1,
 }
+TINY_SETS = ["--set", "seq_len=16", "--set", "micro_batch_size=1"]
 
 
 def golden_plan() -> RunPlan:
@@ -252,6 +256,88 @@ def test_the_job_name_is_a_dns_label_from_the_uid_short_enough_for_its_pods_serv
 ) -> None:
     assert k8s.job_name(uid) == name
     assert len(f"{name}-worker-1022") <= 63
+
+
+def _launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "headroom", "launch", "tiny-dense", *TINY_SETS, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/runs.db",
+            "HEADROOM_RUN_DIR": str(tmp_path / "runs"),
+            **(env or {}),
+        },
+    )
+
+
+def test_headroom_launch_backend_k8s_dry_run_prints_the_two_documents_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    settings = {
+        "HEADROOM_K8S_IMAGE": "registry.example.com/headroom:1",
+        "HEADROOM_K8S_NAMESPACE": "ml",
+    }
+    done = _launch(
+        tmp_path, "--backend", "k8s", "--dry-run", "--k8s-nodes", "2", "--k8s-gpus-per-node", "2",
+        env=settings,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config_map, job = yaml.safe_load_all(done.stdout)
+    assert config_map["kind"] == "ConfigMap" and job["kind"] == "PyTorchJob"
+    assert job["metadata"]["namespace"] == "ml" and config_map["metadata"]["namespace"] == "ml"
+    master = _container(job, "Master")
+    assert master["image"] == "registry.example.com/headroom:1"
+    assert master["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert master["command"][master["command"].index("--device") + 1] == "cuda"  # it has GPUs
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    assert _job_round_trip(job) == job and _config_map_round_trip(config_map) == config_map
+    assert not (tmp_path / "runs.db").exists() and not (tmp_path / "runs").exists()
+    listed = _launch(tmp_path, "--backend", "k8s", "--dry-run", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    items = json.loads(listed.stdout)["items"]
+    assert [d["kind"] for d in items] == ["ConfigMap", "PyTorchJob"]
+    command = _container(items[1], "Master")["command"]
+    assert command[command.index("--device") + 1] == "cpu" and "--memory-cap" in command  # no GPUs
+    assert not (tmp_path / "runs.db").exists()
+
+
+def test_backend_k8s_without_dry_run_exits_2_naming_dry_run(tmp_path: Path) -> None:
+    refused = _launch(tmp_path, "--backend", "k8s")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "--dry-run" in refused.stderr and "not submitted" in refused.stderr, refused.stderr
+    assert not (tmp_path / "runs.db").exists()
+
+
+def test_dry_run_with_another_backend_exits_2_naming_the_option(tmp_path: Path) -> None:
+    for backend in ("local", "slurm"):
+        refused = _launch(tmp_path, "--backend", backend, "--dry-run")
+        assert refused.returncode == 2, refused.stderr
+        assert "--dry-run" in refused.stderr and backend in refused.stderr
+    assert not (tmp_path / "runs.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--k8s-image", "repo/headroom:1"], {}, "--k8s-image"),  # without --backend k8s
+        (["--backend", "k8s", "--dry-run", "--k8s-namespace", "ML_Team"], {}, "--k8s-namespace"),
+        (["--backend", "k8s", "--dry-run", "--k8s-image", "a b"], {}, "--k8s-image"),
+        (["--backend", "k8s", "--dry-run"], {"HEADROOM_K8S_IMAGE": "a;b"}, "HEADROOM_K8S_IMAGE"),
+        (["--backend", "k8s", "--dry-run", "--slurm-nodes", "2"], {}, "--slurm-nodes"),
+        (["--backend", "k8s", "--dry-run", "--device", "cuda"], {}, "--device"),
+        (["--backend", "k8s", "--dry-run", "--probe"], {}, "--probe"),
+    ],
+)
+def test_a_k8s_option_or_setting_that_cannot_apply_exits_2_naming_it(
+    tmp_path: Path, args: list[str], env: dict[str, str], named: str
+) -> None:
+    refused = _launch(tmp_path, *args, env=env)
+    assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+    assert not (tmp_path / "runs.db").exists()
 
 
 def main(argv: list[str]) -> int:
