@@ -8,6 +8,7 @@
 - ``rundirs``: a run's private directory, the ending kept there, and its retention;
 - ``backends``: the ``Launcher`` protocol and its ``local`` and ``torchrun`` backends;
 - ``slurm``: a run as a Slurm batch job (``backend: slurm``), its state, its cancel, its end;
+- ``k8s``: a plan rendered as a Kubeflow PyTorchJob and its specs' ConfigMap, for kubectl;
 - ``probing``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
 - ``recording``: each probe kept as a calibration record;
 - ``devices``: this host's GPUs and RAM;

@@ -117,6 +117,22 @@ def plan_run(
     return RunPlan.estimated(model, train, hw)
 
 
+def check_launchable(plan: RunPlan, *, gate: bool) -> Prediction:
+    """What a run of ``plan`` must pass before it is stored or rendered: with ``gate`` the plan
+    must be predicted to fit, as the CI gate would decide; either way the trainer must be able to
+    keep its precision. The refusal is a ``SpecError`` naming the field; the prediction."""
+    predicted = plan.predicted()
+    if gate and not predicted.fits:
+        raise planner.SpecError(
+            f"train: predicted out of memory on {plan.hw.name} (peak {predicted.gpu_peak_bytes} "
+            f"bytes in {predicted.peak_phase}, capacity {plan.hw.memory_bytes}); set fit=true to "
+            "let the ladder choose a plan that fits",
+            field="train",
+        )
+    runtime_precision(plan.train, working_precision(plan.train))  # what the trainer cannot keep
+    return predicted
+
+
 def queue_run(
     *,
     session: Session,
@@ -128,20 +144,9 @@ def queue_run(
     uid: str | None = None,
     slurm: dict[str, Any] | None = None,
 ) -> tuple[store.Run, bool]:
-    """Store ``plan`` as a queued run (idempotent on ``uid``); (run, created).
-
-    With ``gate`` the plan must be predicted to fit, as the CI gate would decide; either way
-    the trainer must be able to keep its precision. The refusal is a ``SpecError`` naming the
-    field."""
-    predicted = plan.predicted()
-    if gate and not predicted.fits:
-        raise planner.SpecError(
-            f"train: predicted out of memory on {plan.hw.name} (peak {predicted.gpu_peak_bytes} "
-            f"bytes in {predicted.peak_phase}, capacity {plan.hw.memory_bytes}); set fit=true to "
-            "let the ladder choose a plan that fits",
-            field="train",
-        )
-    runtime_precision(plan.train, working_precision(plan.train))  # what the trainer cannot keep
+    """Store ``plan`` as a queued run (idempotent on ``uid``); (run, created), once
+    ``check_launchable`` lets it through."""
+    predicted = check_launchable(plan, gate=gate)
     return store.add_run(
         session=session,
         uid=uid or uuid.uuid4().hex,

@@ -51,8 +51,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Protocol
+from pathlib import Path, PurePath
+from typing import IO, Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -193,28 +193,51 @@ def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Endi
     return Ending(status, f"slurm job {job_id}: {reason}", code)
 
 
-def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
-    """Write the run's validated specs into its (private) directory; the trainer's arguments."""
-    make_private_dir(directory)
-    write_private(directory / "model.json", json.dumps(plan.model.model_dump(mode="json")))
-    write_private(directory / "train.json", json.dumps(plan.train.model_dump(mode="json")))
-    device = run.device or "cpu"
+def spec_documents(plan: RunPlan) -> dict[str, dict[str, Any]]:
+    """The run's validated specs as the trainer reads them: file name -> JSON object
+    (``model.json``, ``train.json``)."""
+    return {
+        "model.json": plan.model.model_dump(mode="json"),
+        "train.json": plan.train.model_dump(mode="json"),
+    }
+
+
+def trainer_args(
+    plan: RunPlan, *, steps: int, device: str, specs: PurePath, report: PurePath
+) -> list[str]:
+    """``headroom train``'s arguments for ``plan``: the spec files in ``specs`` (as
+    ``spec_documents`` names them), ``steps``, ``device`` (a CPU run simulates the planned
+    card's memory), the dtype the plan trains in and the report's path."""
     args = [
-        str(directory / "model.json"),
+        str(specs / "model.json"),
         "--train",
-        str(directory / "train.json"),
+        str(specs / "train.json"),
         "--steps",
-        str(run.steps),
+        str(steps),
         "--device",
         device,
         "--dtype",
         TORCH_DTYPE[working_precision(plan.train)],
         "--report",
-        str(directory / "report.json"),
+        str(report),
     ]
     if device == "cpu":  # the planned card's memory, on a simulated device
         args += ["--memory-cap", str(plan.hw.memory_bytes - plan.hw.cuda_context_bytes)]
     return args
+
+
+def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
+    """Write the run's validated specs into its (private) directory; the trainer's arguments."""
+    make_private_dir(directory)
+    for name, document in spec_documents(plan).items():
+        write_private(directory / name, json.dumps(document))
+    return trainer_args(
+        plan,
+        steps=run.steps,
+        device=run.device or "cpu",
+        specs=directory,
+        report=directory / "report.json",
+    )
 
 
 def cpu_refusal(plan: RunPlan, run: Run) -> str | None:

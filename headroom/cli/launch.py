@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,11 +30,16 @@ from headroom.cli.options import (
     load_specs,
 )
 
+if TYPE_CHECKING:
+    from headroom.launch import RunPlan
+    from headroom.launch.k8s import K8sSettings
+
 
 class Backend(StrEnum):
     local = "local"
     torchrun = "torchrun"
     slurm = "slurm"
+    k8s = "k8s"
 
 
 def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exit:
@@ -85,6 +90,113 @@ def _slurm_allocation(
         raise SpecError(f"--slurm-{name}: {first['msg']}", field=f"slurm-{name}") from None
 
 
+def _k8s_shape(
+    backend: Backend,
+    image: str | None,
+    namespace: str | None,
+    gpus_per_node: int | None,
+    nodes: int,
+) -> tuple[K8sSettings, int] | None:
+    """The k8s job's settings with this launch's shape over them and its node count, as
+    ``(K8sSettings, nodes)`` (None: not a k8s run); a SpecError names the option or the
+    ``HEADROOM_K8S_*`` setting that is invalid, or an option given without ``--backend k8s``."""
+    from pydantic import ValidationError
+
+    from headroom.launch.k8s import K8sOverrides, K8sSettings
+    from headroom.planner import SpecError
+
+    given = {
+        "image": image,
+        "namespace": namespace,
+        "gpus_per_node": gpus_per_node,
+        "nodes": nodes if nodes != 1 else None,
+    }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if backend is not Backend.k8s:
+        if chosen:
+            name = next(iter(chosen)).replace("_", "-")
+            raise SpecError(
+                f"--k8s-{name}: a k8s job shape needs --backend k8s (got {backend.value})",
+                field=f"k8s-{name}",
+            )
+        return None
+    try:
+        overrides = K8sOverrides.model_validate(chosen)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]).replace("_", "-")
+        raise SpecError(f"--k8s-{name}: {first['msg']}", field=f"k8s-{name}") from None
+    try:
+        settings = K8sSettings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "HEADROOM_K8S_" + str(first["loc"][0]).upper()
+        raise SpecError(f"{name}: {first['msg']}, got {first.get('input')!r}", field=name) from None
+    return overrides.applied(settings), overrides.nodes
+
+
+def _dry_run(backend: Backend, dry_run: bool, probe: bool) -> None:
+    """Refuse (a SpecError naming the option) what a dry run cannot be: a k8s run is rendered,
+    never submitted, and only a k8s run is rendered; probes would train on this host, not on
+    the cluster's nodes."""
+    from headroom.planner import SpecError
+
+    if backend is Backend.k8s and not dry_run:
+        raise SpecError(
+            "--dry-run: k8s runs are rendered, not submitted: add --dry-run to print the "
+            "PyTorchJob manifest, then kubectl apply -f it",
+            field="dry-run",
+        )
+    if dry_run and backend is not Backend.k8s:
+        raise SpecError(
+            f"--dry-run: only a k8s run is rendered (--backend k8s); got --backend {backend.value}",
+            field="dry-run",
+        )
+    if dry_run and probe:
+        raise SpecError(
+            "--probe: probes train on this host, not on the cluster's nodes; leave it out of a "
+            "--dry-run",
+            field="probe",
+        )
+
+
+def _k8s_device(device: ProbeDevice, gpus_per_node: int) -> str:
+    """Where a k8s job's pods train: ``auto`` is their GPUs if they are given any; ``cuda``
+    needs some."""
+    from headroom.planner import SpecError
+
+    if device is ProbeDevice.auto:
+        return "cuda" if gpus_per_node else "cpu"
+    if device is ProbeDevice.cuda and not gpus_per_node:
+        raise SpecError(
+            "--device: cuda needs GPUs in the pods (--k8s-gpus-per-node or "
+            "HEADROOM_K8S_GPUS_PER_NODE, now 0); allowed: cpu, auto",
+            field="device",
+        )
+    return device.value
+
+
+def _print_manifests(
+    plan: RunPlan, steps: int, device: str, shape: tuple[K8sSettings, int], format: TextOrJson
+) -> None:
+    """Print the run as its ConfigMap and PyTorchJob (YAML; in JSON a ``v1`` List), once the
+    plan passes what a queued run would."""
+    import uuid
+
+    from headroom.launch import k8s
+    from headroom.launch.plan import check_launchable
+
+    check_launchable(plan, gate=True)
+    settings, nodes = shape
+    documents = k8s.manifests(
+        plan, uid=uuid.uuid4().hex, steps=steps, device=device, nodes=nodes, settings=settings
+    )
+    if format is TextOrJson.json:
+        typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}, indent=2))
+    else:
+        typer.echo(k8s.render_yaml(documents), nl=False)
+
+
 def launch_command(
     model: ModelArg,
     train: TrainOpt = None,
@@ -126,17 +238,38 @@ def launch_command(
     slurm_nodes: Annotated[
         int, typer.Option("--slurm-nodes", help="--backend slurm: nodes the job runs on.", min=1)
     ] = 1,
+    k8s_image: Annotated[
+        str | None, typer.Option("--k8s-image", help="--backend k8s: the container image.")
+    ] = None,
+    k8s_namespace: Annotated[
+        str | None, typer.Option("--k8s-namespace", help="--backend k8s: metadata.namespace.")
+    ] = None,
+    k8s_gpus_per_node: Annotated[
+        int | None,
+        typer.Option("--k8s-gpus-per-node", help="--backend k8s: GPUs per pod.", min=0),
+    ] = None,
+    k8s_nodes: Annotated[
+        int, typer.Option("--k8s-nodes", help="--backend k8s: pods (nodes) the job runs on.", min=1)
+    ] = 1,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="--backend k8s: print the PyTorchJob manifest (YAML); nothing is run or stored.",
+        ),
+    ] = False,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
     """Fit (and optionally probe), then train with the bundled trainer, recorded as a run in the
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled. With --backend slurm the
     run is a batch job (HEADROOM_SLURM_* settings, --slurm-* over them), watched until it
-    ends."""
+    ends. With --backend k8s --dry-run the run is printed as a Kubeflow PyTorchJob manifest
+    (HEADROOM_K8S_* settings, --k8s-* over them) for kubectl apply -f; nothing is stored."""
     from headroom import launch as launching
-    from headroom.store import open_store
 
     with user_errors():
+        _dry_run(backend, dry_run, probe)
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
         from headroom.planner.trainable import check_supported
 
@@ -145,7 +278,10 @@ def launch_command(
             backend, slurm_partition, slurm_account, slurm_time_limit, slurm_gpus_per_node,
             slurm_nodes,
         )  # fmt: skip
-        if slurm is not None and device is ProbeDevice.auto:
+        k8s = _k8s_shape(backend, k8s_image, k8s_namespace, k8s_gpus_per_node, k8s_nodes)
+        if k8s is not None:
+            where = _k8s_device(device, k8s[0].gpus_per_node)
+        elif slurm is not None and device is ProbeDevice.auto:
             # where the job's nodes train: their GPUs if the allocation has any
             from headroom.launch.slurm import SlurmOverrides, SlurmSettings
 
@@ -169,6 +305,11 @@ def launch_command(
                 raise _refuse(exc.reason, format, {}) from None
         else:
             plan = launching.RunPlan.estimated(spec, train_spec, hw)
+        if k8s is not None:
+            _print_manifests(plan, steps, where, k8s, format)
+            raise typer.Exit(ExitCode.OK)
+        from headroom.store import open_store
+
         sessions = open_store()
         with sessions() as session:
             row, _ = launching.queue_run(
