@@ -10,11 +10,26 @@ launching from the command line needs no web stack.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings
 
+from headroom.planner import SpecError
 from headroom.store import StoreSettings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def from_environment(cls: type[S]) -> S:
+    """``cls()`` read from its environment variables; an invalid one is a ``SpecError`` naming
+    the variable (``HEADROOM_SLURM_TIME_LIMIT``, not the field) and what it held."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = f"{cls.model_config.get('env_prefix', '')}{first['loc'][0]}".upper()
+        raise SpecError(f"{name}: {first['msg']}, got {first.get('input')!r}", field=name) from None
 
 
 class LaunchSettings(StoreSettings):

@@ -82,6 +82,7 @@ from headroom.launch.rundirs import (
     save_ending,
     write_private,
 )
+from headroom.launch.settings import from_environment
 from headroom.planner.report import TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
 from headroom.store import Run, utcnow
@@ -603,7 +604,7 @@ class Supervisor:
             reason = f"parallel.dp {world} is not a multiple of slurm.nodes {nodes}"
             self._fail(session, run, f"could not submit: {reason}", directory)
             return
-        settings = overrides.applied(slurm.SlurmSettings())
+        settings = overrides.applied(from_environment(slurm.SlurmSettings))
         settings = settings.model_copy(update={"ranks_per_node": world // nodes})
         script = directory / "job.sbatch"
         write_private(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -31,6 +31,8 @@ from headroom.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from headroom.launch import RunPlan
     from headroom.launch.k8s import K8sSettings
 
@@ -51,88 +53,34 @@ def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exi
     return typer.Exit(ExitCode.NOTHING_FITS)
 
 
-def _slurm_allocation(
-    backend: Backend,
-    partition: str | None,
-    account: str | None,
-    time_limit: str | None,
-    gpus_per_node: int | None,
-    nodes: int,
-) -> dict[str, Any] | None:
-    """The run's own Slurm allocation (None: not a Slurm run); a SpecError names the option
-    that is invalid, or given without ``--backend slurm``."""
+M = TypeVar("M", bound="BaseModel")
+
+
+def _per_launch(
+    backend: Backend, wanted: Backend, model: type[M], given: dict[str, Any]
+) -> M | None:
+    """A cluster backend's shape for this launch from its ``--<backend>-*`` options (``given``:
+    field -> value, None where not given; a node count of 1 is the default), as ``model``
+    (None: another backend); a SpecError names the option that is invalid, or given without
+    ``--backend <wanted>``."""
     from pydantic import ValidationError
 
-    from headroom.launch.slurm import SlurmOverrides
     from headroom.planner import SpecError
 
-    given = {
-        "partition": partition,
-        "account": account,
-        "time_limit": time_limit,
-        "gpus_per_node": gpus_per_node,
-        "nodes": nodes if nodes != 1 else None,
-    }
-    chosen = {k: v for k, v in given.items() if v is not None}
-    if backend is not Backend.slurm:
+    chosen = {k: v for k, v in given.items() if v is not None and (k, v) != ("nodes", 1)}
+    if backend is not wanted:
         if chosen:
-            name = next(iter(chosen)).replace("_", "-")
+            name = f"--{wanted.value}-{next(iter(chosen)).replace('_', '-')}"
             raise SpecError(
-                f"--slurm-{name}: a Slurm allocation needs --backend slurm (got {backend.value})",
-                field=f"slurm-{name}",
+                f"{name}: needs --backend {wanted.value} (got {backend.value})", field=name[2:]
             )
         return None
     try:
-        return SlurmOverrides.model_validate(chosen).model_dump(exclude_none=True)
+        return model.model_validate(chosen)
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = str(first["loc"][0]).replace("_", "-")
-        raise SpecError(f"--slurm-{name}: {first['msg']}", field=f"slurm-{name}") from None
-
-
-def _k8s_shape(
-    backend: Backend,
-    image: str | None,
-    namespace: str | None,
-    gpus_per_node: int | None,
-    nodes: int,
-) -> tuple[K8sSettings, int] | None:
-    """The k8s job's settings with this launch's shape over them and its node count, as
-    ``(K8sSettings, nodes)`` (None: not a k8s run); a SpecError names the option or the
-    ``HEADROOM_K8S_*`` setting that is invalid, or an option given without ``--backend k8s``."""
-    from pydantic import ValidationError
-
-    from headroom.launch.k8s import K8sOverrides, K8sSettings
-    from headroom.planner import SpecError
-
-    given = {
-        "image": image,
-        "namespace": namespace,
-        "gpus_per_node": gpus_per_node,
-        "nodes": nodes if nodes != 1 else None,
-    }
-    chosen = {k: v for k, v in given.items() if v is not None}
-    if backend is not Backend.k8s:
-        if chosen:
-            name = next(iter(chosen)).replace("_", "-")
-            raise SpecError(
-                f"--k8s-{name}: a k8s job shape needs --backend k8s (got {backend.value})",
-                field=f"k8s-{name}",
-            )
-        return None
-    try:
-        overrides = K8sOverrides.model_validate(chosen)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = str(first["loc"][0]).replace("_", "-")
-        raise SpecError(f"--k8s-{name}: {first['msg']}", field=f"k8s-{name}") from None
-    try:
-        settings = K8sSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = "HEADROOM_K8S_" + str(first["loc"][0]).upper()
-        raise SpecError(f"{name}: {first['msg']}, got {first.get('input')!r}", field=name) from None
-    return overrides.applied(settings), overrides.nodes
+        name = f"--{wanted.value}-{str(first['loc'][0]).replace('_', '-')}"
+        raise SpecError(f"{name}: {first['msg']}", field=name[2:]) from None
 
 
 def _dry_run(backend: Backend, dry_run: bool, probe: bool) -> None:
@@ -274,18 +222,41 @@ def launch_command(
         from headroom.planner.trainable import check_supported
 
         check_supported(spec)
-        slurm = _slurm_allocation(
-            backend, slurm_partition, slurm_account, slurm_time_limit, slurm_gpus_per_node,
-            slurm_nodes,
-        )  # fmt: skip
-        k8s = _k8s_shape(backend, k8s_image, k8s_namespace, k8s_gpus_per_node, k8s_nodes)
-        if k8s is not None:
-            where = _k8s_device(device, k8s[0].gpus_per_node)
-        elif slurm is not None and device is ProbeDevice.auto:
-            # where the job's nodes train: their GPUs if the allocation has any
-            from headroom.launch.slurm import SlurmOverrides, SlurmSettings
+        from headroom.launch.k8s import K8sOverrides, K8sSettings
+        from headroom.launch.settings import from_environment
+        from headroom.launch.slurm import SlurmOverrides, SlurmSettings
 
-            given = SlurmOverrides.model_validate(slurm).applied(SlurmSettings())
+        allocation = _per_launch(
+            backend,
+            Backend.slurm,
+            SlurmOverrides,
+            {
+                "partition": slurm_partition,
+                "account": slurm_account,
+                "time_limit": slurm_time_limit,
+                "gpus_per_node": slurm_gpus_per_node,
+                "nodes": slurm_nodes,
+            },
+        )
+        shape = _per_launch(
+            backend,
+            Backend.k8s,
+            K8sOverrides,
+            {
+                "image": k8s_image,
+                "namespace": k8s_namespace,
+                "gpus_per_node": k8s_gpus_per_node,
+                "nodes": k8s_nodes,
+            },
+        )
+        slurm = allocation.model_dump(exclude_none=True) if allocation is not None else None
+        k8s = None
+        if shape is not None:
+            k8s = shape.applied(from_environment(K8sSettings)), shape.nodes
+            where = _k8s_device(device, k8s[0].gpus_per_node)
+        elif allocation is not None and device is ProbeDevice.auto:
+            # where the job's nodes train: their GPUs if the allocation has any
+            given = allocation.applied(from_environment(SlurmSettings))
             where = "cuda" if given.gpus_per_node else "cpu"
         else:
             where = resolve_device(device)

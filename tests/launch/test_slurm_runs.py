@@ -115,6 +115,11 @@ def test_a_slurm_allocation_without_the_slurm_backend_is_refused_naming_the_opti
     assert "--slurm-partition" in refused.stderr and "--backend slurm" in refused.stderr
     bad = _launch(tmp_path, dict(os.environ), "--backend", "slurm", "--slurm-account", "a;b")
     assert bad.returncode == 2 and "--slurm-account" in bad.stderr, bad.stderr
+    setting = _launch(
+        tmp_path, {**os.environ, "HEADROOM_SLURM_TIME_LIMIT": "soon"}, "--backend", "slurm"
+    )
+    assert setting.returncode == 2 and "HEADROOM_SLURM_TIME_LIMIT" in setting.stderr
+    assert "'soon'" in setting.stderr and not (tmp_path / "runs.db").exists()
 
 
 def test_post_runs_backend_slurm_is_a_job_whose_log_the_api_serves(client: TestClient) -> None:
