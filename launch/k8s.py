@@ -30,10 +30,11 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from headroom.launch.plan import RunPlan
+from headroom.launch.settings import ClusterShape
 from headroom.launch.supervisor import spec_documents, trainer_args
 
 API_VERSION = "kubeflow.org/v1"
@@ -82,10 +83,9 @@ class K8sSettings(BaseSettings):
     )
 
 
-class K8sOverrides(BaseModel):
-    """One launch's own job shape, over ``K8sSettings``' (None: the setting's)."""
-
-    model_config = ConfigDict(extra="forbid")
+class K8sOverrides(ClusterShape):
+    """One launch's own job shape, over ``K8sSettings``' (None: the setting's); its nodes
+    are pods."""
 
     image: str | None = Field(
         default=None, min_length=1, max_length=500, pattern=IMAGE, description="Container image."
@@ -93,13 +93,6 @@ class K8sOverrides(BaseModel):
     namespace: str | None = Field(
         default=None, min_length=1, max_length=63, pattern=DNS_LABEL, description="Namespace."
     )
-    gpus_per_node: int | None = Field(default=None, ge=0, le=64, description="GPUs per pod.")
-    nodes: int = Field(default=1, ge=1, le=1024, description="Pods (nodes) the job runs on.")
-
-    def applied(self, settings: K8sSettings) -> K8sSettings:
-        """``settings`` with this launch's shape over them."""
-        values = self.model_dump(exclude_none=True, exclude={"nodes"})
-        return settings.model_copy(update=values)
 
 
 def job_name(uid: str) -> str:

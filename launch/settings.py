@@ -12,13 +12,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings
 
 from headroom.planner import SpecError
 from headroom.store import StoreSettings
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+class ClusterShape(BaseModel):
+    """One launch's own shape on a cluster (Slurm's allocation, a Kubernetes job), over the
+    backend's ``HEADROOM_*`` settings: None keeps the setting's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus_per_node: int | None = Field(default=None, ge=0, le=64, description="GPUs per node.")
+    nodes: int = Field(default=1, ge=1, le=1024, description="Nodes the job runs on.")
+
+    def applied(self, settings: S) -> S:
+        """``settings`` with this launch's values over them (the node count is the job's)."""
+        values = self.model_dump(exclude_none=True, exclude={"nodes"})
+        return settings.model_copy(update=values)
 
 
 def from_environment(cls: type[S]) -> S:

@@ -27,10 +27,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from headroom.launch.backends import EXIT_OOM, describe_exit
+from headroom.launch.settings import ClusterShape
 
 #: seconds a Slurm command may take before the controller counts as unreachable
 COMMAND_TIMEOUT_S = 30.0
@@ -60,10 +61,8 @@ class SlurmSettings(BaseSettings):
     )
 
 
-class SlurmOverrides(BaseModel):
+class SlurmOverrides(ClusterShape):
     """One launch's own allocation, over ``SlurmSettings``' (None: the setting's)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     partition: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=SAFE, description="sbatch --partition."
@@ -74,13 +73,6 @@ class SlurmOverrides(BaseModel):
     time_limit: str | None = Field(
         default=None, max_length=32, pattern=r"^[0-9:-]+$", description="sbatch --time."
     )
-    gpus_per_node: int | None = Field(default=None, ge=0, le=64, description="GPUs per node.")
-    nodes: int = Field(default=1, ge=1, le=1024, description="Nodes the job runs on.")
-
-    def applied(self, settings: SlurmSettings) -> SlurmSettings:
-        """``settings`` with this launch's allocation over them."""
-        values = self.model_dump(exclude_none=True, exclude={"nodes"})
-        return settings.model_copy(update=values)
 
 
 class SlurmError(RuntimeError):
