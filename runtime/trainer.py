@@ -1033,7 +1033,14 @@ def train_model(
     backend = backend or make_backend(torch.device(cfg.device))
     try:
         if train.offload.mode in ("none", "optimizer"):
-            return _train_optimizer_offload(spec, train, cfg, on_phase, backend)
-        return _train_streaming(spec, train, cfg, on_phase, backend)
+            result = _train_optimizer_offload(spec, train, cfg, on_phase, backend)
+        else:
+            result = _train_streaming(spec, train, cfg, on_phase, backend)
     finally:
         backend.release_host()  # unlock what the run pinned, also after an out-of-memory
+    ranks = cfg.ranks
+    if ranks.distributed:
+        # what every rank pinned, in rank order, and how many ranks share a node's RAM
+        result.placement["host_state_bytes_per_rank"] = ranks.gather_ints(backend.host_bytes)
+        result.placement["local_world_size"] = ranks.local_world
+    return result
