@@ -88,6 +88,16 @@ class Ranks:
         lo, hi = self.shard(n)
         return out[: hi - lo].div_(self.world)
 
+    def reduce_scatter_host_(self, flat: Tensor) -> None:
+        """Average a host tensor of ``world`` equal pieces over the ranks into this rank's
+        piece of it, in place (the rest keeps this rank's own values)."""
+        if not self.distributed:
+            return
+        size = flat.numel() // self.world
+        out = torch.empty(size, dtype=flat.dtype)
+        torch.distributed.reduce_scatter_single(out, flat, group=self.host_group)
+        flat[self.rank * size : (self.rank + 1) * size].copy_(out).div_(self.world)
+
     def all_gather(self, out: Tensor, piece: Tensor, on_host: bool = False) -> None:
         """Every rank's ``piece`` into ``out`` (flat, ``world`` padded pieces long at most)."""
         if not self.distributed:

@@ -627,7 +627,8 @@ class HostWork:
     ) -> None:
         self.backend = backend
         self.slabs = slabs
-        self.reduce = reduce  # data parallel: averages a unit's accumulator over the ranks
+        self.reduce = reduce  # data parallel: a unit's accumulator averaged over the ranks
+        # into the rank's piece of it (reduce-scatter)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headroom-host")
         self.landings: list[Future[None]] = []
         self.count = 0
@@ -653,7 +654,8 @@ class HostWork:
         landing of a clipped step) also takes the unit's squared norm; ``then`` (its last
         landing of an unclipped step: the update) runs on the host thread right after, once
         the slab is free again, and its future is returned. ``final`` (the unit's last landing
-        of the step) then runs ``reduce`` on the accumulator, before its norm is taken."""
+        of the step) then runs ``reduce`` on the accumulator, before the norm of the unit's
+        piece (``lo:hi``, data parallel; otherwise all of it) is taken."""
         if len(self.landings) >= len(self.slabs):
             self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
         slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
@@ -670,7 +672,8 @@ class HostWork:
             # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it
             self.backend.synchronize(event)
             source.clear()
-            acc = unit.host["grad"]
+            padded = unit.host["grad"]  # data parallel: world equal pieces, zero past numel
+            acc = padded[: unit.numel]
             if first:
                 acc.copy_(slab)
             elif slab.dtype == acc.dtype:
@@ -678,9 +681,9 @@ class HostWork:
             else:
                 self._add_converted(acc, slab)
             if final and self.reduce is not None:
-                self.reduce(acc)
+                self.reduce(padded)
             if norm:
-                self.norms[index] = grad_norm_sq([acc])
+                self.norms[index] = grad_norm_sq([acc if unit.hi < 0 else acc[unit.lo : unit.hi]])
 
         self.landings.append(self.executor.submit(work))
         return None if then is None else self.executor.submit(then)
@@ -752,7 +755,8 @@ def _host_fields(
     piece = hi - lo
     fields = [("working", ranks.piece(u.numel) * ranks.world, dtype)]
     fields += [("master", piece, torch.float32), ("m", piece, states), ("v", piece, states)]
-    fields.append(("grad", u.numel, torch.float32))
+    # the accumulator padded to ``world`` equal pieces too: the reduce-scatter's input
+    fields.append(("grad", ranks.piece(u.numel) * ranks.world, torch.float32))
     if train.ema != "none":
         fields.append(("ema", piece, torch.float32))
     return fields
@@ -808,7 +812,7 @@ def _train_streaming(
         slab_fields = [(f"slab{i}", largest, dtype) for i in range(2)]
         slabs = list(carve(backend.host_buffer(carved_bytes(slab_fields)), slab_fields).values())
     ranks = cfg.ranks
-    reduce = partial(ranks.mean_, on_host=True) if ranks.distributed else None
+    reduce = ranks.reduce_scatter_host_ if ranks.distributed else None
     with HostWork(backend, slabs, reduce) as work:
         n_layers = spec.num_layers
         k = train.checkpoint_every or 1
@@ -944,7 +948,8 @@ def _train_streaming(
                 # the CPU optimizer, on the host thread, unit by unit in the order the next
                 # forward loads them, with the clipping coefficient of the whole step
                 work.drain()
-                norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
+                # the squares of every rank's pieces (one process: of the whole units)
+                norm_sq = ranks.sum_float(sum(work.norms.pop(i) for i in range(len(units))), device)
                 coef = clip_coefficient(norm_sq, clip)
                 for index, u in enumerate(units):
                     update = partial(_update_shard, o, step, u, coef, ranks)
