@@ -25,7 +25,17 @@
   update only, so the optimizer overlaps the next forward. Without clipping each unit is
   updated as its last gradient of the step lands, overlapping the backward too.
 
-Losses are the mean over a step's micro-batches. Everything runs on a CPU too (direct copies).
+Data parallel (``RunConfig.ranks``: the ``torchrun`` world, ``runtime.dist``): rank r trains its
+``micro_batch_size`` rows of each micro-batch of ``micro_batch_size x world`` sequences one
+process would draw, and every placement averages the gradients over the ranks. ``none`` (torch
+AdamW) all-reduces them; ``optimizer`` all-reduces the device share and reduce-scatters the
+offloaded share, whose fp32 master, moments and host EMA each rank keeps for its piece of every
+offloaded tensor only (ZeRO-1), all-gathering the updated weights; ``streaming`` keeps each
+rank's piece of every unit's master, moments and EMA, its host thread reduce-scattering the
+unit's accumulator and all-gathering its working copy around the CPU AdamW.
+
+Losses are the mean over a step's micro-batches (and ranks). Everything runs on a CPU too
+(direct copies).
 """
 
 from __future__ import annotations
