@@ -154,8 +154,13 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
     )
     state_bytes, optimizer, ema = inputs.state_bytes, inputs.optimizer, inputs.ema
     accumulating = inputs.accumulating
-    if streaming:  # host holds every persistent byte; ZeRO has nothing to shard on the GPU
-        zero_dense = zero_expert = ZeroShards(1, 1, 1)
+    if streaming:
+        # host holds every persistent byte; ZeRO has nothing to shard on the GPU. The bundled
+        # trainer's data-parallel ranks each keep a piece of every unit's master, moments and
+        # EMA (their working copies and gradient accumulators whole), so a node holds one
+        # copy of the optimizer's state
+        shards = ZeroShards(params=1, grads=1, optimizer=inputs.data_parallel)
+        zero_dense = zero_expert = shards
     else:
         zero_dense = _zero_shards(inputs.data_parallel, inputs.zero_stage)
         zero_expert = _zero_shards(inputs.data_parallel // inputs.ep, inputs.zero_stage)

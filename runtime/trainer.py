@@ -25,7 +25,17 @@
   update only, so the optimizer overlaps the next forward. Without clipping each unit is
   updated as its last gradient of the step lands, overlapping the backward too.
 
-Losses are the mean over a step's micro-batches. Everything runs on a CPU too (direct copies).
+Data parallel (``RunConfig.ranks``: the ``torchrun`` world, ``runtime.dist``): rank r trains its
+``micro_batch_size`` rows of each micro-batch of ``micro_batch_size x world`` sequences one
+process would draw, and every placement averages the gradients over the ranks. ``none`` (torch
+AdamW) all-reduces them; ``optimizer`` all-reduces the device share and reduce-scatters the
+offloaded share, whose fp32 master, moments and host EMA each rank keeps for its piece of every
+offloaded tensor only (ZeRO-1), all-gathering the updated weights; ``streaming`` keeps each
+rank's piece of every unit's master, moments and EMA, its host thread reduce-scattering the
+unit's accumulator and all-gathering its working copy around the CPU AdamW.
+
+Losses are the mean over a step's micro-batches (and ranks). Everything runs on a CPU too
+(direct copies).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from headroom.runtime.adam import (
     torch_adamw,
 )
 from headroom.runtime.cap import host
+from headroom.runtime.dist import Ranks
 from headroom.runtime.model import (
     DecoderLayer,
     DecoderLM,
@@ -76,6 +87,7 @@ class RunConfig:
     reference: bool = False
     optim: AdamWConfig = field(default_factory=AdamWConfig)
     prefetch: bool = True  # streaming: copy the next unit while this one computes
+    ranks: Ranks = field(default_factory=Ranks)  # the data-parallel world (one process: alone)
 
 
 @dataclass
@@ -106,8 +118,25 @@ def _noop(phase: str, step: int) -> None:
 
 
 def _tokens(train: TrainSpec, cfg: RunConfig) -> int:
-    """Tokens the run trained on."""
-    return cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len
+    """Tokens the run trained on (every rank's)."""
+    per_rank = cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len
+    return per_rank * cfg.ranks.world
+
+
+def micro_batch_tokens(
+    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, step: int, micro: int
+) -> tuple[Tensor, Tensor]:
+    """This rank's micro-batch: its rows of the micro-batch of ``micro_batch_size x world``
+    sequences one process would train on (the same seed), so a data-parallel run sees exactly
+    the global batch of a single process."""
+    mb, ranks = train.micro_batch_size, cfg.ranks
+    ids, labels = synthetic_batch(
+        spec.vocab_size, mb * ranks.world, train.seq_len, step, micro, cfg.seed
+    )
+    if not ranks.distributed:
+        return ids, labels
+    rows = slice(ranks.rank * mb, (ranks.rank + 1) * mb)
+    return ids[rows], labels[rows]
 
 
 def _accumulate(
@@ -123,9 +152,7 @@ def _accumulate(
     device = torch.device(cfg.device)
     total = 0.0
     for micro in range(train.grad_accum_steps):
-        ids, labels = synthetic_batch(
-            spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-        )
+        ids, labels = micro_batch_tokens(spec, train, cfg, step, micro)
         loss = loss_fn(model(ids.to(device), recompute_every(train)), labels.to(device))
         on_phase("forward", step)
         (loss / train.grad_accum_steps).backward()
@@ -159,8 +186,12 @@ def _train_reference(
     losses: list[float] = []
     start = time.perf_counter()
     on_phase("placement", 0)
+    ranks = cfg.ranks
     for step in range(1, cfg.steps + 1):
         total = _accumulate(model, spec, train, cfg, step, on_phase)
+        for p in model.parameters():  # data parallel: every rank steps on the average
+            if p.grad is not None:
+                ranks.mean_(p.grad)
         if train.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm, foreach=False)
         optimizer.step()
@@ -169,7 +200,7 @@ def _train_reference(
             for n, p in model.named_parameters():
                 _ema_update(ema[n], p.detach(), o.ema_decay, train.ema == "host")
         on_phase("optimizer", step)
-        losses.append(total / train.grad_accum_steps)
+        losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
     seconds = time.perf_counter() - start
     with host():
         state = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
@@ -185,6 +216,7 @@ def _train_reference(
             "precision": dict.fromkeys(("params", "grads", "optimizer_states"), working(cfg))
             | {"master": "none"},
             "ema": train.ema,
+            "data_parallel": ranks.world,
         },
         state,
         None if ema is None else {n: t.cpu() for n, t in ema.items()},
@@ -300,11 +332,14 @@ def _train_optimizer_offload(
     fold = FoldGrads(named) if precision.grads != precision.params else None
     grad_dtype = torch.float32 if fold is not None else cfg.dtype
     ema_on_host = train.ema == "host"
-    # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor
+    ranks = cfg.ranks
+    # host side: fp32 master, moments and a gradient landing buffer per offloaded tensor (data
+    # parallel: of this rank's piece of each, ZeRO-1 style)
     offloaded: dict[str, dict[str, Tensor]] = {}
     with host():
         for name, p in named[:cut]:
-            flat = p.detach().float().reshape(-1).cpu()
+            lo, hi = ranks.shard(p.numel())
+            flat = p.detach().float().reshape(-1)[lo:hi].cpu()
             offloaded[name] = {
                 "master": backend.pinned(flat.numel(), torch.float32).copy_(flat),
                 "m": backend.pinned(flat.numel(), state_dtype),
@@ -322,6 +357,10 @@ def _train_optimizer_offload(
             "v": torch.zeros_like(master, dtype=state_dtype),
         }
     ema = _init_ema(model, train)
+    if ema is not None and ema_on_host and ranks.distributed:
+        for name in offloaded:  # the rank's piece only, beside its master
+            lo, hi = ranks.shard(ema[name].numel())
+            ema[name] = ema[name].reshape(-1)[lo:hi].clone()
     losses: list[float] = []
     start = time.perf_counter()
     on_phase("placement", 0)
@@ -332,9 +371,22 @@ def _train_optimizer_offload(
                 grads = {name: fold.acc.get(name) for name, _ in named}
             else:
                 grads = {n: None if p.grad is None else p.grad.reshape(-1) for n, p in named}
+            if ranks.distributed:
+                # data parallel: the device's share averaged whole, the offloaded share
+                # reduce-scattered to each rank's piece
+                for name, g in grads.items():
+                    if g is not None:
+                        grads[name] = (
+                            ranks.reduce_scatter_mean(g) if name in offloaded else ranks.mean_(g)
+                        )
             coef = 1.0
             if train.max_grad_norm is not None:
-                norm_sq = grad_norm_sq([g for g in grads.values() if g is not None])
+                if ranks.distributed:  # the pieces' squares summed over the ranks
+                    whole = [g for n, g in grads.items() if g is not None and n in dev]
+                    pieces = [g for n, g in grads.items() if g is not None and n in offloaded]
+                    norm_sq = grad_norm_sq(whole) + ranks.sum_float(grad_norm_sq(pieces), device)
+                else:
+                    norm_sq = grad_norm_sq([g for g in grads.values() if g is not None])
                 coef = clip_coefficient(norm_sq, train.max_grad_norm)
             # gradients of the offloaded tensors go down first, then both sides update
             # (a comprehension: no loop variable keeps a gradient alive past the step)
@@ -380,7 +432,13 @@ def _train_optimizer_offload(
                         ema=ema[name].reshape(-1) if ema is not None and ema_on_host else None,
                     )
                     weights = h["master"].to(p.dtype)
-                uploads.append(backend.h2d(p.data.reshape(-1), weights))
+                if not ranks.distributed:
+                    uploads.append(backend.h2d(p.data.reshape(-1), weights))
+                    continue
+                # every rank's updated piece, gathered into the working weights
+                piece = torch.empty(weights.numel(), dtype=p.dtype, device=device)
+                backend.wait(backend.h2d(piece, weights))
+                ranks.all_gather(p.data.reshape(-1), piece)
             for event in uploads:
                 backend.wait(event)
             if ema is not None:  # what the updates above did not fold in
@@ -397,7 +455,7 @@ def _train_optimizer_offload(
                 fold.clear()
             model.zero_grad(set_to_none=True)
             on_phase("optimizer", step)
-            losses.append(total / train.grad_accum_steps)
+            losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
     finally:
         if fold is not None:
             fold.remove()
@@ -405,13 +463,19 @@ def _train_optimizer_offload(
     state = {}
     with host():
         for name, p in named:
-            flat = offloaded[name]["master"] if name in offloaded else dev[name]["master"]
+            if name in offloaded:
+                flat = _gathered(ranks, offloaded[name]["master"], p.numel())
+            else:
+                flat = dev[name]["master"]
             state[name] = flat.detach().float().cpu().reshape(p.shape).clone()
-        ema_out = (
-            None
-            if ema is None
-            else {n: t.cpu().reshape(dict(named)[n].shape) for n, t in ema.items()}
-        )
+        ema_out = None
+        if ema is not None:
+            ema_out = {}
+            for n, t in ema.items():
+                p = dict(named)[n]
+                if ema_on_host and n in offloaded:
+                    t = _gathered(ranks, t, p.numel())
+                ema_out[n] = t.cpu().reshape(p.shape)
     return Result(
         losses,
         cfg.steps,
@@ -426,12 +490,22 @@ def _train_optimizer_offload(
             "offloaded_tensors": cut,
             "offloaded_params": sum(p.numel() for _, p in named[:cut]),
             "total_params": sum(p.numel() for _, p in named),
+            "data_parallel": ranks.world,
             "host_state_bytes": backend.host_bytes,
             "host_pinning": backend.pinning,
         },
         state,
         ema_out,
     )
+
+
+def _gathered(ranks: Ranks, piece: Tensor, numel: int) -> Tensor:
+    """A host tensor of ``numel`` whose ranks each hold ``piece`` (their shard), whole."""
+    if not ranks.distributed:
+        return piece
+    out = torch.empty(numel, dtype=piece.dtype)
+    ranks.all_gather(out, piece, on_host=True)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,6 +526,8 @@ class Unit:
     offsets: list[int]
     numel: int
     host: dict[str, Tensor] = field(default_factory=dict)
+    lo: int = 0  # data parallel: this rank's [lo, hi) of the unit, whose optimizer state it keeps
+    hi: int = -1
 
     def views(self, flat: Tensor) -> dict[str, Tensor]:
         return {
@@ -514,7 +590,8 @@ class Streamer:
         slot = self.pool.claim()
         u = self.units[unit]
         buf = self.pool.buffers[slot][: u.numel]
-        self.pool.ready[slot] = self.backend.h2d(buf, u.host["working"], self.pool.released[slot])
+        src = u.host["working"][: u.numel]
+        self.pool.ready[slot] = self.backend.h2d(buf, src, self.pool.released[slot])
         self.pool.owner[slot] = unit
         self.pool.loads += 1
 
@@ -552,9 +629,16 @@ class HostWork:
     A unit's first landing of a step writes its accumulator (a converting copy), later ones add
     to it: the accumulator is never zeroed, a pass over it saved per step."""
 
-    def __init__(self, backend: CpuBackend, slabs: list[Tensor]) -> None:
+    def __init__(
+        self,
+        backend: CpuBackend,
+        slabs: list[Tensor],
+        reduce: Callable[[Tensor], object] | None = None,
+    ) -> None:
         self.backend = backend
         self.slabs = slabs
+        self.reduce = reduce  # data parallel: a unit's accumulator averaged over the ranks
+        # into the rank's piece of it (reduce-scatter)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="headroom-host")
         self.landings: list[Future[None]] = []
         self.count = 0
@@ -574,11 +658,14 @@ class HostWork:
         dtype: torch.dtype,
         norm: bool = False,
         then: Callable[[], None] | None = None,
+        final: bool = False,
     ) -> Future[None] | None:
         """Evacuate ``grad`` (device) into ``unit``'s accumulator. ``norm`` (the unit's last
         landing of a clipped step) also takes the unit's squared norm; ``then`` (its last
         landing of an unclipped step: the update) runs on the host thread right after, once
-        the slab is free again, and its future is returned."""
+        the slab is free again, and its future is returned. ``final`` (the unit's last landing
+        of the step) then runs ``reduce`` on the accumulator, before the norm of the unit's
+        piece (``lo:hi``, data parallel; otherwise all of it) is taken."""
         if len(self.landings) >= len(self.slabs):
             self.landings.pop(0).result()  # frees the oldest slab (and its device gradient)
         slab = self.slabs[self.count % len(self.slabs)][: unit.numel]
@@ -595,15 +682,18 @@ class HostWork:
             # host work: a DeviceCap (a dispatch mode) is thread-local and never sees it
             self.backend.synchronize(event)
             source.clear()
-            acc = unit.host["grad"]
+            padded = unit.host["grad"]  # data parallel: world equal pieces, zero past numel
+            acc = padded[: unit.numel]
             if first:
                 acc.copy_(slab)
             elif slab.dtype == acc.dtype:
                 acc.add_(slab)
             else:
                 self._add_converted(acc, slab)
+            if final and self.reduce is not None:
+                self.reduce(padded)
             if norm:
-                self.norms[index] = grad_norm_sq([acc])
+                self.norms[index] = grad_norm_sq([acc if unit.hi < 0 else acc[unit.lo : unit.hi]])
 
         self.landings.append(self.executor.submit(work))
         return None if then is None else self.executor.submit(then)
@@ -665,29 +755,40 @@ def _full_name(unit: Unit, name: str) -> str:
 
 
 def _host_fields(
-    u: Unit, train: TrainSpec, dtype: torch.dtype
+    u: Unit, train: TrainSpec, dtype: torch.dtype, ranks: Ranks
 ) -> list[tuple[str, int, torch.dtype]]:
+    """A unit's host fields on one rank: the whole working copy (padded to ``world`` equal
+    pieces, which the all-gather fills) and gradient accumulator, and the rank's piece of the
+    fp32 master, moments and EMA."""
     states = DTYPES[train.precision.optimizer_states]
-    fields = [("working", u.numel, dtype), ("master", u.numel, torch.float32)]
-    fields += [("m", u.numel, states), ("v", u.numel, states), ("grad", u.numel, torch.float32)]
+    lo, hi = ranks.shard(u.numel)
+    piece = hi - lo
+    fields = [("working", ranks.piece(u.numel) * ranks.world, dtype)]
+    fields += [("master", piece, torch.float32), ("m", piece, states), ("v", piece, states)]
+    # the accumulator padded to ``world`` equal pieces too: the reduce-scatter's input
+    fields.append(("grad", ranks.piece(u.numel) * ranks.world, torch.float32))
     if train.ema != "none":
-        fields.append(("ema", u.numel, torch.float32))
+        fields.append(("ema", piece, torch.float32))
     return fields
 
 
-def _pack(init: DecoderLM, train: TrainSpec, backend: CpuBackend, dtype: torch.dtype) -> list[Unit]:
+def _pack(
+    init: DecoderLM, train: TrainSpec, backend: CpuBackend, dtype: torch.dtype, ranks: Ranks
+) -> list[Unit]:
     """The host side of streaming: each unit's whole state in one contiguous (pinned) buffer,
-    carved into the working copy, fp32 master, moments, gradient accumulator and EMA."""
+    carved into the working copy, fp32 master, moments, gradient accumulator and EMA (data
+    parallel: the rank's piece of the master, moments and EMA)."""
     params = dict(init.named_parameters())
     units = _units(init)
     for u in units:
         master = torch.cat([params[_full_name(u, n)].detach().reshape(-1) for n in u.names])
-        fields = _host_fields(u, train, dtype)
+        fields = _host_fields(u, train, dtype, ranks)
+        u.lo, u.hi = ranks.shard(u.numel)
         u.host = carve(backend.host_buffer(carved_bytes(fields)), fields)
-        u.host["working"].copy_(master)
-        u.host["master"].copy_(master)
+        u.host["working"][: u.numel].copy_(master)
+        u.host["master"].copy_(master[u.lo : u.hi])
         if "ema" in u.host:
-            u.host["ema"].copy_(master)
+            u.host["ema"].copy_(master[u.lo : u.hi])
     return units
 
 
@@ -704,7 +805,7 @@ def _train_streaming(
     # initial weights: built on the host in fp32, then packed per unit
     with host():
         init = build_model(spec, seed=cfg.seed, dtype=torch.float32, device="cpu")
-        units = _pack(init, train, backend, dtype)
+        units = _pack(init, train, backend, dtype, cfg.ranks)
 
     # compute templates: module structure without storage; weights come from the pool
     with torch.device("meta"):
@@ -720,7 +821,9 @@ def _train_streaming(
     with host():  # two pinned gradient slabs, shared by every unit
         slab_fields = [(f"slab{i}", largest, dtype) for i in range(2)]
         slabs = list(carve(backend.host_buffer(carved_bytes(slab_fields)), slab_fields).values())
-    with HostWork(backend, slabs) as work:
+    ranks = cfg.ranks
+    reduce = ranks.reduce_scatter_host_ if ranks.distributed else None
+    with HostWork(backend, slabs, reduce) as work:
         n_layers = spec.num_layers
         k = train.checkpoint_every or 1
         o = cfg.optim
@@ -734,12 +837,12 @@ def _train_streaming(
             or starts its update at once (no clipping: the update overlaps the backward, and
             the unit's next load waits for it)."""
             if final and clip is None:
-                update = partial(_update_unit, o, step, units[index], 1.0)
-                ready = work.land(index, units[index], grad, dtype, then=update)
+                update = partial(_update_shard, o, step, units[index], 1.0, ranks)
+                ready = work.land(index, units[index], grad, dtype, then=update, final=True)
                 assert ready is not None
                 stream.host_ready[index] = ready
             else:
-                work.land(index, units[index], grad, dtype, norm=final)
+                work.land(index, units[index], grad, dtype, norm=final, final=final)
 
         def layer_forward(i: int, flat: Tensor, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
             out: Tensor = functional_call(templates[i], units[1 + i].views(flat), (h, cos, sin))
@@ -749,9 +852,7 @@ def _train_streaming(
 
         def micro_batch(step: int, micro: int) -> float:
             """One micro-batch's forward and backward; its tensors die on return."""
-            ids, labels = synthetic_batch(
-                spec.vocab_size, train.micro_batch_size, train.seq_len, step, micro, cfg.seed
-            )
+            ids, labels = micro_batch_tokens(spec, train, cfg, step, micro)
             ids, labels = ids.to(device), labels.to(device)
             cos, sin = rope_tables(train.seq_len, rope_dim(spec), dtype, device)
             # forward: embedding, layers without autograd, checkpoints every k layers
@@ -857,12 +958,14 @@ def _train_streaming(
                 # the CPU optimizer, on the host thread, unit by unit in the order the next
                 # forward loads them, with the clipping coefficient of the whole step
                 work.drain()
-                norm_sq = sum(work.norms.pop(i) for i in range(len(units)))
+                # the squares of every rank's pieces (one process: of the whole units)
+                norm_sq = ranks.sum_float(sum(work.norms.pop(i) for i in range(len(units))), device)
                 coef = clip_coefficient(norm_sq, clip)
                 for index, u in enumerate(units):
-                    stream.host_ready[index] = work.submit(partial(_update_unit, o, step, u, coef))
+                    update = partial(_update_shard, o, step, u, coef, ranks)
+                    stream.host_ready[index] = work.submit(update)
             on_phase("optimizer", step)
-            losses.append(total / train.grad_accum_steps)
+            losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
         for ready in stream.host_ready.values():
             ready.result()
         stream.host_ready.clear()
@@ -872,10 +975,10 @@ def _train_streaming(
         ema: dict[str, Tensor] | None = {} if train.ema != "none" else None
         with host():
             for u in units:
-                for n, t in u.views(u.host["master"]).items():
+                for n, t in u.views(_gathered(ranks, u.host["master"], u.numel)).items():
                     state[_full_name(u, n)] = t.clone()
                 if ema is not None:
-                    for n, t in u.views(u.host["ema"]).items():
+                    for n, t in u.views(_gathered(ranks, u.host["ema"], u.numel)).items():
                         ema[_full_name(u, n)] = t.clone()
         return Result(
             losses,
@@ -895,6 +998,7 @@ def _train_streaming(
                 "device_buffer_bytes": pool.buffers[0].numel() * pool.buffers[0].element_size(),
                 "peak_buffers_in_use": pool.peak_in_use,
                 "host_to_device_loads": pool.loads,
+                "data_parallel": ranks.world,
                 "host_state_bytes": backend.host_bytes,
                 "host_pinning": backend.pinning,
             },
@@ -904,19 +1008,31 @@ def _train_streaming(
 
 
 def _update_unit(o: AdamWConfig, step: int, u: Unit, coef: float) -> None:
-    """One unit's CPU AdamW (on the host thread); the spent accumulator is overwritten by the
-    unit's first landing of the next step."""
+    """One unit's CPU AdamW (on the host thread) on the rank's piece of it; the spent
+    accumulator is overwritten by the unit's first landing of the next step."""
+    lo, hi = u.lo, (u.numel if u.hi < 0 else u.hi)
     adamw_step(
         o,
         step,
         u.host["master"],
-        u.host["grad"],
+        u.host["grad"][lo:hi],
         u.host["m"],
         u.host["v"],
         grad_scale=coef,
         ema=u.host.get("ema"),
-        working=u.host["working"],
+        working=u.host["working"][lo:hi],
     )
+
+
+def _update_shard(o: AdamWConfig, step: int, u: Unit, coef: float, ranks: Ranks) -> None:
+    """``_update_unit``, then (data parallel) every rank's updated piece of the working copy
+    gathered into the whole one the next forward streams."""
+    _update_unit(o, step, u, coef)
+    if ranks.distributed:
+        size = ranks.piece(u.numel)
+        working = u.host["working"]
+        mine = working[ranks.rank * size : (ranks.rank + 1) * size].clone()
+        torch.distributed.all_gather_single(working, mine, group=ranks.host_group)
 
 
 def train_model(
@@ -932,7 +1048,14 @@ def train_model(
     backend = backend or make_backend(torch.device(cfg.device))
     try:
         if train.offload.mode in ("none", "optimizer"):
-            return _train_optimizer_offload(spec, train, cfg, on_phase, backend)
-        return _train_streaming(spec, train, cfg, on_phase, backend)
+            result = _train_optimizer_offload(spec, train, cfg, on_phase, backend)
+        else:
+            result = _train_streaming(spec, train, cfg, on_phase, backend)
     finally:
         backend.release_host()  # unlock what the run pinned, also after an out-of-memory
+    ranks = cfg.ranks
+    if ranks.distributed:
+        # what every rank pinned, in rank order, and how many ranks share a node's RAM
+        result.placement["host_state_bytes_per_rank"] = ranks.gather_ints(backend.host_bytes)
+        result.placement["local_world_size"] = ranks.local_world
+    return result

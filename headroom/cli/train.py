@@ -52,6 +52,15 @@ def train_command(
     report: Annotated[
         Path | None, typer.Option("--report", help="Write the JSON report here.", dir_okay=False)
     ] = None,
+    save_weights: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-weights",
+            help="Save the final fp32 master weights and EMA here (torch.save; rank 0 of a "
+            "data-parallel run).",
+            dir_okay=False,
+        ),
+    ] = None,
     memory_cap: Annotated[
         str | None,
         typer.Option(
@@ -64,9 +73,19 @@ def train_command(
     """Train with the bundled trainer on synthetic tokens; exit 3 on out-of-memory."""
     if report is not None:
         writable("--report", report)  # now, not after the training it would report
+    if save_weights is not None:
+        writable("--save-weights", save_weights)
     with user_errors():
         spec = planner.load_model(model)
         train_spec = planner.load_train(train_dict(train, set_ or []))
+        from headroom.runtime.dist import torchrun_world
+
+        world = torchrun_world()
+        if world is not None and world != train_spec.parallel.dp:
+            raise fail(
+                f"parallel.dp: the spec trains {train_spec.parallel.dp} data-parallel ranks, "
+                f"torchrun started {world}; they must be equal"
+            )
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
         from headroom.runtime.support import (
             WORKING,
@@ -83,6 +102,7 @@ def train_command(
 
     from headroom.planner.report import OutOfMemoryAt, TrainerReport
     from headroom.runtime.cap import DeviceCap
+    from headroom.runtime.dist import close_ranks, init_ranks
     from headroom.runtime.model import kv_layout
     from headroom.runtime.probe import MemoryProbe
     from headroom.runtime.trainer import RunConfig, train_model
@@ -102,13 +122,17 @@ def train_command(
         torch.cuda.set_per_process_memory_fraction(cap_bytes / total, torch_device)
     elif cap_bytes is not None:
         cap = DeviceCap(cap_bytes)
+    ranks = init_ranks(torch_device)
+    if device is Device.cuda and ranks.distributed:
+        torch_device = torch.device("cuda", ranks.local_rank)
     probe = MemoryProbe(torch_device, cap)
     cfg = RunConfig(
         steps=steps,
-        device=device.value,
+        device=str(torch_device),
         dtype=getattr(torch, dtype.value),
         seed=seed,
         reference=reference,
+        ranks=ranks,
     )
     out = TrainerReport(
         model=spec.name, train=train_spec, device=device.value, dtype=dtype.value, seed=seed
@@ -124,6 +148,9 @@ def train_command(
         out.tokens_per_second = result.tokens_per_second
         out.placement = result.placement
         out.attention_kv = kv_layout(spec, torch_device, cfg.dtype)
+        if save_weights is not None and ranks.rank == 0:
+            with writing("--save-weights", save_weights):
+                torch.save({"state": result.state, "ema": result.ema}, save_weights)
     except (RuntimeError, MemoryError) as exc:
         # the device's torch.OutOfMemoryError, or a host allocation torch could not make (a
         # RuntimeError from its CPU allocator: on a CPU run the batch lives on the host)
@@ -132,6 +159,9 @@ def train_command(
         code = ExitCode.OUT_OF_MEMORY
         out.oom = OutOfMemoryAt(**probe.failing_phase(), message=str(exc).splitlines()[0])
     out.memory = probe.report()
+    close_ranks(ranks)
+    if ranks.rank != 0:  # rank 0 reports a data-parallel run
+        raise typer.Exit(code)
     text = json.dumps(out.dump(), indent=2)
     if report is not None:
         with writing("--report", report):
