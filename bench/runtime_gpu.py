@@ -15,13 +15,21 @@ with what the file already holds, so a run cut short keeps what it measured):
   (the double-buffering ablation); each beside the planner's step model's expectation.
   Compute is measured too: resident steps of the same layer shape with full recompute (what
   streaming computes: forward, recomputed forward, backward) at two depths.
+- ``ranks``: the streaming trainer as N data-parallel ranks of one node (``torchrun``, one GPU
+  each, N = 1, 2, 4, 8 up to the GPUs present): the step time against the one-rank bound
+  ``max(compute, transfer, CPU optimizer / N)`` (each rank computes its own rows over its own
+  link and updates ``1/N`` of the state; the collectives on the host are not in the bound, so
+  the gap is what they and the shared CPU cost), and the host RAM the node's ranks pinned
+  (``placement.host_state_bytes_per_rank``) against the planner's host budget for the node
+  (``ranks_sharing`` ranks).
 - ``capacity``: under one memory cap (``headroom train --memory-cap``, i.e.
   ``torch.cuda.set_per_process_memory_fraction``), the largest depth the resident trainer fits
   (bisection) against a streaming run of at least ``--ratio`` times its parameters.
 
 Host RAM is checked against the planner's host estimate before any streaming run.
 
-Run: python bench/runtime_gpu.py [--quick] [--only link,adam,routing,steps,capacity] [--json OUT]
+Run: python bench/runtime_gpu.py [--quick] [--only link,adam,routing,steps,ranks,capacity]
+[--json OUT]
 Every number printed is measured here; nothing is assumed. Results go to docs/PERFORMANCE.md.
 """
 
@@ -49,7 +57,8 @@ from headroom.runtime.trainer import RunConfig, train_model
 
 MiB = 1 << 20
 GiB = 1 << 30
-SECTIONS = ("link", "adam", "routing", "steps", "capacity")
+SECTIONS = ("link", "adam", "routing", "steps", "ranks", "capacity")
+FP32 = {"params": "fp32", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
 
 
 def _time_copy(dst: torch.Tensor, src: torch.Tensor, repeat: int) -> float:
@@ -278,6 +287,80 @@ def steps_vs_bound(
     return out
 
 
+def _ranks_run(
+    spec: ModelSpec, train: planner.TrainSpec, ranks: int, steps: int, device: str
+) -> dict[str, Any]:
+    """``steps`` steps of ``headroom train`` as ``ranks`` data-parallel ranks of this node
+    (``torchrun --standalone``); the report rank 0 wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file, train_file = Path(tmp) / "model.json", Path(tmp) / "train.json"
+        report = Path(tmp) / "report.json"
+        model_file.write_text(spec.model_dump_json())
+        train_file.write_text(train.model_dump_json())
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        argv += [f"--nproc-per-node={ranks}", "-m", "headroom", "train", str(model_file)]
+        argv += ["--train", str(train_file), "--steps", str(steps), "--device", device]
+        argv += ["--dtype", dtype, "--report", str(report)]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"torchrun exited {proc.returncode}: {proc.stderr[-2000:]}")
+        out: dict[str, Any] = json.loads(report.read_text())
+        return out
+
+
+def ranks_vs_bound(
+    layers: int,
+    hidden: int,
+    seq: int,
+    world_sizes: list[int],
+    link_rows: list[dict[str, Any]],
+    adam_rate: float,
+    host: int,
+    device: str = "cuda",
+    vocab: int = 32000,
+    steps: int = 6,
+) -> dict[str, Any]:
+    """The ``ranks`` section (on a CPU with gloo, for tests: nothing there is a measurement)."""
+    spec = scaled(layers, hidden, vocab)
+    n = planner.count_params(spec).total
+    h2d, d2h = bandwidth(link_rows)
+    out: dict[str, Any] = {"model": spec.name, "params": n, "seq_len": seq, "runs": {}}
+    one: float | None = None
+    # one node holding every rank: they share its host RAM (``ranks_sharing``)
+    node = planner.gpu("H200-141GB").model_copy(update={"gpus_per_node": max(world_sizes)})
+    for ranks in world_sizes:
+        train = planner.TrainSpec(
+            micro_batch_size=1,
+            seq_len=seq,
+            offload={"mode": "streaming", "checkpoint_every": 1},
+            parallel={"dp": ranks},
+            # the precision the trainer keeps: bf16 working weights on a GPU, fp32 on a CPU
+            precision={} if device == "cuda" else FP32,
+        )
+        budget = planner.estimate(spec, train, node)
+        if budget.host_peak_bytes > 0.8 * host:
+            out["runs"][ranks] = {"skipped": f"host RAM: over 80 % of {host / GiB:.0f} GiB"}
+            continue
+        report = _ranks_run(spec, train, ranks, steps, device)
+        placement = report["placement"]
+        pinned = placement.get("host_state_bytes_per_rank") or [placement["host_state_bytes"]]
+        step = ranks * seq * train.grad_accum_steps / report["tokens_per_second"]
+        one = one or step
+        transfer = max(2 * 2 * n / (h2d * 1e9), 2 * n / (d2h * 1e9))
+        out["runs"][ranks] = {
+            "step_seconds": step,  # the run's mean, its first steps included
+            "scaling": one / step,  # 1.0: N ranks step as fast as one (N times the tokens)
+            "bound_without_compute": max(transfer, n / adam_rate / ranks),
+            "host_pinned_bytes": sum(pinned),
+            "planner_host_bytes": budget.host_peak_bytes,
+            "host_ratio": sum(pinned) / budget.host_peak_bytes,
+            "ranks_sharing": budget.host.ranks_sharing,
+        }
+    return out
+
+
 def _trains(
     spec: ModelSpec, offload: dict[str, Any], cap_bytes: int, seq: int, device: str = "cuda"
 ) -> bool:
@@ -403,6 +486,15 @@ def main() -> None:
             )
             layers, hidden, seq = (8, 2048, 1024) if quick else (16, 4096, 4096)
             results["steps"] = steps_vs_bound(layers, hidden, seq, link_rows, rate, host)
+        elif section == "ranks":
+            link_rows = results.get("link") or link([256])
+            rate = results.get("cpu_adam_bf16_working_params_per_s") or cpu_adam(
+                64 * MiB, torch.bfloat16
+            )
+            gpus = torch.cuda.device_count()
+            sizes = [n for n in (1, 2, 4, 8) if n <= gpus]
+            layers, hidden, seq = (8, 2048, 1024) if quick else (16, 4096, 4096)
+            results["ranks"] = ranks_vs_bound(layers, hidden, seq, sizes, link_rows, rate, host)
         elif section == "capacity":
             fraction, hidden = (0.05, 1024) if quick else (0.1, 4096)
             results["capacity"] = capacity(fraction, hidden, 1024, args.ratio, host)

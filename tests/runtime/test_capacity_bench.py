@@ -50,3 +50,19 @@ def test_the_routing_scale_measure_times_both_ways() -> None:
     out = runtime_gpu.routing_scale(3, 5, 16, repeats=1)
     assert out["eager_seconds"] > 0 and out["slabs_seconds"] > 0
     assert "eager_peak_bytes" not in out  # no device counters on a CPU, none invented
+
+
+def test_the_ranks_section_runs_dp_ranks_and_holds_the_node_to_the_host_budget() -> None:
+    """The ``ranks`` section on a CPU (gloo; its timings mean nothing here): one and two
+    data-parallel streaming ranks of this node, each run's step and scaling, and the host RAM
+    the node's ranks pinned against the planner's host budget for them (within alignment)."""
+    rows = [{"size_mib": 1, "pinned": True, "h2d_gb_s": 10.0, "d2h_gb_s": 10.0}]
+    out = runtime_gpu.ranks_vs_bound(
+        2, 128, 16, [1, 2], rows, 1e8, host=16 << 30, device="cpu", vocab=256, steps=2
+    )
+    assert set(out["runs"]) == {1, 2}
+    assert out["runs"][1]["scaling"] == 1.0
+    for ranks, run in out["runs"].items():
+        assert run["step_seconds"] > 0 and run["ranks_sharing"] == ranks
+        # the trainer's ranks pin what the planner budgets for the node, less than 1 % apart
+        assert abs(run["host_ratio"] - 1) < 0.01, run
