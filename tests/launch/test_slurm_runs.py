@@ -89,12 +89,14 @@ def _launch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Compl
     )
 
 
-def test_headroom_launch_backend_slurm_runs_a_job_to_completion(
+def test_headroom_launch_backend_slurm_runs_a_two_rank_job_to_completion(
     cluster: dict[str, str], tmp_path: Path
 ) -> None:
+    """``parallel.dp: 2`` on one node: the job runs the trainer as two data-parallel ranks
+    under torchrun (gloo), to completion."""
     done = _launch(
-        tmp_path, cluster, "--steps", "2", "--backend", "slurm", "--slurm-time-limit", "00:10:00",
-        "--format", "json",
+        tmp_path, cluster, "--set", "parallel.dp=2", "--steps", "2", "--backend", "slurm",
+        "--slurm-time-limit", "00:10:00", "--format", "json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     run = json.loads(done.stdout)["run"]
@@ -103,8 +105,9 @@ def test_headroom_launch_backend_slurm_runs_a_job_to_completion(
     directory = Path(run["log_path"]).parent
     script = (directory / "job.sbatch").read_text()
     assert "#SBATCH --time=00:10:00" in script and f"#SBATCH --chdir={directory}" in script
-    log = Path(run["log_path"]).read_text()
-    assert len(json.loads(log[log.index("{") :])["losses"]) == 2  # the trainer's own report
+    assert "--nproc-per-node 2" in script and "torch.distributed.run" in script
+    report = json.loads((directory / "report.json").read_text())  # rank 0's
+    assert len(report["losses"]) == 2 and report["placement"]["data_parallel"] == 2
 
 
 def test_a_slurm_allocation_without_the_slurm_backend_is_refused_naming_the_option(
