@@ -69,8 +69,8 @@ class LocalLauncher:
 
 
 class TorchrunLauncher(LocalLauncher):
-    """The trainer under ``torchrun`` (one node, ``nproc`` processes; the bundled trainer is one
-    process per device, so 1 unless it learns data parallelism)."""
+    """The trainer under ``torchrun``: one node, ``nproc`` processes (the run's ``parallel.dp``
+    data-parallel ranks)."""
 
     name = "torchrun"
 
@@ -92,12 +92,12 @@ class TorchrunLauncher(LocalLauncher):
         ]
 
 
-def launcher(name: str) -> Launcher:
-    """The backend called ``name`` (``local`` or ``torchrun``)."""
+def launcher(name: str, ranks: int = 1) -> Launcher:
+    """The backend called ``name`` (``local`` or ``torchrun``, of ``ranks`` processes)."""
     if name == "local":
         return LocalLauncher()
     if name == "torchrun":
-        return TorchrunLauncher()
+        return TorchrunLauncher(ranks)
     raise ValueError(
         f"backend: unknown launcher {name!r}; allowed: local, torchrun (slurm runs are submitted "
         "as jobs)"

@@ -36,6 +36,18 @@ class ClusterShape(BaseModel):
         return settings.model_copy(update=values)
 
 
+def ranks_per_node(data_parallel: int, nodes: int) -> int:
+    """The trainer's ranks on each of a job's ``nodes``: ``parallel.dp`` split evenly (a
+    ``SpecError`` naming ``parallel.dp`` where it cannot be)."""
+    if data_parallel % nodes:
+        raise SpecError(
+            f"parallel.dp: {data_parallel} ranks do not split evenly over {nodes} nodes; allowed: "
+            f"a multiple of {nodes}",
+            field="parallel.dp",
+        )
+    return data_parallel // nodes
+
+
 def from_environment(cls: type[S]) -> S:
     """``cls()`` read from its environment variables; an invalid one is a ``SpecError`` naming
     the variable (``HEADROOM_SLURM_TIME_LIMIT``, not the field) and what it held."""

@@ -82,7 +82,7 @@ from headroom.launch.rundirs import (
     save_ending,
     write_private,
 )
-from headroom.launch.settings import from_environment
+from headroom.launch.settings import from_environment, ranks_per_node
 from headroom.planner.report import TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
 from headroom.store import Run, utcnow
@@ -574,7 +574,7 @@ class Supervisor:
             if run.backend == "slurm":
                 self._submit(session, run, plan, args, directory)
                 return
-            backend = launcher(run.backend)
+            backend = launcher(run.backend, plan.train.parallel.dp)
             logfile = open_log(directory / "log.txt")  # closed when the child is reaped
         except (OSError, ValueError, planner.HeadroomError) as exc:
             self._fail(session, run, f"could not start: {exc}", directory)
@@ -599,13 +599,14 @@ class Supervisor:
         the run's own over them; ``parallel.dp`` ranks over its nodes), output into the run's
         log; watched from then on."""
         overrides = slurm.SlurmOverrides.model_validate(run.plan.get("slurm") or {})
-        world, nodes = plan.train.parallel.dp, overrides.nodes
-        if world % nodes:
-            reason = f"parallel.dp {world} is not a multiple of slurm.nodes {nodes}"
-            self._fail(session, run, f"could not submit: {reason}", directory)
+        nodes = overrides.nodes
+        try:
+            ranks = ranks_per_node(plan.train.parallel.dp, nodes)
+        except planner.SpecError as exc:
+            self._fail(session, run, f"could not submit: {exc}", directory)
             return
         settings = overrides.applied(from_environment(slurm.SlurmSettings))
-        settings = settings.model_copy(update={"ranks_per_node": world // nodes})
+        settings = settings.model_copy(update={"ranks_per_node": ranks})
         script = directory / "job.sbatch"
         write_private(
             script,

@@ -133,9 +133,13 @@ def _print_manifests(
 
     from headroom.launch import k8s
     from headroom.launch.plan import check_launchable
+    from headroom.launch.settings import ranks_per_node
 
     check_launchable(plan, gate=True)
     settings, nodes = shape
+    # the trainer's data-parallel ranks over the pods
+    ranks = ranks_per_node(plan.train.parallel.dp, nodes)
+    settings = settings.model_copy(update={"ranks_per_node": ranks})
     documents = k8s.manifests(
         plan, uid=uuid.uuid4().hex, steps=steps, device=device, nodes=nodes, settings=settings
     )

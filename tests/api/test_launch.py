@@ -69,6 +69,20 @@ def test_a_run_is_fitted_launched_and_succeeds(client: TestClient, backend: str)
     assert len(report["losses"]) == 2
 
 
+def test_a_torchrun_run_trains_parallel_dp_ranks(client: TestClient) -> None:
+    """``backend: torchrun`` starts the run's ``parallel.dp`` data-parallel ranks."""
+    body = {**TINY, "train": {**TINY["train"], "parallel": {"dp": 2}}}
+    created = client.post(
+        "/api/v1/runs", json={**body, "steps": 2, "backend": "torchrun"}, headers=AUTH
+    )
+    assert created.status_code == 201, created.text
+    done = ended(client, created.json()["id"])
+    assert done["status"] == "succeeded", done["reason"]
+    log = client.get(f"/api/v1/runs/{done['id']}/logs").text
+    report = json.loads(log[log.index("{") :])
+    assert report["placement"]["data_parallel"] == 2 and len(report["losses"]) == 2
+
+
 def test_cancel_ends_the_whole_process_group(client: TestClient) -> None:
     run = client.post("/api/v1/runs", json={**TINY, "steps": 10_000_000}, headers=AUTH).json()
     running = wait_for(

@@ -282,8 +282,8 @@ def test_headroom_launch_backend_k8s_dry_run_prints_the_two_documents_and_stores
         "HEADROOM_K8S_NAMESPACE": "ml",
     }
     done = _launch(
-        tmp_path, "--backend", "k8s", "--dry-run", "--k8s-nodes", "2", "--k8s-gpus-per-node", "2",
-        env=settings,
+        tmp_path, "--set", "parallel.dp=2", "--backend", "k8s", "--dry-run", "--k8s-nodes", "2",
+        "--k8s-gpus-per-node", "2", env=settings,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     config_map, job = yaml.safe_load_all(done.stdout)
@@ -352,3 +352,19 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def test_a_k8s_dry_run_splits_parallel_dp_over_its_pods(tmp_path: Path) -> None:
+    """``parallel.dp`` data-parallel ranks over ``--k8s-nodes`` pods (``nprocPerNode``); a data
+    parallelism the pods cannot split evenly exits 2 naming ``parallel.dp``."""
+    done = _launch(
+        tmp_path, "--set", "parallel.dp=4", "--backend", "k8s", "--dry-run", "--k8s-nodes", "2"
+    )
+    assert done.returncode == 0, done.stderr
+    job = list(yaml.safe_load_all(done.stdout))[1]
+    assert job["spec"]["nprocPerNode"] == "2"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    uneven = _launch(
+        tmp_path, "--set", "parallel.dp=3", "--backend", "k8s", "--dry-run", "--k8s-nodes", "2"
+    )
+    assert uneven.returncode == 2 and "parallel.dp" in uneven.stderr, uneven.stderr

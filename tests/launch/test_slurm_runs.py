@@ -301,7 +301,8 @@ def test_a_slurm_job_runs_parallel_dp_ranks_over_its_nodes(
     assert runs["dp4-on-2"].reason == "could not submit: sbatch: not submitted by this test"
     assert runs["dp3-on-2"].status == "failed"
     assert runs["dp3-on-2"].reason == (
-        "could not submit: parallel.dp 3 is not a multiple of slurm.nodes 2"
+        "could not submit: parallel.dp: 3 ranks do not split evenly over 2 nodes; allowed: a "
+        "multiple of 2"
     )
 
 
