@@ -1,11 +1,11 @@
 """The Slurm backend's pieces against a real one-node Slurm cluster (``tests/slurm_cluster``):
-a batch script that runs the trainer through ``srun`` and ``torchrun`` to completion, a
-trainer out of memory (exit 3), a cancelled job and a job killed by a signal, each read back
-from the controller and turned into a run's ending."""
+a job killed by a signal read back from the controller and turned into a run's ending, a job
+the controller never had, and the batch script's allocation and quoting. The trainer's jobs
+(completion with two ranks, out of memory, cancelled, killed) run as runs, through
+``headroom launch`` and ``POST /runs``, in ``test_slurm_runs.py``."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -23,47 +23,6 @@ def _wait(job_id: str, env: dict[str, str], states: frozenset[str]) -> slurm.Job
             return job
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} never reached {sorted(states)}: {job}")
-
-
-def _trainer_job(tmp_path: Path, env: dict[str, str], *extra: str) -> tuple[str, Path]:
-    log = tmp_path / "trainer.log"
-    script = tmp_path / "job.sbatch"
-    args = ["tiny-dense", "--set", "micro_batch_size=1", "--set", "seq_len=16", *extra]
-    script.write_text(
-        slurm.batch_script(
-            args,
-            job_name="headroom-test",
-            log=log,
-            nodes=1,
-            settings=slurm.SlurmSettings(),
-            python=sys.executable,
-        )
-    )
-    return slurm.submit(script, env), log
-
-
-def test_slurm_runs_the_trainer_to_completion(cluster: dict[str, str], tmp_path: Path) -> None:
-    job_id, log = _trainer_job(tmp_path, cluster, "--steps", "2")
-    job = _wait(job_id, cluster, slurm.ENDED)
-    assert slurm.ending(job) == ("succeeded", "completed"), log.read_text()
-    assert "step" in log.read_text().lower()
-
-
-def test_slurm_job_out_of_memory_is_a_failed_run_saying_so(
-    cluster: dict[str, str], tmp_path: Path
-) -> None:
-    job_id, log = _trainer_job(tmp_path, cluster, "--steps", "2", "--memory-cap", "64KiB")
-    job = _wait(job_id, cluster, slurm.ENDED)
-    assert (job.state, job.exit_code) == ("FAILED", 3), log.read_text()
-    assert slurm.ending(job) == ("failed", "out of memory (exit 3)")
-
-
-def test_slurm_cancel_ends_the_job_cancelled(cluster: dict[str, str], tmp_path: Path) -> None:
-    job_id, _ = _trainer_job(tmp_path, cluster, "--steps", "100000")
-    _wait(job_id, cluster, frozenset({"RUNNING"}))
-    slurm.cancel(job_id, cluster)
-    job = _wait(job_id, cluster, slurm.ENDED)
-    assert slurm.ending(job) == ("cancelled", "cancelled (scancel)")
 
 
 def test_slurm_job_killed_by_a_signal_says_which(cluster: dict[str, str], tmp_path: Path) -> None:
