@@ -300,6 +300,12 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
     else:
         grads_tail = grads_total
     ema_total_gpu = ema_total if ema == "gpu" else 0
+    # the bundled trainer's data-parallel ranks (no ZeRO stage of their own) each keep a piece
+    # of every offloaded tensor's fp32 gradient, master and moments (reduce-scattered,
+    # updated, all-gathered), so a node holds one copy of the offloaded state
+    pieces = 1
+    if offloaded and inputs.framework == "none" and inputs.zero_stage == 0:
+        pieces = inputs.data_parallel
     return ModelStates(
         stage_params=sp,
         zero_dense=zero_dense,
@@ -323,9 +329,9 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         grads_resident=False,
         host=HostBytes(
             params=0,
-            grads=offloaded * 4,
-            master_params=offloaded * master_bytes,
-            optimizer_states=opt_total - opt,
+            grads=-(-offloaded * 4 // pieces),
+            master_params=-(-offloaded * master_bytes // pieces),
+            optimizer_states=-(-(opt_total - opt) // pieces),
             ema=ema_total if ema == "host" else 0,
             transfer_buffers=0,
         ),

@@ -227,3 +227,39 @@ def test_dp_parity_host_state_is_the_planners_node_budget(tmp_path: Path) -> Non
     # one copy of the master, moments and EMA on the node: the ranks' pieces sum to the model
     sharded = sum(budget.host.buckets[b] for b in ("master_params", "optimizer_states", "ema"))
     assert abs(sharded - 4 * 4 * planner.count_params(spec).total) <= rounding
+
+
+def test_dp_parity_optimizer_offload_host_state_is_the_planners_node_budget(
+    tmp_path: Path,
+) -> None:
+    """Optimizer offload at dp = 2 on one node (no ZeRO stage): each rank pins its piece of the
+    offloaded share's fp32 gradient, master and moments, and the two together are the
+    planner's host budget for the node (one copy of the offloaded state), up to the trainer's
+    padding of each tensor to equal pieces."""
+    ranks = 2
+    fp32 = {"params": "fp32", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
+    train = {
+        "seq_len": 16,
+        "micro_batch_size": MICRO,
+        "parallel": {"dp": ranks},
+        "precision": fp32,
+        "offload": {"mode": "optimizer", "fraction": 0.5},
+    }
+    proc, report_path, _ = torchrun(ranks, train, tmp_path, steps=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    placement = json.loads(report_path.read_text())["placement"]
+    measured = sum(placement["host_state_bytes_per_rank"])
+    spec = planner.load_model("tiny-dense")
+    node = planner.gpu("H100-80GB").model_copy(update={"gpus_per_node": ranks})
+    budget = planner.estimate(spec, planner.TrainSpec.model_validate(train), node)
+    assert budget.host.ranks_sharing == ranks
+    padding = ranks * 4 * 4 * (ranks - 1) * (spec.num_layers + 2) * 8  # < dp elements a tensor
+    assert (
+        budget.host_peak_bytes <= measured + padding
+        and measured <= budget.host_peak_bytes + padding
+    )
+    # one copy of the offloaded state on the node, not one per rank
+    alone = planner.estimate(
+        spec, planner.TrainSpec.model_validate({**train, "parallel": {"dp": 1}}), node
+    )
+    assert abs(budget.host_peak_bytes - alone.host_peak_bytes) <= padding
