@@ -270,6 +270,7 @@ class Child:
     ending: Ending | None = None
     job_id: str | None = None  # a Slurm job's (watched through the controller, not a process)
     next_poll: float = 0.0  # when the controller is asked about the job next (monotonic)
+    unreachable: str | None = None  # why the controller did not answer last (logged once)
 
     def poll(self) -> None:
         """Learn whether the trainer has ended, and how (kept in its directory at once)."""
@@ -289,7 +290,8 @@ class Child:
 
     def _poll_job(self, job_id: str) -> None:
         """Ask the controller about the job (at most every ``JOB_POLL_S``); an unreachable
-        controller is asked again later."""
+        controller is asked again later (logged when it stops answering and when it answers
+        again, not at every poll)."""
         now = time.monotonic()
         if now < self.next_poll:
             return
@@ -297,8 +299,13 @@ class Child:
         try:
             job = slurm.job_state(job_id)
         except slurm.SlurmError as exc:
-            log.warning("slurm job %s of run %d: %s", job_id, self.run_id, exc)
+            if self.unreachable != str(exc):
+                log.warning("slurm job %s of run %d: %s", job_id, self.run_id, exc)
+            self.unreachable = str(exc)
             return
+        if self.unreachable is not None:
+            log.info("slurm job %s of run %d: the controller answers again", job_id, self.run_id)
+            self.unreachable = None
         if job is None:
             self.ending = Ending(
                 "failed",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.orm import Session, aliased
 
 from headroom.store import Run, utcnow
@@ -26,11 +26,14 @@ CANCELLABLE = ("queued", "running")
 CLAIM_LOCK = int.from_bytes(b"headroom", "big") >> 1
 
 
-def _changed(session: Session, run_id: int, state: str, /, **values: Any) -> bool:
-    """Update run ``run_id`` with ``values`` if it is in ``state``; whether it was."""
+def _changed(
+    session: Session, run_id: int, state: str, /, *also: ColumnElement[bool], **values: Any
+) -> bool:
+    """Update run ``run_id`` with ``values`` if it is in ``state`` (and ``also`` holds);
+    whether it was."""
     result = session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.status == state)
+        .where(Run.id == run_id, Run.status == state, *also)
         .values(**values, updated_at=utcnow())
     )
     session.commit()
@@ -65,13 +68,7 @@ def claim(
     running = (
         select(func.count()).select_from(other).where(other.status == "running").scalar_subquery()
     )
-    result = session.execute(
-        update(Run)
-        .where(Run.id == run_id, Run.status == "queued", running < max_running)
-        .values(**values, reason="starting", updated_at=utcnow())
-    )
-    session.commit()
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return _changed(session, run_id, "queued", running < max_running, **values, reason="starting")
 
 
 def note_probing(session: Session, run_id: int) -> None:
@@ -107,17 +104,8 @@ def note_submitted(session: Session, run_id: int, *, job_id: str, log_path: str)
 def adopt(session: Session, run_id: int, *, owner: str | None, by: str) -> bool:
     """A running run whose supervisor (``owner``) is gone is watched by ``by`` from now on (a
     Slurm job outlives the service that submitted it); False if another took it first."""
-    result = session.execute(
-        update(Run)
-        .where(
-            Run.id == run_id,
-            Run.status == "running",
-            Run.owner.is_(None) if owner is None else Run.owner == owner,
-        )
-        .values(owner=by, owner_seen_at=utcnow(), updated_at=utcnow())
-    )
-    session.commit()
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    was = Run.owner.is_(None) if owner is None else Run.owner == owner
+    return _changed(session, run_id, "running", was, owner=by, owner_seen_at=utcnow())
 
 
 def heartbeat(session: Session, owner: str) -> int:
