@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from operator import sub
 from typing import NamedTuple
 
-from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
+from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict
 from headroom.planner.buckets import logits_bytes, moe_capacity, moe_dispatch_bytes, routing_slabs
 from headroom.planner.coefficients import Coefficients, coefficients_bytes
 from headroom.planner.model import ModelSpec, spec_bytes
@@ -60,14 +60,6 @@ class LayerActivations(NamedTuple):
     # its MLP's gradients (DTensor's tensor parallelism: whole-sequence input gradients)
 
 
-@identity_memo(
-    4096,
-    4 << 20,
-    objects=2,
-    nbytes=lambda model, coeffs, *_: (
-        spec_bytes(model) + coefficients_bytes(coeffs) + SMALL_ENTRY_BYTES
-    ),
-)
 def layer_activations(
     model: ModelSpec,
     coeffs: Coefficients,
@@ -224,12 +216,17 @@ class ActivationInputs(NamedTuple):
     eager_attention: bool
     capacity_factor: float | None  # None: the model's own, else 1.25
     imbalance: float
-    selective: bool  # selective recompute: each layer re-runs its attention scores
-    checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
     gathered_tp_inputs: bool  # column-wise projections save their sequence-gathered input
     # (DTensor's tensor parallelism under FSDP2; loss parallelism's fp32 tensor beside it)
     edges: bool  # the stage's bottom and top layers are points of their own (FSDP2: no
     # prefetch under the bottom layer, no reduce-scatter above the top one)
+    # recompute last: the fields before them are ``layer_shape``'s key
+    selective: bool  # selective recompute: each layer re-runs its attention scores
+    checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
+
+
+#: ``ActivationInputs``' fields before the recompute ones (``layer_shape``'s key)
+_SHAPE_FIELDS = 13
 
 
 #: a backward point's ``edge``: a layer between others, the stage's bottom, its top, both
@@ -295,9 +292,37 @@ class LayerTerms(NamedTuple):
     temporaries: PerKind[LayerTemporaries]  # a dense and an MoE layer's backward's
 
 
-def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs) -> LayerTerms:
-    """The layers' own terms under ``inputs``: the part of ``activation_terms`` no stage
-    changes."""
+#: (saved by a dense layer, saved by an MoE layer, held throughout a dense layer's backward,
+#: the same for an MoE layer) under one kind of recompute
+Recomputed = tuple[int, int, int, int]
+
+
+class LayerShape(NamedTuple):
+    """The layers' own terms under one batch shape, for each kind of recompute (what
+    ``layer_terms`` reads besides the recompute), and the head's."""
+
+    layer: LayerActivations  # one dense and one MoE layer's terms
+    head: tuple[int, int, int]  # ``head_terms``
+    plain: Recomputed  # without recompute
+    selective: Recomputed  # each layer re-runs its attention scores in its own backward
+    blocks: Recomputed  # blocks of layers re-run from their checkpoints
+
+
+#: ``layer_shape``'s memo: (model, coefficients) by identity and the inputs besides the
+#: recompute -> (the model and coefficients, kept alive so their ids stay unique; the shape).
+#: A search's candidates that differ only in their recompute share an entry.
+_SHAPES: BoundedDict[
+    tuple[int, int, tuple[object, ...]], tuple[ModelSpec, Coefficients, LayerShape]
+] = BoundedDict(4096, 4 << 20)
+
+
+def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs) -> LayerShape:
+    """The layers' and the head's terms under ``inputs``' batch shape (memoised; its recompute
+    is not read)."""
+    key = (id(model), id(coeffs), inputs[:_SHAPE_FIELDS])
+    hit = _SHAPES.get(key)
+    if hit is not None:
+        return hit[2]
     moe = model.moe
     capacity_factor = (
         inputs.capacity_factor or (moe.capacity_factor if moe else None) or _DEFAULT_CAPACITY_FACTOR
@@ -318,46 +343,68 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         inputs.imbalance,
         inputs.gathered_tp_inputs and tp > 1,
     )
-    # unpacked rather than read by attribute (fields in declaration order)
-    (
-        saved_dense,
-        saved_moe,
-        scores,
-        dispatch,
-        layer_input,
-        backward_dense,
-        backward_moe,
-        backward_ffn_dense,
-        backward_ffn_moe,
-        backward_start_moe,
-        backward_end_moe,
-        mlp_dense,
-        mlp_moe,
-        backward_end_dense,
-    ) = layer
+    saved_dense, saved_moe, scores, layer_input = (
+        layer.dense,
+        layer.moe,
+        layer.scores,
+        layer.layer_input,
+    )
     # held throughout the layer's backward; the FFN-width part during its MLP's only
-    throughout_dense = backward_dense - backward_ffn_dense
-    throughout_moe = backward_moe - backward_ffn_moe
-    if inputs.checkpoint_every is None:
-        if inputs.selective:  # each layer recomputes its scores in its own backward
-            saved_dense -= scores
-            saved_moe -= scores
-            throughout_dense += scores
-            throughout_moe += scores
-    else:
-        rerun = int(coeffs.recompute_hidden_tensors * layer_input)
-        throughout_dense += rerun
-        throughout_moe += rerun
+    throughout_dense = layer.backward_dense - layer.backward_ffn_dense
+    throughout_moe = layer.backward_moe - layer.backward_ffn_moe
+    rerun = int(coeffs.recompute_hidden_tensors * layer_input)
+    shape = LayerShape(
+        layer=layer,
+        head=head_terms(model, coeffs, inputs),
+        plain=(saved_dense, saved_moe, throughout_dense, throughout_moe),
+        # each layer recomputes its scores in its own backward
+        selective=(
+            saved_dense - scores,
+            saved_moe - scores,
+            throughout_dense + scores,
+            throughout_moe + scores,
+        ),
+        blocks=(saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun),
+    )
+    weight = spec_bytes(model) + coefficients_bytes(coeffs) + SMALL_ENTRY_BYTES
+    return _SHAPES.put(key, (model, coeffs, shape), weight)[2]
+
+
+def clear_layer_shapes() -> None:
+    """Forget every memoised ``layer_shape``."""
+    _SHAPES.clear()
+
+
+def recomputed(shape: LayerShape, inputs: ActivationInputs) -> Recomputed:
+    """``shape``'s terms under ``inputs``' recompute."""
+    if inputs.checkpoint_every is not None:
+        return shape.blocks
+    return shape.selective if inputs.selective else shape.plain
+
+
+def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs) -> LayerTerms:
+    """The layers' own terms under ``inputs``: the part of ``activation_terms`` no stage
+    changes."""
+    shape = layer_shape(model, coeffs, inputs)
+    layer = shape.layer
+    saved_dense, saved_moe, throughout_dense, throughout_moe = recomputed(shape, inputs)
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
-    dense_temporaries = (throughout_dense, backward_ffn_dense, mlp_dense, 0, backward_end_dense, 0)
+    dense_temporaries = (
+        throughout_dense,
+        layer.backward_ffn_dense,
+        layer.mlp_dense,
+        0,
+        layer.backward_end_dense,
+        0,
+    )
     moe_temporaries = (
         throughout_moe,
-        backward_ffn_moe,
-        mlp_moe,
-        backward_start_moe,
-        backward_end_moe,
-        dispatch,
+        layer.backward_ffn_moe,
+        layer.mlp_moe,
+        layer.backward_start_moe,
+        layer.backward_end_moe,
+        layer.dispatch,
     )
     temporaries = _new(
         PerKind,
@@ -392,28 +439,37 @@ def stage_activation_terms(
         )
     logits_forward = logits_backward = 0
     if sp.has_head:
-        act_bytes, tp = inputs.act_bytes, inputs.tp
-        tokens = inputs.micro_batch * -(-inputs.seq_len // inputs.cp)
-        vocab_local = -(-model.vocab_size // tp)
-        logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
-        logits_backward = logits_bytes(
-            tokens, vocab_local, coeffs.logits_backward_bytes_per_element
-        )
-        if coeffs.head_hidden_tensors:
-            whole = tp if inputs.sequence_parallel else 1
-            head = int(coeffs.head_hidden_tensors * tokens * model.hidden_size * act_bytes)
-            saved += head // whole
-        if inputs.gathered_tp_inputs and tp > 1:
-            # DTensor's column-wise head saves its input gathered over the sequence, beside
-            # the shard counted above; loss parallelism's backward holds an fp32 tensor per
-            # local logit beside the others
-            hidden = tokens * model.hidden_size * act_bytes
-            saved += hidden - hidden // tp
-            logits_backward += logits_bytes(tokens, vocab_local, 4)
+        head_saved, logits_forward, logits_backward = layer_shape(model, coeffs, inputs).head
+        saved += head_saved
     return _new(
         ActivationTerms,
         (layer, saved, dispatch_saved, points, temporaries, logits_forward, logits_backward),
     )
+
+
+def head_terms(
+    model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
+) -> tuple[int, int, int]:
+    """What the stage holding the head adds for one micro-batch: (saved for the head's
+    backward, logits through forward, the loss's backward beside them)."""
+    act_bytes, tp = inputs.act_bytes, inputs.tp
+    tokens = inputs.micro_batch * -(-inputs.seq_len // inputs.cp)
+    vocab_local = -(-model.vocab_size // tp)
+    logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
+    logits_backward = logits_bytes(tokens, vocab_local, coeffs.logits_backward_bytes_per_element)
+    saved = 0
+    if coeffs.head_hidden_tensors:
+        whole = tp if inputs.sequence_parallel else 1
+        head = int(coeffs.head_hidden_tensors * tokens * model.hidden_size * act_bytes)
+        saved += head // whole
+    if inputs.gathered_tp_inputs and tp > 1:
+        # DTensor's column-wise head saves its input gathered over the sequence, beside the
+        # shard counted above; loss parallelism's backward holds an fp32 tensor per local
+        # logit beside the others
+        hidden = tokens * model.hidden_size * act_bytes
+        saved += hidden - hidden // tp
+        logits_backward += logits_bytes(tokens, vocab_local, 4)
+    return saved, logits_forward, logits_backward
 
 
 def stages_activation_terms(

@@ -8,9 +8,15 @@ A training spec is flattened once into ``Knobs``. Each pipeline stage that can b
 states and one that varies placement reuses the activations. ``planner.phases`` turns a
 stage's terms into allocated bytes per bucket and phase; the reported peak is the largest phase
 total (plus the CUDA context and the allocator's overhead), never the sum of the buckets'
-separate maxima. ``estimate`` memoises the end stages' largest phases per knobs object
-(``end_stages``; a search's ``evaluate`` does not): a spec estimated again costs the verdict
-alone.
+separate maxima.
+
+The verdict does not build the activation terms: ``end_stages`` adds each end stage's phase
+totals up (``planner.phases.stages_largest``) from its persistent state's sums (memoised with
+the state) and the layers' terms under the batch shape (``planner.activations.layer_shape``,
+memoised by the inputs besides the recompute); the Budget's views, ``explain`` and the ladder
+read the named terms (``stage_parts``). ``estimate`` memoises the end stages' largest phases
+per knobs object (``end_stages``; a search's ``evaluate`` does not): a spec estimated again
+costs the verdict alone.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
 from headroom.planner.activations import (
     ActivationInputs,
     ActivationTerms,
-    layer_activations,
+    clear_layer_shapes,
     stages_activation_terms,
     terms_bytes,
 )
@@ -37,7 +43,17 @@ from headroom.planner.coefficients import (
 from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec, spec_bytes
-from headroom.planner.phases import PhaseRows, largest_phase, phase_rows, stage_layer_backward
+from headroom.planner.phases import (
+    CONSTANTS_BYTES,
+    PhaseRows,
+    StageAllocated,
+    StageConstants,
+    largest_phase,
+    phase_rows,
+    stage_constants,
+    stage_layer_backward,
+    stages_largest,
+)
 from headroom.planner.stage import StageParams
 from headroom.planner.states import (
     HostBytes,
@@ -332,10 +348,10 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         settings.eager_attention,
         settings.capacity_factor,
         settings.imbalance,
-        settings.selective,
-        settings.checkpoint_every,
         fsdp2,  # gathered_tp_inputs
         fsdp2,  # edges
+        settings.selective,
+        settings.checkpoint_every,
     )
 
 
@@ -345,26 +361,39 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
 _CACHE_SIZE = 8192
 _StatesKey = tuple[int, tuple[int, ...], StatesInputs]
 _ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
-_STATES: BoundedDict[_StatesKey, tuple[ModelSpec, tuple[ModelStates, ...]]] = BoundedDict(
-    _CACHE_SIZE, 12 << 20
-)
+_STATES: BoundedDict[
+    _StatesKey, tuple[ModelSpec, tuple[ModelStates, ...], tuple[StageConstants, ...]]
+] = BoundedDict(_CACHE_SIZE, 12 << 20)
 _ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = (
     BoundedDict(_CACHE_SIZE, 12 << 20)
 )
+
+
+def stages_states(
+    model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
+) -> tuple[ModelSpec, tuple[ModelStates, ...], tuple[StageConstants, ...]]:
+    """Persistent state of each of ``stages`` (in order) and its ``stage_constants``,
+    memoised (after the model the entry keeps alive)."""
+    inputs = states_inputs(settings, coeffs)
+    key = (id(model), stages, inputs)
+    hit = _STATES.get(key)
+    if hit is None:
+        states_now = tuple(model_states(model, s, inputs) for s in stages)
+        streaming = inputs.offload_mode == "streaming"
+        constants = tuple(
+            stage_constants(states, streaming, inputs.accumulating) for states in states_now
+        )
+        weight = spec_bytes(model) + sum(map(states_bytes, states_now))
+        weight += CONSTANTS_BYTES * len(stages)
+        hit = _STATES.put(key, (model, states_now, constants), weight)
+    return hit
 
 
 def stage_parts(
     model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
 ) -> tuple[tuple[ModelStates, ...], tuple[ActivationTerms, ...]]:
     """Persistent state and activation terms of each of ``stages`` (in order), memoised."""
-    inputs = states_inputs(settings, coeffs)
-    key = (id(model), stages, inputs)
-    hit = _STATES.get(key)
-    if hit is None:
-        states_now = tuple(model_states(model, s, inputs) for s in stages)
-        weight = spec_bytes(model) + sum(map(states_bytes, states_now))
-        hit = _STATES.put(key, (model, states_now), weight)
-    states = hit[1]
+    states = stages_states(model, settings, coeffs, stages)[1]
     act_inputs = activation_inputs(settings)
     akey = (id(model), id(coeffs), stages, act_inputs)
     ahit = _ACTS.get(akey)
@@ -390,13 +419,6 @@ def stage_terms_from_knobs(
         streaming=settings.offload_mode == "streaming",
         accumulating=settings.grad_accum > 1,
     )
-
-
-class StageAllocated(NamedTuple):
-    """One stage's largest phase."""
-
-    allocated_bytes: int  # its allocated bytes (the sum of its row)
-    phase_index: int  # index of the phase in PHASES
 
 
 class Peak(NamedTuple):
@@ -448,10 +470,17 @@ def end_stages(
     and, when pp > 1, the last."""
     pp = settings.pp
     stages = (0, pp - 1) if pp > 1 else (0,)
-    streaming = settings.offload_mode == "streaming"
-    all_states, all_acts = stage_parts(model, settings, coeffs, stages)
-    allocated = stages_allocated(all_states, all_acts, stages, settings.grad_accum, streaming)
-    return allocated, tuple([states.host for states in all_states])
+    grad_accum = settings.grad_accum
+    _, all_states, constants = stages_states(model, settings, coeffs, stages)
+    largest = stages_largest(
+        model,
+        coeffs,
+        constants,
+        activation_inputs(settings),
+        tuple([min(pp - stage, grad_accum) for stage in stages]),
+        settings.offload_mode == "streaming",
+    )
+    return largest, tuple([states.host for states in all_states])
 
 
 #: ``estimate``'s memo of ``end_stages``: (model, knobs, coefficients) by identity -> (the
@@ -580,4 +609,4 @@ def clear_spec_caches() -> None:
     _ACTS.clear()
     knobs.cache_clear()
     _ENDS.clear()
-    layer_activations.cache_clear()
+    clear_layer_shapes()

@@ -26,7 +26,6 @@ from headroom.planner.coefficients import Coefficients, default_coefficients
 from headroom.planner.estimator import (
     FRAMEWORK_RULES,
     Knobs,
-    StageAllocated,
     estimate,
     gpu_peak,
     knobs,
@@ -36,6 +35,7 @@ from headroom.planner.estimator import (
 )
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
+from headroom.planner.phases import StageAllocated
 from headroom.planner.states import ModelStates
 from headroom.planner.steptime import StepModel, StepTime
 from headroom.planner.train import MAX_GRAD_ACCUM, TrainSpec

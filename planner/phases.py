@@ -9,21 +9,35 @@ tensors up to it or, with recompute, the checkpoints below its block and the blo
 it, and its own backward temporaries) and the embedding's. The optimizer phase adds the step's
 own temporaries.
 
-``_phase_terms`` states this arithmetic once. ``phase_rows`` lays its terms out per bucket (the
-Budget's per-bucket views and ``explain`` show the rows); ``largest_phase`` adds the same terms
-up per phase for the verdict without building the rows, and ``tests/planner/test_properties.py``
-holds its totals to the rows' sums (``phase_totals``).
+``_phase_terms`` states this arithmetic on a stage's named terms. ``phase_rows`` lays its terms
+out per bucket (the Budget's per-bucket views and ``explain`` show the rows); ``largest_phase``
+adds the same terms up per phase without building the rows (the auto-fit ladder's verdicts).
+``stages_largest`` is the estimate's verdict: the same totals for a candidate's end stages from
+their ``stage_constants`` (the sums of the persistent state, worked out once per state) and the
+layers' terms under its batch shape (``planner.activations.layer_shape``), without building a
+stage's activation terms or backward points. ``tests/planner/test_properties.py`` holds both
+to the rows' sums (``phase_totals``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple, cast
+
 from headroom.planner.activations import (
+    ActivationInputs,
     ActivationTerms,
     BackwardPoint,
     LayerTemporaries,
     ManyPoints,
+    layer_shape,
+    point_layout,
 )
+from headroom.planner.coefficients import Coefficients
+from headroom.planner.model import ModelSpec
 from headroom.planner.states import LayerGrads, ModelStates
+
+#: builds a named tuple from a tuple of its fields without calling its ``__new__``
+_new = tuple.__new__
 
 #: allocated bytes per GPU bucket in one phase, in ``planner.budget.ROW_BUCKETS`` order (plain
 #: tuples: a search builds five per candidate, and a named tuple costs several times as much)
@@ -262,3 +276,231 @@ def largest_phase(
 def phase_totals(rows: PhaseRows) -> list[int]:
     """Allocated bytes of each phase (``PHASES`` order): the sums of its rows."""
     return list(map(sum, rows))
+
+
+class StageConstants(NamedTuple):
+    """What ``stages_largest`` reads of one stage: its layers, and the sums of its persistent
+    state that no activation term changes (``_phase_terms``' and ``largest_phase``'s), worked
+    out once per state."""
+
+    num_layers: int
+    num_moe_layers: int
+    has_head: bool
+    moe_flags: bytes  # the stage's layer kinds (``StageParams.moe_flags``)
+    held: int  # parameters, master weights and EMA: held in every phase
+    optimizer_states: int  # held from step 2 on
+    forward: int  # the forward's total besides the activations, logits and dispatch buffers
+    optimizer: int  # the optimizer phase's total
+    tail: int  # the backward's total at the embedding's point
+    loss: int  # the loss's backward point's besides the activations, logits and dispatch
+    head_reduced: int | None  # FSDP2's head group's reduction's, the same (None: no such point)
+    grads_start: int  # the gradients as the layers' backward starts
+    dense_grads: LayerGrads  # a dense layer's gradients
+    moe_grads: LayerGrads  # an MoE layer's
+    dense_step: int  # what each dense layer above the running one adds (gradients less
+    # what its release frees)
+    moe_step: int  # the same for an MoE layer
+    layer_transfer: tuple[int, int, int, int]  # at a layer's backward, by its edge
+
+
+#: an upper bound of the bytes a ``StageConstants`` holds beyond its state's (a cache entry's
+#: weight, ``planner._memo``)
+CONSTANTS_BYTES = 1024
+
+
+def stage_constants(states: ModelStates, streaming: bool, accumulating: bool) -> StageConstants:
+    """The sums ``stages_largest`` reads of a stage with persistent state ``states``."""
+    sp = states.stage_params
+    held = states.params + states.master_params + states.ema
+    grads_total, opt = states.grads_total, states.optimizer_states
+    # gradient buffers live from the first micro-batch on (streaming's are the host's)
+    live_grads = grads_total if (accumulating or states.grads_resident) and not streaming else 0
+    # streaming: gradients drain to the host during a forward only after an earlier
+    # micro-batch's backward
+    forward_transfer = states.forward_transfer if accumulating or not streaming else 0
+    if streaming:
+        optimizer = held + states.transfer_buffers
+    else:
+        optimizer = held + grads_total + opt + states.optimizer_temporaries
+    head_reduced = None
+    if states.head_reduced is not None:
+        head_reduced = sum(states.head_reduced)
+    dense_grads, moe_grads = states.layer_grads
+    dense_released, moe_released = states.released_transfer
+    return StageConstants(
+        num_layers=sp.num_layers,
+        num_moe_layers=sp.num_moe_layers,
+        has_head=sp.has_head,
+        moe_flags=sp.moe_flags,
+        held=held,
+        optimizer_states=opt,
+        forward=held + live_grads + forward_transfer,
+        optimizer=optimizer,
+        tail=states.grads_tail + states.transfer_buffers,
+        loss=live_grads + states.loss_transfer,
+        head_reduced=head_reduced,
+        grads_start=states.grads_start,
+        dense_grads=dense_grads,
+        moe_grads=moe_grads,
+        dense_step=dense_grads.layer - dense_released,
+        moe_step=moe_grads.layer - moe_released,
+        layer_transfer=states.layer_transfer,
+    )
+
+
+def _peak_total(
+    grads: LayerGrads,
+    throughout: int,
+    mlp: int,
+    mlp_saved: int,
+    start: int,
+    end: int,
+    dispatch: int,
+) -> int:
+    """The sum of ``layer_peak``, from the fields of its ``LayerTemporaries``: what a layer's
+    backward holds at its peak beyond its saved tensors."""
+    at_start = grads.start if start else 0
+    in_mlp = mlp + grads.mlp_peak
+    starting = start + at_start
+    after_mlp = grads.mlp - mlp_saved - dispatch + end
+    if in_mlp >= after_mlp and in_mlp >= starting:
+        return throughout + in_mlp
+    if starting > after_mlp:
+        return throughout + starting
+    return throughout + after_mlp
+
+
+class StageAllocated(NamedTuple):
+    """One stage's largest phase."""
+
+    allocated_bytes: int  # its allocated bytes (the sum of its row)
+    phase_index: int  # index of the phase in PHASES
+
+
+def stages_largest(
+    model: ModelSpec,
+    coeffs: Coefficients,
+    stages: tuple[StageConstants, ...],
+    inputs: ActivationInputs,
+    in_flights: tuple[int, ...],
+    streaming: bool,
+) -> tuple[StageAllocated, ...]:
+    """``largest_phase`` of each of ``stages`` (its ``stage_constants``) with ``in_flights[i]``
+    micro-batches in flight, its activation terms under ``inputs`` worked out on the way: the
+    same sums, without building a stage's ``ActivationTerms`` or its backward points (a search
+    pays this for every new candidate). Only each phase's total is kept, so the backward's
+    largest point is the largest of its candidates' totals, and each layer's backward point
+    adds up only what differs from point to point."""
+    shape = layer_shape(model, coeffs, inputs)
+    k, edges = inputs.checkpoint_every, inputs.edges
+    if k is not None:
+        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.blocks
+    elif inputs.selective:
+        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.selective
+    else:
+        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.plain
+    layer = shape.layer
+    dispatch, layer_input = layer.dispatch, layer.layer_input
+    moe_held = saved_moe + dispatch  # what each MoE layer of a block holds
+    head_saved, logits_forward, logits_backward = shape.head
+    out = []
+    for constants, in_flight in zip(stages, in_flights, strict=True):
+        (
+            n,
+            n_moe,
+            has_head,
+            flags,
+            held,
+            opt,
+            forward,
+            optimizer,
+            back,
+            loss,
+            head_reduced,
+            grads_start,
+            dense_grads,
+            moe_grads,
+            dense_step,
+            moe_step,
+            layer_transfer,
+        ) = constants
+        # one micro-batch's saved activations and dispatch buffers (``stage_activation_terms``)
+        if k is None:
+            saved = (n - n_moe) * saved_dense + n_moe * saved_moe
+            dispatch_saved = n_moe * dispatch
+        else:
+            saved = -(-n // k) * layer_input
+            dispatch_saved = 0
+        logits = 0
+        if has_head:
+            saved += head_saved
+            logits = logits_forward
+        activations = in_flight * saved
+        dispatch_all = in_flight * dispatch_saved
+        # streaming: the head runs on its pool buffer and its input is held for its gradient
+        if streaming and logits:
+            activations += layer_input
+        layouts = point_layout(flags, k, edges)
+        if layouts:
+            # ``stage_layer_backward``: the largest point's total, less what every point adds
+            dense_peak = moe_peak = 0
+            if n_moe < n:
+                dense_peak = _peak_total(
+                    dense_grads,
+                    throughout_dense,
+                    layer.backward_ffn_dense,
+                    layer.mlp_dense,
+                    0,
+                    layer.backward_end_dense,
+                    0,
+                )
+            if n_moe:
+                moe_peak = _peak_total(
+                    moe_grads,
+                    throughout_moe,
+                    layer.backward_ffn_moe,
+                    layer.mlp_moe,
+                    layer.backward_start_moe,
+                    layer.backward_end_moe,
+                    dispatch,
+                )
+            best = None
+            for (
+                dense_layers,
+                moe_layers,
+                checkpoints,
+                held_dense,
+                held_moe,
+                is_moe,
+                edge,
+            ) in layouts:
+                total = (
+                    dense_layers * dense_step
+                    + moe_layers * moe_step
+                    + checkpoints * layer_input
+                    + held_dense * saved_dense
+                    + held_moe * moe_held
+                    + layer_transfer[edge]
+                    + (moe_peak if is_moe else dense_peak)
+                )
+                if best is None or total > best:
+                    best = total
+            extra = in_flight - 1  # micro-batches in flight besides the running one
+            best = grads_start + extra * saved + extra * dispatch_saved + cast(int, best)
+            # (``through_layers`` finds no point when every total is negative)
+            if best > back and best >= 0:
+                back = best
+        if head_reduced is not None:  # FSDP2's head group reduced after the loss
+            reduced = head_reduced + activations + dispatch_all
+            if reduced > back:
+                back = reduced
+        if logits:
+            loss += activations + logits + logits_backward + dispatch_all
+            if loss > back:
+                back = loss
+        forward += activations + logits + dispatch_all
+        back += held
+        totals = (forward, back, forward + opt, back + opt, optimizer)
+        largest = max(totals)
+        out.append(_new(StageAllocated, (largest, totals.index(largest))))
+    return tuple(out)

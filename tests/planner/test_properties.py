@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from headroom import planner
 from headroom.planner.estimator import (
+    end_stages,
     knobs,
     stage_parts,
     stage_terms,
@@ -234,8 +235,9 @@ def test_buckets_are_nonnegative_ints_and_peak_is_consistent(
 def test_phase_totals_equal_the_rows_the_budget_shows(
     model: planner.ModelSpec, train: planner.TrainSpec, hw: planner.Hardware
 ) -> None:
-    """The verdict comes from each stage's largest phase total; the per-bucket rows the Budget
-    shows must sum to them."""
+    """The verdict comes from each stage's largest phase total (``end_stages`` adds them up
+    for the end stages without building their terms, ``stages_allocated`` from the terms); the
+    per-bucket rows the Budget shows must sum to them."""
     train = _fitted(model, train)
     kn = knobs(train)
     coeffs = planner.default_coefficients(train.activation_profile, hw.name)
@@ -251,6 +253,8 @@ def test_phase_totals_equal_the_rows_the_budget_shows(
         assert list(totals) == [sum(row) for row in rows], stage
         largest = max(totals)
         assert allocated[stage] == (largest, totals.index(largest)), stage
+    ends = (0, kn.pp - 1) if kn.pp > 1 else (0,)
+    assert end_stages(model, kn, coeffs)[0] == tuple(allocated[stage] for stage in ends)
     dumped = planner.estimate(model, train, hw).model_dump()
     assert planner.BudgetModel.model_validate(dumped).model_dump() == dumped
 
