@@ -301,9 +301,9 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
     """The knobs and coefficients ``model_states`` reads (values it ignores normalised, so
     candidates that differ only there share an entry)."""
     mode, framework = settings.offload_mode, settings.framework
-    # built by position (``StatesInputs``' fields in declaration order): every new candidate
-    # builds one, and keyword arguments cost a named tuple this long a microsecond more
-    return StatesInputs(
+    # built by position (``StatesInputs``' fields in declaration order) with ``tuple.__new__``:
+    # every new candidate builds one, and the named tuple's own ``__new__`` is a Python call
+    fields = (
         settings.tp,
         settings.pp,
         settings.ep,
@@ -330,13 +330,14 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         # embedding_grad_whole_vocab: read by fsdp2 with tp > 1 only
         coeffs.embedding_grad_whole_vocab if framework == "fsdp2" and settings.tp > 1 else True,
     )
+    return _new(StatesInputs, fields)
 
 
 def activation_inputs(settings: Knobs) -> ActivationInputs:
     """The knobs ``activation_terms`` reads."""
     fsdp2 = settings.framework == "fsdp2"
     # built by position (``ActivationInputs``' fields in declaration order), as above
-    return ActivationInputs(
+    fields = (
         settings.tp,
         settings.pp,
         settings.ep,
@@ -353,6 +354,7 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         settings.selective,
         settings.checkpoint_every,
     )
+    return _new(ActivationInputs, fields)
 
 
 # Spec-dependent memo of ``stage_parts``: keyed by the identity of the model (and coefficients)
@@ -361,9 +363,10 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
 _CACHE_SIZE = 8192
 _StatesKey = tuple[int, tuple[int, ...], StatesInputs]
 _ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]
-_STATES: BoundedDict[
-    _StatesKey, tuple[ModelSpec, tuple[ModelStates, ...], tuple[StageConstants, ...]]
-] = BoundedDict(_CACHE_SIZE, 12 << 20)
+_StatesEntry = tuple[
+    ModelSpec, tuple[ModelStates, ...], tuple[StageConstants, ...], tuple[HostBytes, ...]
+]
+_STATES: BoundedDict[_StatesKey, _StatesEntry] = BoundedDict(_CACHE_SIZE, 12 << 20)
 _ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerms, ...]]] = (
     BoundedDict(_CACHE_SIZE, 12 << 20)
 )
@@ -371,9 +374,9 @@ _ACTS: BoundedDict[_ActsKey, tuple[ModelSpec, Coefficients, tuple[ActivationTerm
 
 def stages_states(
     model: ModelSpec, settings: Knobs, coeffs: Coefficients, stages: tuple[int, ...]
-) -> tuple[ModelSpec, tuple[ModelStates, ...], tuple[StageConstants, ...]]:
-    """Persistent state of each of ``stages`` (in order) and its ``stage_constants``,
-    memoised (after the model the entry keeps alive)."""
+) -> _StatesEntry:
+    """Persistent state of each of ``stages`` (in order), its ``stage_constants`` and its host
+    bytes, memoised (after the model the entry keeps alive)."""
     inputs = states_inputs(settings, coeffs)
     key = (id(model), stages, inputs)
     hit = _STATES.get(key)
@@ -385,7 +388,8 @@ def stages_states(
         )
         weight = spec_bytes(model) + sum(map(states_bytes, states_now))
         weight += CONSTANTS_BYTES * len(stages)
-        hit = _STATES.put(key, (model, states_now, constants), weight)
+        hosts = tuple([states.host for states in states_now])
+        hit = _STATES.put(key, (model, states_now, constants, hosts), weight)
     return hit
 
 
@@ -468,19 +472,24 @@ def end_stages(
 ) -> tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]]:
     """The largest phase and the host bytes of each stage that can be the heaviest: the first
     and, when pp > 1, the last."""
-    pp = settings.pp
-    stages = (0, pp - 1) if pp > 1 else (0,)
-    grad_accum = settings.grad_accum
-    _, all_states, constants = stages_states(model, settings, coeffs, stages)
+    pp, grad_accum = settings.pp, settings.grad_accum
+    # micro-batches in flight on a stage: min(pp - stage, grad_accum), so 1 on the last
+    stages: tuple[int, ...]
+    in_flights: tuple[int, ...]
+    if pp > 1:
+        stages, in_flights = (0, pp - 1), (min(pp, grad_accum), 1)
+    else:
+        stages, in_flights = (0,), (1,)
+    _, _, constants, hosts = stages_states(model, settings, coeffs, stages)
     largest = stages_largest(
         model,
         coeffs,
         constants,
         activation_inputs(settings),
-        tuple([min(pp - stage, grad_accum) for stage in stages]),
+        in_flights,
         settings.offload_mode == "streaming",
     )
-    return largest, tuple([states.host for states in all_states])
+    return largest, hosts
 
 
 #: ``estimate``'s memo of ``end_stages``: (model, knobs, coefficients) by identity -> (the

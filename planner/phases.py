@@ -295,8 +295,11 @@ class StageConstants(NamedTuple):
     loss: int  # the loss's backward point's besides the activations, logits and dispatch
     head_reduced: int | None  # FSDP2's head group's reduction's, the same (None: no such point)
     grads_start: int  # the gradients as the layers' backward starts
-    dense_grads: LayerGrads  # a dense layer's gradients
-    moe_grads: LayerGrads  # an MoE layer's
+    dense_mlp_peak: int  # a dense layer's ``LayerGrads``: ``mlp_peak``
+    dense_mlp: int  # and ``mlp``
+    moe_mlp_peak: int  # an MoE layer's: ``mlp_peak``
+    moe_mlp: int  # ``mlp``
+    moe_start: int  # and ``start``
     dense_step: int  # what each dense layer above the running one adds (gradients less
     # what its release frees)
     moe_step: int  # the same for an MoE layer
@@ -340,34 +343,15 @@ def stage_constants(states: ModelStates, streaming: bool, accumulating: bool) ->
         loss=live_grads + states.loss_transfer,
         head_reduced=head_reduced,
         grads_start=states.grads_start,
-        dense_grads=dense_grads,
-        moe_grads=moe_grads,
+        dense_mlp_peak=dense_grads.mlp_peak,
+        dense_mlp=dense_grads.mlp,
+        moe_mlp_peak=moe_grads.mlp_peak,
+        moe_mlp=moe_grads.mlp,
+        moe_start=moe_grads.start,
         dense_step=dense_grads.layer - dense_released,
         moe_step=moe_grads.layer - moe_released,
         layer_transfer=states.layer_transfer,
     )
-
-
-def _peak_total(
-    grads: LayerGrads,
-    throughout: int,
-    mlp: int,
-    mlp_saved: int,
-    start: int,
-    end: int,
-    dispatch: int,
-) -> int:
-    """The sum of ``layer_peak``, from the fields of its ``LayerTemporaries``: what a layer's
-    backward holds at its peak beyond its saved tensors."""
-    at_start = grads.start if start else 0
-    in_mlp = mlp + grads.mlp_peak
-    starting = start + at_start
-    after_mlp = grads.mlp - mlp_saved - dispatch + end
-    if in_mlp >= after_mlp and in_mlp >= starting:
-        return throughout + in_mlp
-    if starting > after_mlp:
-        return throughout + starting
-    return throughout + after_mlp
 
 
 class StageAllocated(NamedTuple):
@@ -399,8 +383,23 @@ def stages_largest(
         saved_dense, saved_moe, throughout_dense, throughout_moe = shape.selective
     else:
         saved_dense, saved_moe, throughout_dense, throughout_moe = shape.plain
-    layer = shape.layer
-    dispatch, layer_input = layer.dispatch, layer.layer_input
+    # unpacked rather than read by attribute (fields in declaration order)
+    (
+        _,
+        _,
+        _,
+        dispatch,
+        layer_input,
+        _,
+        _,
+        ffn_dense,
+        ffn_moe,
+        start_moe,
+        end_moe,
+        mlp_dense,
+        mlp_moe,
+        end_dense,
+    ) = shape.layer
     moe_held = saved_moe + dispatch  # what each MoE layer of a block holds
     head_saved, logits_forward, logits_backward = shape.head
     out = []
@@ -418,8 +417,11 @@ def stages_largest(
             loss,
             head_reduced,
             grads_start,
-            dense_grads,
-            moe_grads,
+            dense_mlp_peak,
+            dense_mlp,
+            moe_mlp_peak,
+            moe_mlp,
+            moe_start,
             dense_step,
             moe_step,
             layer_transfer,
@@ -442,27 +444,19 @@ def stages_largest(
             activations += layer_input
         layouts = point_layout(flags, k, edges)
         if layouts:
-            # ``stage_layer_backward``: the largest point's total, less what every point adds
+            # ``stage_layer_backward``: the largest point's total, less what every point adds.
+            # A kind's ``layer_peak`` adds up to the largest of its three moments (in its MLP's
+            # backward, as it starts, after its MLP's), for the kinds the stage holds
             dense_peak = moe_peak = 0
             if n_moe < n:
-                dense_peak = _peak_total(
-                    dense_grads,
-                    throughout_dense,
-                    layer.backward_ffn_dense,
-                    layer.mlp_dense,
-                    0,
-                    layer.backward_end_dense,
-                    0,
+                dense_peak = throughout_dense + max(
+                    ffn_dense + dense_mlp_peak, 0, dense_mlp - mlp_dense + end_dense
                 )
             if n_moe:
-                moe_peak = _peak_total(
-                    moe_grads,
-                    throughout_moe,
-                    layer.backward_ffn_moe,
-                    layer.mlp_moe,
-                    layer.backward_start_moe,
-                    layer.backward_end_moe,
-                    dispatch,
+                moe_peak = throughout_moe + max(
+                    ffn_moe + moe_mlp_peak,
+                    start_moe + moe_start if start_moe else 0,
+                    moe_mlp - mlp_moe - dispatch + end_moe,
                 )
             best = None
             for (
