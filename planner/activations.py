@@ -353,18 +353,23 @@ def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
     throughout_dense = layer.backward_dense - layer.backward_ffn_dense
     throughout_moe = layer.backward_moe - layer.backward_ffn_moe
     rerun = int(coeffs.recompute_hidden_tensors * layer_input)
-    shape = LayerShape(
-        layer=layer,
-        head=head_terms(model, coeffs, inputs),
-        plain=(saved_dense, saved_moe, throughout_dense, throughout_moe),
-        # each layer recomputes its scores in its own backward
-        selective=(
-            saved_dense - scores,
-            saved_moe - scores,
-            throughout_dense + scores,
-            throughout_moe + scores,
+    # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
+    # one for every new batch shape
+    shape = _new(
+        LayerShape,
+        (
+            layer,
+            head_terms(model, coeffs, inputs),
+            (saved_dense, saved_moe, throughout_dense, throughout_moe),  # plain
+            # selective: each layer recomputes its scores in its own backward
+            (
+                saved_dense - scores,
+                saved_moe - scores,
+                throughout_dense + scores,
+                throughout_moe + scores,
+            ),
+            (saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun),  # blocks
         ),
-        blocks=(saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun),
     )
     weight = spec_bytes(model) + coefficients_bytes(coeffs) + SMALL_ENTRY_BYTES
     return _SHAPES.put(key, (model, coeffs, shape), weight)[2]

@@ -137,7 +137,8 @@ class Budget:
     ``model``, ``coefficients``) are built from the same integers on first access, so a search
     that only reads the verdict does not pay for dictionaries it never looks at.
     ``model_dump()`` is exactly the JSON of ``headroom estimate --format json`` and validates
-    against :class:`BudgetModel`.
+    against :class:`BudgetModel`. The estimator passes its arguments by position: a search
+    builds one per candidate, and seventeen keyword arguments cost half a microsecond more.
     """
 
     __slots__ = (
@@ -163,7 +164,6 @@ class Budget:
 
     def __init__(
         self,
-        *,
         peak_phase: str,
         fits: bool,
         stage: int,

@@ -575,24 +575,26 @@ def _budget(
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
+    context, fraction = over
+    # by position (``Budget``'s parameters in declaration order; see its docstring)
     return Budget(
-        peak_phase=PHASES[index],
-        fits=fits,
-        stage=stage,
-        margin_bytes=margin,
-        warnings=warnings,
-        gpu_peak_bytes=peak_bytes,
-        host_peak_bytes=host_peak,
-        model=model,
-        hardware_name=hardware.name,
-        capacity=capacity,
-        rows=lambda: stage_terms_from_knobs(model, settings, coeffs, stage).rows(),
-        context=over.cuda_context_bytes,
-        allocator_overhead_fraction=over.allocator_overhead_fraction,
-        host=host,
-        ranks=ranks,
-        host_capacity=host_cap,
-        coeffs=coeffs,
+        PHASES[index],  # peak_phase
+        fits,
+        stage,
+        margin,  # margin_bytes
+        warnings,
+        peak_bytes,  # gpu_peak_bytes
+        host_peak,  # host_peak_bytes
+        model,
+        hardware.name,  # hardware_name
+        capacity,
+        lambda: stage_terms_from_knobs(model, settings, coeffs, stage).rows(),  # rows
+        context,
+        fraction,  # allocator_overhead_fraction
+        host,
+        ranks,
+        host_cap,  # host_capacity
+        coeffs,
     )
 
 

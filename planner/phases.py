@@ -21,7 +21,7 @@ to the rows' sums (``phase_totals``).
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from headroom.planner.activations import (
     ActivationInputs,
@@ -458,7 +458,12 @@ def stages_largest(
                     start_moe + moe_start if start_moe else 0,
                     moe_mlp - mlp_moe - dispatch + end_moe,
                 )
-            best = None
+            # what every point adds: the gradients as the layers' backward starts, and what
+            # the micro-batches in flight besides the running one keep of their forwards
+            extra = in_flight - 1
+            common = grads_start + extra * saved + extra * dispatch_saved
+            # a point counts once its total is above -1 (``through_layers``' start)
+            best = -1 - common
             for (
                 dense_layers,
                 moe_layers,
@@ -477,12 +482,10 @@ def stages_largest(
                     + layer_transfer[edge]
                     + (moe_peak if is_moe else dense_peak)
                 )
-                if best is None or total > best:
+                if total > best:
                     best = total
-            extra = in_flight - 1  # micro-batches in flight besides the running one
-            best = grads_start + extra * saved + extra * dispatch_saved + cast(int, best)
-            # (``through_layers`` finds no point when every total is negative)
-            if best > back and best >= 0:
+            best += common
+            if best > back and best >= 0:  # (none counts: -1)
                 back = best
         if head_reduced is not None:  # FSDP2's head group reduced after the loss
             reduced = head_reduced + activations + dispatch_all
