@@ -497,7 +497,17 @@ def stages_largest(
                 back = loss
         forward += activations + logits + dispatch_all
         back += held
-        totals = (forward, back, forward + opt, back + opt, optimizer)
-        largest = max(totals)
-        out.append(_new(StageAllocated, (largest, totals.index(largest))))
+        # the first largest of (forward, backward, forward + opt, backward + opt, optimizer):
+        # step 2's forward and backward are step 1's plus the moments, so they are larger
+        # when there are moments, and equal (the earlier wins) when there are none
+        if back > forward:
+            largest, index = back, 1
+        else:
+            largest, index = forward, 0
+        if opt > 0:
+            largest += opt
+            index += 2
+        if optimizer > largest:
+            largest, index = optimizer, 4
+        out.append(_new(StageAllocated, (largest, index)))
     return tuple(out)
