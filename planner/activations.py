@@ -18,7 +18,9 @@ Coefficients scale each group per activation profile.
 A stage's terms (``activation_terms``) add the layers up for one micro-batch: what forward
 saves, the logits, what each layer's backward holds beyond its saved tensors, and the few
 points of the backward where the stage can peak. They depend on the batch shape and recompute,
-not on the placement, so ``planner.estimator`` memoises them by ``ActivationInputs``.
+not on the placement, so ``planner.estimator`` memoises them by ``ActivationInputs``. The
+layers' and the head's own terms under one batch shape (``layer_shape``) are memoised for every
+recompute at once: a search that varies the recompute works them out once per batch shape.
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ class ActivationInputs(NamedTuple):
 
 
 #: ``ActivationInputs``' fields before the recompute ones (``layer_shape``'s key)
-_SHAPE_FIELDS = 13
+_SHAPE_FIELDS = ActivationInputs._fields.index("selective")
 
 
 #: a backward point's ``edge``: a layer between others, the stage's bottom, its top, both

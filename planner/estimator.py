@@ -359,7 +359,8 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
 
 # Spec-dependent memo of ``stage_parts``: keyed by the identity of the model (and coefficients)
 # and each half's inputs; the entry keeps the keyed objects alive so an id cannot be reused.
-# Each weighs the spec (and coefficients) it keeps alive and its terms.
+# Each weighs the spec (and coefficients) it keeps alive and its terms. A states entry also
+# keeps each stage's ``stage_constants`` and host bytes (``stages_states``, the verdict's).
 _CACHE_SIZE = 8192
 _StatesKey = tuple[int, tuple[int, ...], StatesInputs]
 _ActsKey = tuple[int, int, tuple[int, ...], ActivationInputs]

@@ -413,7 +413,7 @@ def stages_largest(
             opt,
             forward,
             optimizer,
-            back,
+            back,  # the backward's largest point so far: the embedding's (``tail``)
             loss,
             head_reduced,
             grads_start,
@@ -485,7 +485,7 @@ def stages_largest(
                 if total > best:
                     best = total
             best += common
-            if best > back and best >= 0:  # (none counts: -1)
+            if best > back and best >= 0:  # -1: no point counted
                 back = best
         if head_reduced is not None:  # FSDP2's head group reduced after the loss
             reduced = head_reduced + activations + dispatch_all
