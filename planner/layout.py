@@ -40,15 +40,18 @@ its achieved efficiency, plus a latency per step.
 
 **Search**: every layout of at most N GPUs (whole nodes, or part of one node) whose degrees
 divide the model and the global batch, every per-rank choice inside it. Each candidate is priced
-(a few arithmetic operations: a layout's per-byte costs are resolved once); the candidates are
-walked fastest first, and each is estimated (``planner.estimate``'s own terms, memoised by their
-inputs) until the chosen one and the runners-up are found. A (layout, ZeRO stage, placement)
+(a few arithmetic operations: a layout's per-byte costs are resolved once); world sizes are
+searched largest first, each world's candidates walked fastest first and estimated
+(``planner.estimate``'s own terms, memoised by their inputs) until they are slower than the
+runners-up found; a world whose FLOPs alone, spread over its GPUs, are slower than the last
+runner-up is not priced. A (layout, ZeRO stage, placement)
 whose optimizer phase alone (persistent state, gradients and the step's temporaries: a lower
 bound of its peak) exceeds the GPU is rejected without pricing its candidates.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, NamedTuple
 
@@ -77,6 +80,9 @@ from headroom.planner.train import TrainSpec
 
 #: most GPUs a plan is asked about (the search walks every world size up to it)
 MAX_PLAN_GPUS = 16384
+#: most candidates one plan estimates (each ~10-40 µs): bounds a search where so many of the
+#: fastest candidates do not fit
+PLAN_MAX_ESTIMATES = 100_000
 #: optimizer-offload fractions the plan tries (the ladder refines within a layout)
 PLAN_OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 #: streaming: layers per checkpointed block
@@ -259,6 +265,15 @@ class PlanResult(BaseModel):
     global_batch: int
     seq_len: int
     layouts_considered: int
+    truncated: bool = Field(
+        default=False,
+        description="The walk stopped after PLAN_MAX_ESTIMATES estimates (so many fast "
+        "candidates did not fit): what it found is reported, faster fitting layouts may exist.",
+    )
+    layouts_skipped: int = Field(
+        description="Layouts of fewer GPUs left unpriced: their compute alone (every FLOP "
+        "spread over their GPUs) is slower than the last runner-up."
+    )
     candidates_considered: int = Field(description="Candidates priced (every per-rank choice).")
     candidates_estimated: int = Field(
         description="Candidates whose memory was estimated (the fastest first, until the "
@@ -720,9 +735,15 @@ class Planner:
                     step = pipeline + dp_comm + tail
                 out.append((step, key | i << 4 | r))
 
-    def candidates(self) -> tuple[list[tuple[float, int]], list[Any], dict[str, int], int]:
-        """Every candidate priced as ``(step, key)``, the groups the keys index, the
-        candidates rejected unpriced, and the layouts considered."""
+    def candidates(
+        self,
+        lays: list[Layout],
+        groups: list[Any],
+        rejected: dict[str, int],
+    ) -> list[tuple[float, int]]:
+        """The candidates of ``lays`` priced as ``(step, key)``; the key indexes the group
+        appended to ``groups``; groups whose model-state floor exceeds the GPU are counted in
+        ``rejected`` unpriced."""
         model, coeffs, hw = self.model, self.coeffs, self.hw
         cap = hw.memory_bytes
         over = {e: overheads(coeffs, hw, e) for e in (False, True)}
@@ -730,9 +751,6 @@ class Planner:
         context = over[False].cuda_context_bytes
         least = min(o.allocator_overhead_fraction for o in over.values())
         priced: list[tuple[float, int]] = []
-        groups: list[Any] = []
-        rejected = {"model_states": 0}
-        lays = self.layouts()
         for lay in lays:
             c = self.costs(lay)
             per_rank = self.batch // lay.dp
@@ -779,47 +797,77 @@ class Planner:
                             key,
                             priced,
                         )
-        return priced, groups, rejected, len(lays)
+        return priced
 
-    def run(self, max_listed: int = 10) -> PlanResult:
-        """The fastest candidate that fits, the runners-up and the rejections."""
+    def compute_floor(self, world: int) -> float:
+        """No candidate on ``world`` GPUs steps faster than its FLOPs without recompute spread
+        over every GPU at the achieved rate (its communication, bubble and overheads add)."""
+        return self.price.flops_base * self.batch * self.seq / (world * self.rate)
+
+    def run(self, max_listed: int = 10, max_estimates: int = PLAN_MAX_ESTIMATES) -> PlanResult:
+        """The fastest candidate that fits, the runners-up and the rejections.
+
+        World sizes are searched largest first; one whose compute floor is already slower than
+        the last runner-up found is skipped unpriced (``layouts_skipped``). Each world's
+        candidates are walked fastest first, estimated until they are slower than the last
+        runner-up."""
         model, coeffs, hw = self.model, self.coeffs, self.hw
-        priced, groups, rejected_by, layouts_considered = self.candidates()
-        considered = len(priced) + rejected_by["model_states"]
-        priced.sort()
+        lays = self.layouts()
+        by_world: dict[int, list[Layout]] = {}
+        for lay in lays:
+            by_world.setdefault(lay.world, []).append(lay)
         cap, host_cap = hw.memory_bytes, hw.host_memory_bytes
         over = {e: overheads(coeffs, hw, e) for e in (False, True)}
         segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
-        rejected_by.update(gpu_memory=0, host_memory=0)
+        rejected_by = {"model_states": 0, "gpu_memory": 0, "host_memory": 0}
         rejected: list[PlanCandidate] = []
-        fitting: list[tuple[Candidate, int, int]] = []
-        estimated = 0
-        for step, key in priced:
-            lay, zero, p_i, placement, mbs = groups[key >> 12]
-            mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
-            for e in segments:
-                estimated += 1
-                cand = Candidate(step, key, lay, zero, p_i, mb, r, e)
-                settings = self.settings(lay, zero, placement, mb, r, e)
-                allocated, hosts = end_stages(model, settings, coeffs)
-                peak, where, _ = gpu_peak(allocated, over[e])
-                host_peak = sum(hosts[where]) * min(hw.gpus_per_node, lay.world)
-                margin = math.ceil(peak * self.margin_fraction)
-                if peak + margin > cap:
-                    reason = f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
-                    kind = "gpu_memory"
-                elif host_cap is not None and host_peak > host_cap:
-                    reason = f"host RAM {host_peak} B > capacity {host_cap} B"
-                    kind = "host_memory"
-                else:
-                    fitting.append((cand, peak, host_peak))
+        # (step, order, candidate, peak, host peak): the fastest found, at most max_listed + 1
+        fitting: list[tuple[float, int, Candidate, int, int]] = []
+        groups: list[Any] = []
+        estimated = priced_total = skipped = 0
+        truncated = False
+        for world in sorted(by_world, reverse=True):
+            if truncated:
+                skipped += len(by_world[world])
+                continue
+            if len(fitting) > max_listed and self.compute_floor(world) > fitting[-1][0]:
+                skipped += len(by_world[world])
+                continue
+            priced = self.candidates(by_world[world], groups, rejected_by)
+            priced_total += len(priced)
+            priced.sort()
+            for step, key in priced:
+                if len(fitting) > max_listed and step > fitting[-1][0]:
                     break
-                if e == segments[-1]:  # its allocator modes all rejected: one candidate
-                    rejected_by[kind] += 1
-                    if len(rejected) < max_listed:
-                        rejected.append(self._listed(cand, peak, host_peak, reason=reason))
-            if len(fitting) > max_listed:
-                break
+                if estimated >= max_estimates:
+                    truncated = True
+                    break
+                lay, zero, p_i, placement, mbs = groups[key >> 12]
+                mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
+                for e in segments:
+                    estimated += 1
+                    cand = Candidate(step, key, lay, zero, p_i, mb, r, e)
+                    settings = self.settings(lay, zero, placement, mb, r, e)
+                    allocated, hosts = end_stages(model, settings, coeffs)
+                    peak, where, _ = gpu_peak(allocated, over[e])
+                    host_peak = sum(hosts[where]) * min(hw.gpus_per_node, lay.world)
+                    margin = math.ceil(peak * self.margin_fraction)
+                    if peak + margin > cap:
+                        reason = f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
+                        kind = "gpu_memory"
+                    elif host_cap is not None and host_peak > host_cap:
+                        reason = f"host RAM {host_peak} B > capacity {host_cap} B"
+                        kind = "host_memory"
+                    else:
+                        bisect.insort(fitting, (step, key, cand, peak, host_peak))
+                        del fitting[max_listed + 1 :]
+                        break
+                    if e == segments[-1]:  # its allocator modes all rejected: one candidate
+                        rejected_by[kind] += 1
+                        if len(rejected) < max_listed:
+                            rejected.append(self._listed(cand, peak, host_peak, reason=reason))
+        considered = priced_total + rejected_by["model_states"]
+        layouts_considered = len(lays)
         rejected_by["layout"] = self.layouts_refused
         common: dict[str, Any] = {
             "gpus": self.gpus,
@@ -829,6 +877,8 @@ class Planner:
             "global_batch": self.batch,
             "seq_len": self.seq,
             "layouts_considered": layouts_considered,
+            "layouts_skipped": skipped,
+            "truncated": truncated,
             "candidates_considered": considered,
             "candidates_estimated": estimated,
             "rejected": rejected,
@@ -846,17 +896,21 @@ class Planner:
                 predicted_tokens_per_second=None,
                 gpus_used=None,
                 runners_up=[],
-                reason=f"no layout of at most {self.gpus} GPUs fits: every candidate's "
-                "heaviest rank exceeds the GPU or its node's host RAM",
+                reason=(
+                    f"the search stopped after {estimated} estimates, none of which fit"
+                    if truncated
+                    else f"no layout of at most {self.gpus} GPUs fits: every candidate's "
+                    "heaviest rank exceeds the GPU or its node's host RAM"
+                ),
                 **common,
             )
-        best, _, _ = fitting[0]
+        best = fitting[0][2]
         plan = self.spec(best)
         budget = estimate(model, plan, hw, coeffs)
         tokens = self.batch * self.seq
         runners_up = [
             self._listed(c, peak, host_peak, plan=self.spec(c).model_dump(mode="json"))
-            for c, peak, host_peak in fitting[1:]
+            for _, _, c, peak, host_peak in fitting[1:]
         ]
         return PlanResult(
             fits=True,
@@ -868,7 +922,8 @@ class Planner:
             gpus_used=best.layout.world,
             runners_up=runners_up,
             reason=f"fastest of {considered} candidates over {layouts_considered} layouts by "
-            "predicted step time",
+            "predicted step time"
+            + (f" (the search stopped after {estimated} estimates)" if truncated else ""),
             **common,
         )
 

@@ -90,7 +90,8 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
     runners-up as estimating every priced candidate and ranking those that fit."""
     p = _planner("llama-3-8b", "H100-80GB", 16, 64, 4096)
     result = p.run(max_listed=5)
-    priced, groups, _, _ = p.candidates()
+    groups: list[Any] = []
+    priced = p.candidates(p.layouts(), groups, {"model_states": 0})
     over = {e: overheads(p.coeffs, p.hw, e) for e in (False, True)}
     segments = tuple(dict.fromkeys((p.train.expandable_segments, True)))
     fitting = []
@@ -105,6 +106,7 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
                 fitting.append((step, lay, zero, mb, r, e))
                 break
     assert len(fitting) > 6 and result.candidates_estimated < len(priced)
+    assert result.layouts_skipped > 0
     assert result.predicted_step_seconds == fitting[0][0]
     assert [c.step_seconds for c in result.runners_up] == [f[0] for f in fitting[1:6]]
     assert result.plan is not None
@@ -117,7 +119,8 @@ def test_the_model_state_floor_rejects_only_what_cannot_fit() -> None:
     """A (layout, ZeRO stage, placement) is rejected unpriced when its optimizer phase alone
     exceeds the GPU: none of its candidates fits by the full estimate."""
     p = _planner("llama-3-70b", "H100-80GB", 16, 64, 2048)
-    _, _, rejected, _ = p.candidates()
+    rejected = {"model_states": 0}
+    p.candidates(p.layouts(), [], rejected)
     assert rejected["model_states"] > 0
     checked = 0
     for lay in p.layouts():
@@ -244,3 +247,13 @@ def test_nothing_fits_when_no_layout_holds_the_model() -> None:
     result = _planner("llama-3.1-405b", "H100-80GB", 2, 8, 8192).run()
     assert not result.fits and result.plan is None and result.budget is None
     assert result.rejected_by_reason["model_states"] > 0
+
+
+def test_a_bounded_walk_says_it_stopped() -> None:
+    p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
+    full = p.run(max_listed=3)
+    assert not full.truncated and full.candidates_estimated > 20
+    short = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096).run(max_listed=3, max_estimates=5)
+    # a candidate's two allocator modes are estimated together
+    assert short.truncated and short.candidates_estimated in (5, 6)
+    assert f"stopped after {short.candidates_estimated} estimates" in short.reason
