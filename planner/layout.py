@@ -821,8 +821,8 @@ class Planner:
         segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
         rejected_by = {"model_states": 0, "gpu_memory": 0, "host_memory": 0}
         rejected: list[PlanCandidate] = []
-        # (step, order, candidate, peak, host peak): the fastest found, at most max_listed + 1
-        fitting: list[tuple[float, int, Candidate, int, int]] = []
+        # (step, peak, order, candidate, host peak): the fastest found, at most max_listed + 1
+        fitting: list[tuple[float, int, int, Candidate, int]] = []
         groups: list[Any] = []
         estimated = priced_total = skipped = 0
         truncated = False
@@ -859,7 +859,8 @@ class Planner:
                         reason = f"host RAM {host_peak} B > capacity {host_cap} B"
                         kind = "host_memory"
                     else:
-                        bisect.insort(fitting, (step, key, cand, peak, host_peak))
+                        # equally fast: the one with more headroom first
+                        bisect.insort(fitting, (step, peak, key, cand, host_peak))
                         del fitting[max_listed + 1 :]
                         break
                     if e == segments[-1]:  # its allocator modes all rejected: one candidate
@@ -904,13 +905,13 @@ class Planner:
                 ),
                 **common,
             )
-        best = fitting[0][2]
+        best = fitting[0][3]
         plan = self.spec(best)
         budget = estimate(model, plan, hw, coeffs)
         tokens = self.batch * self.seq
         runners_up = [
             self._listed(c, peak, host_peak, plan=self.spec(c).model_dump(mode="json"))
-            for _, _, c, peak, host_peak in fitting[1:]
+            for _, peak, _, c, host_peak in fitting[1:]
         ]
         return PlanResult(
             fits=True,

@@ -103,8 +103,9 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
             allocated, _ = end_stages(p.model, settings_, p.coeffs)
             peak = gpu_peak(allocated, over[e]).gpu_bytes
             if peak + math.ceil(peak * p.margin_fraction) <= p.hw.memory_bytes:
-                fitting.append((step, lay, zero, mb, r, e))
+                fitting.append((step, lay, zero, mb, r, e, peak))
                 break
+    fitting.sort(key=lambda f: (f[0], f[6]))  # equally fast: more headroom first
     assert len(fitting) > 6 and result.candidates_estimated < len(priced)
     assert result.layouts_skipped > 0
     assert result.predicted_step_seconds == fitting[0][0]
@@ -113,6 +114,7 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
     best = fitting[0]
     assert result.plan["parallel"]["tp"] == best[1].tp
     assert result.plan["micro_batch_size"] == best[3]
+    assert result.budget is not None and result.budget.gpu.peak_bytes == best[6]
 
 
 def test_the_model_state_floor_rejects_only_what_cannot_fit() -> None:
