@@ -139,6 +139,11 @@ class FitRequest(PlanningRequest):
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
 
 
+#: most GPUs the service plans for in one request: a search there takes about a second on one
+#: core (docs/PERFORMANCE.md), one search thread serves them all
+MAX_SERVED_PLAN_GPUS = 1024
+
+
 def _preset_cluster(value: Any) -> Any:
     """A cluster given by name must be a bundled preset (or alias): no server files."""
     if isinstance(value, str):
@@ -163,7 +168,10 @@ class PlanRequest(_In):
         "plan's to choose; the rest (precision, optimizer, framework, ...) is kept.",
     )
     gpus: Annotated[int, NUMBER] = Field(
-        ge=1, le=MAX_PLAN_GPUS, description="GPUs available (the plan uses at most these)."
+        ge=1,
+        le=MAX_SERVED_PLAN_GPUS,
+        description="GPUs available (the plan uses at most these; the service plans up to "
+        f"{MAX_SERVED_PLAN_GPUS:,} per request, `headroom plan` up to {MAX_PLAN_GPUS:,}).",
     )
     global_batch: Annotated[int, NUMBER] = Field(
         ge=1, le=2**30, description="Sequences per optimizer step."
