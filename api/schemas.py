@@ -21,7 +21,7 @@ from headroom.api.forms import GpuInput, HostMemoryInput, ModelInput, TrainInput
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
-from headroom.planner.cluster import cluster
+from headroom.planner.cluster import cluster_preset
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
 from headroom.planner.layout import MAX_PLAN_GPUS
 
@@ -148,7 +148,7 @@ def _preset_cluster(value: Any) -> Any:
     """A cluster given by name must be a bundled preset (or alias): no server files."""
     if isinstance(value, str):
         try:
-            cluster(value)
+            cluster_preset(value)
         except planner.UnknownPresetError:
             allowed = ", ".join(planner.cluster_names())
             raise ValueError(

@@ -17,7 +17,7 @@ import statistics
 import time
 
 from headroom import planner
-from headroom.planner.cluster import cluster
+from headroom.planner.cluster import cluster_preset
 from headroom.planner.estimator import clear_spec_caches
 
 #: (model, cluster, GPUs, global batch, sequence)
@@ -41,7 +41,7 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         model = planner.load_model(model_name)
-        cl = cluster(cluster_name)
+        cl = cluster_preset(cluster_name)
         hw = cl.hardware()
         times = []
         result = None

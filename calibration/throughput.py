@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from headroom import planner
-from headroom.planner.cluster import cluster
+from headroom.planner.cluster import cluster_preset
 from headroom.planner.estimator import end_stages, gpu_peak, overheads
 from headroom.planner.layout import Layout, Planner
 
@@ -83,7 +83,7 @@ def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = Non
     """Price one published run's own layout (see the module docstring)."""
     doc = published()
     model = _model(case, doc)
-    cl = cluster(doc["cluster"])
+    cl = cluster_preset(doc["cluster"])
     hw = cl.hardware()
     tp, pp, gpus = case["tp"], case["pp"], case["gpus"]
     dp = gpus // (tp * pp)

@@ -92,7 +92,7 @@ def cluster_names() -> list[str]:
     return sorted({c.name for c in _presets().values()})
 
 
-def cluster(name: str) -> Cluster:
+def cluster_preset(name: str) -> Cluster:
     """A bundled cluster preset by name or alias (case-insensitive)."""
     found = _presets().get(name.strip().lower())
     if found is None:
@@ -109,7 +109,7 @@ def cluster_for_gpu(hw: Hardware) -> Cluster:
     for c in sorted(set(_presets().values()), key=lambda c: c.name):
         if gpu(c.gpu).name == hw.name:
             return c
-    with_gpus = ", ".join(f"{c} ({cluster(c).gpu})" for c in cluster_names())
+    with_gpus = ", ".join(f"{c} ({cluster_preset(c).gpu})" for c in cluster_names())
     raise UnknownPresetError(
         f"cluster: no cluster preset has {hw.name} GPUs; give a cluster file (--cluster) or one "
         f"of: {with_gpus}",
@@ -131,4 +131,4 @@ def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
                 f"cluster: {source} must hold an object of cluster fields", field="cluster"
             )
         return build(Cluster, data, prefix="cluster")
-    return cluster(str(source))
+    return cluster_preset(str(source))

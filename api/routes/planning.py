@@ -174,7 +174,7 @@ async def fit(body: FitRequest, request: Request) -> Response:
 
 def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
     """The layout search and its JSON (in the search thread, as ``_fit``)."""
-    from headroom.planner.cluster import cluster, cluster_for_gpu
+    from headroom.planner.cluster import cluster_for_gpu, cluster_preset
 
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
@@ -182,7 +182,7 @@ def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
     if isinstance(body.cluster, planner.Cluster):
         cl = body.cluster
     elif body.cluster is not None:
-        cl = cluster(body.cluster)
+        cl = cluster_preset(body.cluster)
     else:
         cl = cluster_for_gpu(hw if hw is not None else planner.gpu("H100-80GB"))
     if body.gpus_per_node is not None:

@@ -10,7 +10,7 @@ from api_client import service_client
 from fastapi.testclient import TestClient
 
 from headroom import planner
-from headroom.planner.cluster import cluster
+from headroom.planner.cluster import cluster_preset
 
 TOKEN = "plan-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -32,7 +32,7 @@ def test_plan_answers_what_the_planner_answers(client: TestClient) -> None:
     response = post(client, {**BODY, "gpu": "H100-80GB"})
     assert response.status_code == 200, response.text
     out = response.json()
-    cl = cluster("DGX-H100")
+    cl = cluster_preset("DGX-H100")
     expected = planner.plan(
         planner.load_model("llama-3-70b"), planner.TrainSpec(), cl, cl.hardware(), 16, 64, 4096
     )
@@ -43,7 +43,7 @@ def test_plan_answers_what_the_planner_answers(client: TestClient) -> None:
 
 
 def test_a_cluster_object_and_its_node_size(client: TestClient) -> None:
-    mine = {**cluster("DGX-A100").model_dump(), "name": "four-a100s", "gpus_per_node": 4}
+    mine = {**cluster_preset("DGX-A100").model_dump(), "name": "four-a100s", "gpus_per_node": 4}
     response = post(client, {**BODY, "cluster": mine, "gpus": 8})
     assert response.status_code == 200, response.text
     out = response.json()

@@ -9,7 +9,7 @@ from pathlib import Path
 from headroom_process import run_headroom
 
 from headroom import planner
-from headroom.planner.cluster import cluster
+from headroom.planner.cluster import cluster_preset
 
 ARGS = ("--gpus", "16", "--gpus-per-node", "8", "--global-batch", "64", "--seq", "4096")
 
@@ -32,7 +32,7 @@ def test_plan_prints_the_chosen_layout_as_json() -> None:
     budget = planner.estimate(planner.load_model("llama-3-70b"), plan, planner.gpu("H100-80GB"))
     # the node's host RAM is the cluster's (DGX H100: 2 TiB), the GPU the preset's
     assert out["budget"]["gpu"]["peak_bytes"] == budget.gpu_peak_bytes
-    assert out["budget"]["host"]["capacity_bytes"] == cluster("DGX-H100").host_memory_bytes
+    assert out["budget"]["host"]["capacity_bytes"] == cluster_preset("DGX-H100").host_memory_bytes
 
 
 def test_plan_text_explains_the_step(tmp_path: Path) -> None:

@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom import planner
-from headroom.planner.cluster import Cluster, cluster, cluster_for_gpu, cluster_names, load_cluster
+from headroom.planner.cluster import (
+    Cluster,
+    cluster_for_gpu,
+    cluster_names,
+    cluster_preset,
+    load_cluster,
+)
 from headroom.planner.estimator import end_stages, gpu_peak, in_flight, overheads, stage_parts
 from headroom.planner.layout import RECOMPUTE, Layout, Planner, group_shape
 
@@ -212,14 +218,14 @@ def test_cluster_presets_and_files(tmp_path: Any) -> None:
     names = cluster_names()
     assert {"DGX-A100", "DGX-H100", "DGX-H200"} <= set(names)
     for name in names:
-        c = cluster(name)
+        c = cluster_preset(name)
         assert planner.gpu(c.gpu).name == c.hardware().name
         assert c.source != "custom" and c.hardware().gpus_per_node == c.gpus_per_node
-    assert cluster("selene").name == "DGX-A100"
+    assert cluster_preset("selene").name == "DGX-A100"
     assert cluster_for_gpu(planner.gpu("h100")).name == "DGX-H100"
     with pytest.raises(planner.UnknownPresetError, match="no cluster preset has RTX-4090"):
         cluster_for_gpu(planner.gpu("RTX-4090"))
-    custom = {**cluster("DGX-H100").model_dump(), "name": "mine", "gpus_per_node": 4}
+    custom = {**cluster_preset("DGX-H100").model_dump(), "name": "mine", "gpus_per_node": 4}
     path = tmp_path / "c.json"
     path.write_text(__import__("json").dumps(custom))
     assert load_cluster(str(path)).gpus_per_node == 4
