@@ -52,6 +52,8 @@ def published() -> dict[str, Any]:
 
 
 def _model(case: dict[str, Any], doc: dict[str, Any]) -> planner.ModelSpec:
+    if "preset" in case:
+        return planner.load_model(case["preset"])
     m = case["model"]
     h = m["hidden_size"]
     return planner.ModelSpec(
@@ -70,8 +72,12 @@ def _model(case: dict[str, Any], doc: dict[str, Any]) -> planner.ModelSpec:
 
 
 def published_seconds(case: dict[str, Any], doc: dict[str, Any]) -> float:
-    """The run's time per iteration: Narayanan et al.'s eq. 3 FLOPs (recompute included) over
-    GPUs x the achieved FLOP/s per GPU."""
+    """The run's time per iteration: its tokens over GPUs x the tokens per second per GPU
+    published, or Narayanan et al.'s eq. 3 FLOPs (recompute included) over GPUs x the achieved
+    FLOP/s per GPU."""
+    if "published_tokens_per_second_per_gpu" in case:
+        tokens = case["global_batch"] * case["seq_len"]
+        return float(tokens / (case["gpus"] * case["published_tokens_per_second_per_gpu"]))
     m = case["model"]
     h, layers = m["hidden_size"], m["num_layers"]
     s, v, batch = doc["seq_len"], doc["vocab_size"], case["global_batch"]
@@ -87,33 +93,44 @@ def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = Non
     hw = cl.hardware()
     tp, pp, gpus = case["tp"], case["pp"], case["gpus"]
     dp = gpus // (tp * pp)
+    seq = case.get("seq_len", doc["seq_len"])
+    recompute = case.get("recompute", "full")
     train = planner.TrainSpec(
-        seq_len=doc["seq_len"],
-        recompute="full",
-        attention="eager",
+        seq_len=seq,
+        recompute="none" if isinstance(recompute, dict) else recompute,
+        attention=case.get("attention", "eager"),
+        framework=case.get("framework", "none"),
         parallel={"dp": dp, "tp": tp, "pp": pp, "zero_stage": case["zero_stage"]},
         max_grad_norm=1.0,
     )
     coeffs = coefficients or planner.default_coefficients("textbook", hw.name)
-    plan = Planner(model, train, cl, hw, gpus, case["global_batch"], doc["seq_len"], coeffs)
+    plan = Planner(model, train, cl, hw, gpus, case["global_batch"], seq, coeffs)
     lay = Layout(gpus, tp, pp, 1, 1, dp, 1)
     costs = plan.costs(lay)
     per_rank = case["global_batch"] // dp
     given = case["micro_batch_size"]
     micro = [given] if given else [b for b in (1, 2, 4, 8, 16) if per_rank % b == 0]
-    full = 2  # RECOMPUTE's index of full recompute
+    # RECOMPUTE's index: none 0, selective 1, full 2; every k layers prices as full (one more
+    # forward of every layer) and is estimated as itself
+    index = {"none": 0, "selective": 1, "full": 2}
+    r = index[recompute] if isinstance(recompute, str) else 2
     best: Replay | None = None
     over = overheads(coeffs, hw, False)
     for mb in micro:
-        settings = plan.settings(lay, case["zero_stage"], ("none", 1.0, None), mb, full, False)
+        settings = plan.settings(lay, case["zero_stage"], ("none", 1.0, None), mb, r, False)
+        if isinstance(recompute, dict):
+            settings = settings._replace(checkpoint_every=recompute["every_k"])
         allocated, _ = end_stages(model, settings, coeffs)
         peak = gpu_peak(allocated, over).gpu_bytes
         fits = peak + math.ceil(peak * coeffs.margin_fraction) <= hw.memory_bytes
-        t = plan.step_terms(lay, costs, case["zero_stage"], "none", 0, mb, full)
-        r = Replay(case["id"], published_seconds(case, doc), t.step, mb, fits)
+        t = plan.step_terms(lay, costs, case["zero_stage"], "none", 0, mb, r)
+        run = Replay(case["id"], published_seconds(case, doc), t.step, mb, fits)
         # the fastest that fits; if none fits, the fastest (the verdict is reported)
-        if best is None or (r.fits, -r.predicted_seconds) > (best.fits, -best.predicted_seconds):
-            best = r
+        if best is None or (run.fits, -run.predicted_seconds) > (
+            best.fits,
+            -best.predicted_seconds,
+        ):
+            best = run
     assert best is not None
     return best
 
