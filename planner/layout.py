@@ -600,23 +600,22 @@ class Planner:
             expandable_segments=segments,
         )
 
-    def spec(self, cand: Candidate) -> TrainSpec:
-        """A candidate's training spec."""
+    def keys(self, cand: Candidate) -> dict[str, Any]:
+        """The training-spec keys a candidate sets (what the plan chooses)."""
         lay = cand.layout
-        mode, fraction, block = self._placements_of(lay)[cand.placement]
-        offload: dict[str, Any] = {"mode": mode, "num_buffers": self.train.offload.num_buffers}
+        mode, fraction, block = self.placements(lay)[cand.placement]
+        offload: dict[str, Any] = {"mode": mode}
         if mode == "optimizer":
             offload["fraction"] = fraction
         elif mode == "streaming":
             offload["checkpoint_every"] = block
-        data = self.train.model_dump()
-        data.update(
-            micro_batch_size=cand.micro_batch,
-            grad_accum_steps=self.batch // (lay.dp * cand.micro_batch),
-            recompute=RECOMPUTE[cand.recompute][0],
-            offload=offload,
-            expandable_segments=cand.segments,
-            parallel={
+        return {
+            "micro_batch_size": cand.micro_batch,
+            "grad_accum_steps": self.batch // (lay.dp * cand.micro_batch),
+            "recompute": RECOMPUTE[cand.recompute][0],
+            "offload": offload,
+            "expandable_segments": cand.segments,
+            "parallel": {
                 "dp": lay.dp,
                 "tp": lay.tp,
                 "pp": lay.pp,
@@ -626,11 +625,13 @@ class Planner:
                 "sequence_parallel": lay.tp > 1,
                 "zero_stage": cand.zero,
             },
-        )
-        return TrainSpec.model_validate(data)
+        }
 
-    def _placements_of(self, lay: Layout) -> list[tuple[str, float, int | None]]:
-        return self.placements(lay)
+    def spec(self, cand: Candidate) -> TrainSpec:
+        """A candidate's training spec: the input's, with the keys the plan chose."""
+        keys = self.keys(cand)
+        keys["offload"] = {**keys["offload"], "num_buffers": self.train.offload.num_buffers}
+        return TrainSpec.model_validate({**self.train.model_dump(), **keys})
 
     def price_group(
         self,
@@ -955,30 +956,9 @@ class Planner:
         reason: str | None = None,
         plan: dict[str, Any] | None = None,
     ) -> PlanCandidate:
-        lay = cand.layout
-        mode, fraction, block = self.placements(lay)[cand.placement]
-        offload: dict[str, Any] = {"mode": mode}
-        if mode == "optimizer":
-            offload["fraction"] = fraction
-        elif mode == "streaming":
-            offload["checkpoint_every"] = block
         return PlanCandidate(
-            parallel={
-                "dp": lay.dp,
-                "tp": lay.tp,
-                "pp": lay.pp,
-                "vpp": lay.vpp,
-                "cp": lay.cp,
-                "ep": lay.ep,
-                "sequence_parallel": lay.tp > 1,
-                "zero_stage": cand.zero,
-            },
-            gpus_used=lay.world,
-            micro_batch_size=cand.micro_batch,
-            grad_accum_steps=self.batch // (lay.dp * cand.micro_batch),
-            recompute=RECOMPUTE[cand.recompute][0],
-            offload=offload,
-            expandable_segments=cand.segments,
+            **self.keys(cand),
+            gpus_used=cand.layout.world,
             gpu_peak_bytes=peak,
             host_peak_bytes=host_peak,
             step_seconds=cand.step,
