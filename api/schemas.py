@@ -21,7 +21,9 @@ from headroom.api.forms import GpuInput, HostMemoryInput, ModelInput, TrainInput
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
+from headroom.planner.cluster import cluster_preset
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
+from headroom.planner.layout import MAX_PLAN_GPUS
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
 BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]
@@ -135,6 +137,60 @@ class GateRequest(PlanningRequest):
 
 class FitRequest(PlanningRequest):
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
+
+
+#: most GPUs the service plans for in one request: a search there takes about a second on one
+#: core (docs/PERFORMANCE.md), one search thread serves them all
+MAX_SERVED_PLAN_GPUS = 1024
+
+
+def _preset_cluster(value: Any) -> Any:
+    """A cluster given by name must be a bundled preset (or alias): no server files."""
+    if isinstance(value, str):
+        try:
+            cluster_preset(value)
+        except planner.UnknownPresetError:
+            allowed = ", ".join(planner.cluster_names())
+            raise ValueError(
+                f"unknown cluster preset {value[:100]!r}; allowed: {allowed}, or an object of "
+                "cluster fields"
+            ) from None
+    return value
+
+
+class PlanRequest(_In):
+    """``headroom plan``'s question: the fastest parallel layout of ``gpus`` GPUs that fits."""
+
+    model: ModelInput = Field(description=_MODEL)
+    train: TrainInput = Field(
+        default=None,
+        description=_TRAIN + " Its parallel degrees, batch shape, recompute and offload are the "
+        "plan's to choose; the rest (precision, optimizer, framework, ...) is kept.",
+    )
+    gpus: Annotated[int, NUMBER] = Field(
+        ge=1,
+        le=MAX_SERVED_PLAN_GPUS,
+        description="GPUs available (the plan uses at most these; the service plans up to "
+        f"{MAX_SERVED_PLAN_GPUS:,} per request, `headroom plan` up to {MAX_PLAN_GPUS:,}).",
+    )
+    global_batch: Annotated[int, NUMBER] = Field(
+        ge=1, le=2**30, description="Sequences per optimizer step."
+    )
+    seq_len: Annotated[int, NUMBER] = Field(ge=1, le=2**30, description="Tokens per sequence.")
+    gpu: GpuInput | None = Field(
+        default=None, description=_GPU + " Default: the cluster's GPU preset."
+    )
+    cluster: str | planner.Cluster | None = Field(
+        default=None,
+        description="A cluster preset name (its nodes' GPU, GPUs per node, links, host RAM) or "
+        "an object of cluster fields; default: the preset of the GPU's nodes.",
+    )
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE), NUMBER] | None = Field(
+        default=None, description="GPUs per node (default: the cluster's)."
+    )
+    margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
+
+    _cluster_is_preset = field_validator("cluster")(_preset_cluster)
 
 
 class Measured(_In):

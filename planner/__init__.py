@@ -20,6 +20,8 @@ Where each part lives (``docs/ESTIMATOR.md`` explains the model):
 - ``Budget``, ``BudgetModel`` (``planner.budget``): the per-bucket, per-phase views and JSON;
 - ``explain`` (``planner.explanation``): each bucket's formula, inputs and source;
 - ``fit`` (``planner.ladder``): the auto-fit search, ranked by ``planner.steptime``;
+- ``plan`` (``planner.layout``): the fastest parallel layout of N GPUs of a ``Cluster``
+  (``planner.cluster``: presets of nodes and their links) that fits, with its step's terms;
 - ``gate`` (``planner.verdict``): the CI gate's verdict;
 - specs: ``ModelSpec`` (``planner.model``), ``TrainSpec`` (``planner.train``), ``Hardware``
   (``planner.hardware``), presets and files (``planner.io``, ``planner.hf``), ``Coefficients``
@@ -27,6 +29,7 @@ Where each part lives (``docs/ESTIMATOR.md`` explains the model):
 """
 
 from headroom.planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
+from headroom.planner.cluster import Cluster, cluster_names, load_cluster
 from headroom.planner.coefficients import (
     Coefficients,
     NotCalibrated,
@@ -49,6 +52,7 @@ from headroom.planner.io import (
     run_names,
 )
 from headroom.planner.ladder import FitResult, fit
+from headroom.planner.layout import PlanResult, plan
 from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 from headroom.planner.params import ParamCount, count_params
@@ -74,6 +78,7 @@ __all__ = [
     "PHASES",
     "Budget",
     "BudgetModel",
+    "Cluster",
     "Coefficients",
     "Comparison",
     "DeepSpeed",
@@ -93,6 +98,7 @@ __all__ = [
     "Offload",
     "Parallel",
     "ParamCount",
+    "PlanResult",
     "Precision",
     "Recompute",
     "RunPreset",
@@ -102,6 +108,7 @@ __all__ = [
     "UnknownPresetError",
     "Verdict",
     "calibrated_coefficients",
+    "cluster_names",
     "compare",
     "count_params",
     "default_coefficients",
@@ -114,12 +121,14 @@ __all__ = [
     "gpu",
     "gpu_names",
     "knobs",
+    "load_cluster",
     "load_hardware",
     "load_model",
     "load_run",
     "load_train",
     "model_names",
     "parse_size",
+    "plan",
     "profiles",
     "run_names",
 ]

@@ -168,7 +168,29 @@ class Coefficients(FewUnknownKeys):
     )
     recent_records: int = Field(default=0, ge=0, description="Measurements the rule looked at.")
     compute_efficiency: float = Field(
-        default=0.45, gt=0, le=1, description="Achieved over peak bf16 FLOP/s (step-time model)."
+        default=0.648,
+        gt=0,
+        le=1,
+        description="Achieved over peak bf16 FLOP/s of the matrix multiplies (step-time "
+        "model); the default is fitted to published Megatron-LM runs on A100s "
+        "(calibration/throughput.py).",
+    )
+    layer_overhead_seconds: float = Field(
+        default=5e-5,
+        ge=0,
+        le=1.0,
+        description="Fixed time per layer, pass and micro-batch beyond its FLOPs: kernel "
+        "launches and small operations (step-time model of a parallel layout).",
+    )
+    elementwise_bytes_per_hidden: float = Field(
+        default=256.0,
+        ge=0,
+        le=1e6,
+        description="Fitted with compute_efficiency (calibration/throughput.py). Memory-bound "
+        "traffic (norms, activations' functions, dropout, residual "
+        "adds, bias adds) per token, layer and pass, per unit of hidden width, over the GPU's "
+        "memory bandwidth; eager attention adds its score matrix's (step-time model of a "
+        "parallel layout).",
     )
     host_link_efficiency: float = Field(
         default=0.8, gt=0, le=1, description="Achieved over nominal host-link bandwidth (pinned)."

@@ -111,6 +111,7 @@ class Knobs(NamedTuple):
     reduce_bytes: int = 4  # bytes per element of a reduction's input (precision.grads)
     deepspeed: tuple[int, ...] = ()  # DeepSpeed's knobs (``deepspeed_knobs``)
     distributed_optimizer: bool = True  # megatron's use_distributed_optimizer
+    vpp: int = 1  # virtual pipeline stages per rank (1: 1F1B; more: interleaved 1F1B)
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -166,6 +167,7 @@ def knobs(train: TrainSpec) -> Knobs:
         reduce_bytes=BYTES_PER_ELEMENT[precision.grads],
         deepspeed=deepspeed_knobs(train) if train.framework == "deepspeed" else (),
         distributed_optimizer=train.megatron.use_distributed_optimizer,
+        vpp=parallel.vpp,
     )
 
 
@@ -419,11 +421,39 @@ def stage_terms_from_knobs(
     return StageTerms(
         states=states,
         activations=acts,
-        in_flight=min(settings.pp - stage, settings.grad_accum),
+        in_flight=in_flight(settings.pp, settings.vpp, stage, settings.grad_accum),
         checkpoint_every=settings.checkpoint_every,
         streaming=settings.offload_mode == "streaming",
         accumulating=settings.grad_accum > 1,
     )
+
+
+def in_flight(pp: int, vpp: int, stage: int, grad_accum: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at once. 1F1B (``vpp`` 1): the
+    stage's warm-up forwards and the running one, ``pp - stage``, at most ``grad_accum``.
+    Interleaved 1F1B (Megatron's ``forward_backward_pipelining_with_interleaving``): the rank
+    runs ``(pp - stage - 1) x 2 + (vpp - 1) x pp`` warm-up forwards of its model chunks (each
+    ``1/vpp`` of its layers) and the running one, at most every chunk of every micro-batch
+    (``grad_accum x vpp``); counted in whole micro-batches of the stage, rounded up, as
+    Megatron's theoretical memory report counts them (stage 0: ``ceil(pp + (pp - 1) / vpp)``).
+    """
+    if vpp == 1:
+        return min(pp - stage, grad_accum)
+    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, grad_accum * vpp)
+    return -(-chunks // vpp)
+
+
+def check_interleaving(model: ModelSpec, pp: int, vpp: int) -> None:
+    """Interleaving splits each stage's layers into ``vpp`` equal model chunks."""
+    if vpp > 1 and model.num_layers % (pp * vpp):
+        allowed = [
+            v for v in range(1, model.num_layers // pp + 1) if model.num_layers % (pp * v) == 0
+        ]
+        raise SpecError(
+            f"train.parallel.vpp: num_layers ({model.num_layers}) must divide into pp x vpp "
+            f"equal chunks; allowed with pp={pp}: {', '.join(map(str, allowed[:16]))}; got {vpp}",
+            field="train.parallel.vpp",
+        )
 
 
 class Peak(NamedTuple):
@@ -440,14 +470,15 @@ def stages_allocated(
     stages: tuple[int, ...],
     grad_accum: int,
     streaming: bool,
+    vpp: int = 1,
 ) -> tuple[StageAllocated, ...]:
     """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
     pp = stages[-1] + 1
     accumulating = grad_accum > 1
     out = []
     for i, stage in enumerate(stages):
-        in_flight = min(pp - stage, grad_accum)
-        largest = largest_phase(all_states[i], all_acts[i], in_flight, streaming, accumulating)
+        flight = in_flight(pp, vpp, stage, grad_accum) if vpp > 1 else min(pp - stage, grad_accum)
+        largest = largest_phase(all_states[i], all_acts[i], flight, streaming, accumulating)
         out.append(_new(StageAllocated, largest))  # (allocated_bytes, phase_index)
     return tuple(out)
 
@@ -473,14 +504,18 @@ def end_stages(
 ) -> tuple[tuple[StageAllocated, ...], tuple[HostBytes, ...]]:
     """The largest phase and the host bytes of each stage that can be the heaviest: the first
     and, when pp > 1, the last."""
-    pp, grad_accum = settings.pp, settings.grad_accum
-    # micro-batches in flight on a stage: min(pp - stage, grad_accum), so 1 on the last
+    pp, vpp, grad_accum = settings.pp, settings.vpp, settings.grad_accum
+    # micro-batches in flight on a stage (``in_flight``): under 1F1B min(pp - stage,
+    # grad_accum), so 1 on the last
     stages: tuple[int, ...]
     in_flights: tuple[int, ...]
-    if pp > 1:
+    if pp == 1:
+        stages, in_flights = (0,), (1,)
+    elif vpp == 1:
         stages, in_flights = (0, pp - 1), (min(pp, grad_accum), 1)
     else:
-        stages, in_flights = (0,), (1,)
+        stages = (0, pp - 1)
+        in_flights = (in_flight(pp, vpp, 0, grad_accum), in_flight(pp, vpp, pp - 1, grad_accum))
     _, _, constants, hosts = stages_states(model, settings, coeffs, stages)
     largest = stages_largest(
         model,
@@ -538,6 +573,8 @@ def estimate(
     """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
     settings = knobs(train)
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    if settings.vpp > 1:
+        check_interleaving(model, settings.pp, settings.vpp)
     return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
@@ -549,6 +586,8 @@ def evaluate(
     Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
     """
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    if settings.vpp > 1:
+        check_interleaving(model, settings.pp, settings.vpp)
     return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
 
 

@@ -15,7 +15,11 @@ as each placement overlaps them.
   update starts as its last gradient lands and hides the last micro-batch's recompute and
   backward (the next forward waits for the embedding's update, the last to land).
 
-The efficiencies and the CPU rate are coefficients: uncalibrated defaults until measured.
+The efficiencies and the CPU rate are coefficients; ``compute_efficiency``'s default is fitted
+to published Megatron-LM throughput (``calibration/throughput.py``) together with the
+memory-bound traffic per token and layer (``elementwise_s``) and a fixed time per layer and
+pass (``layer_overhead_s``), which the plan's layout model (``planner.layout``) adds to the
+compute; the ladder's price of one rank does not add them yet.
 """
 
 from __future__ import annotations
@@ -54,12 +58,20 @@ class StepModel:
     per-model constants are resolved once, so a search prices a candidate in a few operations."""
 
     def __init__(
-        self, model: ModelSpec, seq_len: int, cp: int, hw: Hardware, coeffs: Coefficients
+        self,
+        model: ModelSpec,
+        seq_len: int,
+        cp: int,
+        hw: Hardware,
+        coeffs: Coefficients,
+        causal_skip: bool = True,
     ) -> None:
         counts = count_params(model)
         d_attn = model.num_heads * model.dim_per_head
         matmul = 2 * counts.per_token_active
-        attention = model.num_layers * d_attn * seq_len  # causal: half of 2·L·d·s per token
+        # causal: half of 2·L·d·s per token where the kernel skips the masked half (flash
+        # attention); eager attention computes the whole score matrix
+        attention = model.num_layers * d_attn * seq_len * (1 if causal_skip else 2)
         self.seq_len = seq_len
         self.cp = cp
         self.flops_base = 3 * matmul + 6 * attention
@@ -68,6 +80,15 @@ class StepModel:
         self.flops_per_s = hw.bf16_flops * coeffs.compute_efficiency
         self.link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
         self.cpu_rate = coeffs.cpu_optimizer_params_per_s
+        # memory-bound seconds per token, layer and pass (before TP): the elementwise traffic
+        # and, with eager attention, the score matrix written, read by the softmax, its output
+        # written and read by the next matmul (bf16: 8 bytes per score)
+        elementwise = coeffs.elementwise_bytes_per_hidden * model.hidden_size
+        if not causal_skip:
+            elementwise += 8 * model.num_heads * seq_len
+        self.elementwise_s = elementwise / hw.memory_bandwidth_bytes_per_s
+        self.layer_overhead_s = coeffs.layer_overhead_seconds
+        self.num_layers = model.num_layers
 
     def __call__(self, settings: Knobs, stage_numel: int, offloaded_numel: int) -> StepTime:
         """Predicted time of one optimizer step of a rank holding ``stage_numel`` parameters,

@@ -70,9 +70,22 @@ class Parallel(_Frozen):
         default=False, description="Megatron sequence parallelism."
     )
     zero_stage: Int = Field(default=0, ge=0, le=3, description="ZeRO stage over dp x cp.")
+    vpp: Int = Field(
+        default=1,
+        ge=1,
+        le=_MAX_STAGES,
+        description="Virtual pipeline stages per rank: 1 is the 1F1B schedule, more is "
+        "Megatron's interleaved 1F1B (virtual_pipeline_model_parallel_size); needs pp > 1 and "
+        "num_layers divisible by pp x vpp.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(
+                f"parallel.vpp: the interleaved schedule needs parallel.pp > 1; allowed with "
+                f"pp=1: 1, got {self.vpp}"
+            )
         if (self.dp * self.cp) % self.ep:
             raise ValueError(
                 f"parallel.ep must divide parallel.dp x parallel.cp ({self.dp * self.cp}), "

@@ -299,6 +299,155 @@
     $("phases").tBodies[0].replaceChildren(...rows);
   }
 
+  // ---- the cluster plan ------------------------------------------------------------------
+
+  function buildPlanRequest() {
+    const estimate = buildRequest();
+    const t = estimate.train;
+    return {
+      model: estimate.model,
+      // the plan chooses the layout, batch shape, recompute and offload; the rest is the form's
+      train: {
+        attention: t.attention,
+        optimizer: t.optimizer,
+        ema: t.ema,
+        framework: t.framework,
+        activation_profile: t.activation_profile,
+      },
+      gpu: estimate.gpu,
+      gpus: readNumber("plan_gpus"),
+      gpus_per_node: readNumber("plan_gpus_per_node"),
+      global_batch: readNumber("plan_global_batch"),
+      seq_len: t.seq_len,
+    };
+  }
+
+  function layoutText(parallel) {
+    const p = parallel;
+    let text = `TP ${p.tp} · PP ${p.pp}${p.vpp > 1 ? `×${p.vpp}` : ""} · CP ${p.cp} · DP ${p.dp}`;
+    if (p.ep > 1) text += ` · EP ${p.ep}`;
+    return `${text} · ZeRO ${p.zero_stage}`;
+  }
+
+  function perRankText(c) {
+    const recompute = typeof c.recompute === "string" ? c.recompute : `every ${c.recompute.every_k}`;
+    const offload = c.offload.mode === "optimizer"
+      ? `optimizer ${c.offload.fraction}` : c.offload.mode;
+    return `micro ${c.micro_batch_size} × ${c.grad_accum_steps}, recompute ${recompute}, ` +
+      `offload ${offload}`;
+  }
+
+  function planRow(c, capacity, chosen, buckets) {
+    const bar = el("div", {
+      class: "bar mini",
+      role: "img",
+      dataset: { peakBytes: String(c.gpu_peak_bytes), capacityBytes: String(capacity) },
+    }, [el("div", { class: "track" })]);
+    const track = bar.querySelector(".track");
+    const scale = Math.max(c.gpu_peak_bytes, capacity) || 1;
+    const parts = buckets
+      ? GPU_BUCKETS.filter((n) => buckets[n] > 0).map((n) => [n, buckets[n]])
+      : [["total", c.gpu_peak_bytes]];
+    for (const [name, bytes] of parts) {
+      const segment = el("div", {
+        class: `segment b-${name}`,
+        title: `${name}: ${fmtGiB(bytes)} GiB`,
+        dataset: { bucket: name, bytes: String(bytes) },
+      });
+      segment.style.width = `${(100 * bytes) / scale}%`;
+      track.append(segment);
+    }
+    const line = el("div", { class: "capacity-line" });
+    line.style.left = `${(100 * capacity) / scale}%`;
+    track.append(line);
+    bar.setAttribute("aria-label", `GPU peak ${fmtGiB(c.gpu_peak_bytes)} GiB of ${fmtGiB(capacity)} GiB`);
+    return el("tr", {
+      class: `plan-row${chosen ? " chosen" : ""}`,
+      dataset: { stepSeconds: String(c.step_seconds), peakBytes: String(c.gpu_peak_bytes) },
+    }, [
+      el("th", { scope: "row" }, [layoutText(c.parallel),
+        ...(chosen ? [el("span", { class: "badge", textContent: "chosen" })] : [])]),
+      el("td", { class: "num", textContent: String(c.gpus_used) }),
+      el("td", { textContent: perRankText(c) }),
+      el("td", { class: "num", textContent: c.step_seconds.toFixed(3) }),
+      el("td", { class: "load" }, [bar, el("span", { class: "hint",
+        textContent: ` ${fmtGiB(c.gpu_peak_bytes)} GiB` })]),
+    ]);
+  }
+
+  function renderPlan(r) {
+    const table = $("plan-table");
+    const rows = [];
+    if (r.fits) {
+      const p = r.plan;
+      const capacity = r.budget.gpu.capacity_bytes;
+      const chosen = {
+        parallel: p.parallel,
+        gpus_used: r.gpus_used,
+        micro_batch_size: p.micro_batch_size,
+        grad_accum_steps: p.grad_accum_steps,
+        recompute: p.recompute,
+        offload: p.offload,
+        step_seconds: r.predicted_step_seconds,
+        gpu_peak_bytes: r.budget.gpu.peak_bytes,
+      };
+      rows.push(planRow(chosen, capacity, true, r.budget.gpu.buckets));
+      for (const c of r.runners_up) rows.push(planRow(c, capacity, false, null));
+    }
+    table.tBodies[0].replaceChildren(...rows);
+    table.hidden = !r.fits;
+    const rejected = Object.entries(r.rejected_by_reason)
+      .filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n.toLocaleString("en-US")}`).join(", ");
+    $("plan-summary").textContent = (r.fits
+      ? `${layoutText(r.plan.parallel)} on ${r.gpus_used} of ${r.gpus} GPUs (${r.cluster}): ` +
+        `${r.predicted_step_seconds.toFixed(3)} s per step. `
+      : "Nothing fits. ") +
+      `${r.candidates_considered.toLocaleString("en-US")} candidates over ` +
+      `${r.layouts_considered.toLocaleString("en-US")} layouts; rejected: ${rejected || "none"}.`;
+    $("plan").dataset.fits = String(r.fits);
+  }
+
+  async function runPlan() {
+    const box = $("plan-error");
+    box.hidden = true;
+    let body;
+    try {
+      body = buildPlanRequest();
+    } catch (err) {
+      if (!(err instanceof InputError)) throw err;
+      box.textContent = err.message;
+      box.hidden = false;
+      return;
+    }
+    $("plan").dataset.state = "loading";
+    $("plan-summary").textContent = "planning…";
+    let response;
+    let data = null;
+    try {
+      response = await fetch(`${API}/plan`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        body: JSON.stringify(body),
+      });
+      data = await response.json().catch(() => null);
+    } catch (err) {
+      box.textContent = `Cannot reach the server: ${err.message}`;
+      box.hidden = false;
+      $("plan").dataset.state = "error";
+      return;
+    }
+    if (!response.ok || !data || data.fits === undefined) {
+      box.textContent = (data && data.detail) || `HTTP ${response.status} ${response.statusText}`;
+      box.hidden = false;
+      $("plan-summary").textContent = "";
+      $("plan-table").hidden = true;
+      $("plan").dataset.state = "error";
+      return;
+    }
+    renderPlan(data);
+    $("plan").dataset.state = "ok";
+  }
+
   // ---- start -----------------------------------------------------------------------------
 
   function fillSelect(select, items, defaults) {
@@ -337,6 +486,10 @@
     form.addEventListener("submit", (event) => {
       event.preventDefault();
       update();
+    });
+    $("plan-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      runPlan();
     });
     for (const type of ["input", "change"]) {
       form.addEventListener(type, () => {

@@ -20,6 +20,7 @@ from headroom.api.schemas import (
     FitRequest,
     GateRequest,
     PlanningRequest,
+    PlanRequest,
 )
 from headroom.launch.devices import local_gpus
 
@@ -167,5 +168,46 @@ async def fit(body: FitRequest, request: Request) -> Response:
     result, content = await _in_thread(_search_threads, _fit, body)
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("fit").inc(result.candidates_considered)
+    metrics.verdicts.labels(str(result.fits).lower()).inc()
+    return Response(content, media_type="application/json")
+
+
+def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
+    """The layout search and its JSON (in the search thread, as ``_fit``)."""
+    from headroom.planner.cluster import cluster_for_gpu, cluster_preset
+
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
+    if isinstance(body.cluster, planner.Cluster):
+        cl = body.cluster
+    elif body.cluster is not None:
+        cl = cluster_preset(body.cluster)
+    else:
+        cl = cluster_for_gpu(hw if hw is not None else planner.gpu("H100-80GB"))
+    if body.gpus_per_node is not None:
+        cl = cl.model_copy(update={"gpus_per_node": body.gpus_per_node})
+    result = planner.plan(
+        model,
+        train,
+        cl,
+        cl.hardware(hw),
+        body.gpus,
+        body.global_batch,
+        body.seq_len,
+        margin_pct=body.margin_pct,
+    )
+    return result, result.model_dump_json()
+
+
+@router.post("/plan", response_model=planner.PlanResult, responses=responses(413, 422))
+async def plan(body: PlanRequest, request: Request) -> Response:
+    """The fastest parallel layout (TP, PP with its schedule, CP, DP, EP, ZeRO, micro-batch,
+    recompute, offload) of at most ``gpus`` GPUs whose heaviest rank fits, ranked by predicted
+    step time, with the runners-up and why the rest were rejected. Nothing fitting is a 200 with
+    ``fits: false``."""
+    result, content = await _in_thread(_search_threads, _plan, body)
+    metrics: Metrics = request.app.state.metrics
+    metrics.estimates.labels("plan").inc(result.candidates_estimated)
     metrics.verdicts.labels(str(result.fits).lower()).inc()
     return Response(content, media_type="application/json")

@@ -3,6 +3,7 @@
     estimate   estimate.py   per-bucket memory, the peak phase, whether it fits
     gate       gate.py       exit 0 fits, 1 predicted OOM, 2 invalid input, 3 cannot decide
     fit        fit.py        the fastest configuration that fits (--probe: confirmed by runs)
+    plan       plan.py       the fastest parallel layout of N GPUs that fits
     launch     launch.py     fit, then train, recorded as a run in the store
     presets    presets.py    the bundled GPU and model presets
     train      train.py      the bundled trainer (what launch and the probes start)
@@ -24,7 +25,18 @@ import sys
 
 import typer
 
-from headroom.cli import calibrate, estimate, exits, fit, gate, launch, presets, serve, train
+from headroom.cli import (
+    calibrate,
+    estimate,
+    exits,
+    fit,
+    gate,
+    launch,
+    plan,
+    presets,
+    serve,
+    train,
+)
 from headroom.cli.exits import ExitCode
 
 __all__ = ["ExitCode", "app", "main"]
@@ -40,6 +52,7 @@ app = typer.Typer(
 app.command("estimate")(estimate.estimate_command)
 app.command("gate")(gate.gate_command)
 app.command("fit")(fit.fit_command)
+app.command("plan")(plan.plan_command)
 app.command("launch")(launch.launch_command)
 app.command("presets")(presets.presets_command)
 app.command("train")(train.train_command)

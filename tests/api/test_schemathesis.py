@@ -27,7 +27,12 @@ SEED = 1
 MAX_EXAMPLES = 20
 #: share of schema-valid requests to each planning route that must be answered 200
 MIN_ANSWERED = 0.6
-PLANNING = ("POST /api/v1/estimate", "POST /api/v1/gate", "POST /api/v1/fit")
+PLANNING = (
+    "POST /api/v1/estimate",
+    "POST /api/v1/gate",
+    "POST /api/v1/fit",
+    "POST /api/v1/plan",
+)
 WRITES = ("POST /api/v1/calibrations", "POST /api/v1/runs")
 
 
@@ -73,7 +78,7 @@ def test_schemathesis_all_checks_pass_and_reach_the_handlers(tmp_path: Path) -> 
     assert result.returncode == 0, report
 
     counts, operations = _tally(tally)
-    assert len(operations) == 16, operations
+    assert len(operations) == 17, operations
     summary = "\n".join(
         f"{n:5d}  {op} {mode} -> {code}" for (op, mode, code), n in sorted(counts.items())
     )

@@ -376,3 +376,60 @@ def test_the_api_docs_render_from_this_server(server: str, browser: webdriver.Ch
     assert fetched and all(url.startswith(server + "/") for url in fetched), fetched
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
     assert errors == [], errors
+
+
+def test_the_plan_view_draws_the_chosen_layout_and_runners_up(
+    page: webdriver.Chrome, server: str
+) -> None:
+    _select(page, "model", "llama-3-8b")
+    _select(page, "gpu", "H100-80GB")
+    _type(page, "seq_len", "4096")
+    _type(page, "plan_gpus", "16")
+    _type(page, "plan_gpus_per_node", "8")
+    _type(page, "plan_global_batch", "64")
+    train = {
+        "attention": "flash",
+        "optimizer": "adamw",
+        "ema": "none",
+        "framework": "none",
+        "activation_profile": "textbook",
+    }
+    body = {
+        "model": "llama-3-8b",
+        "gpu": "H100-80GB",
+        "train": train,
+        "gpus": 16,
+        "gpus_per_node": 8,
+        "global_batch": 64,
+        "seq_len": 4096,
+    }
+    status, expected = _post(server, "/api/v1/plan", body)
+    assert status == 200 and expected["fits"]
+    page.find_element(By.ID, "plan-run").click()
+    _wait(page, lambda d: d.find_element(By.ID, "plan").get_attribute("data-state") == "ok", "plan")
+    rows = page.find_elements(By.CSS_SELECTOR, "#plan-table tbody tr.plan-row")
+    assert len(rows) == 1 + len(expected["runners_up"])
+    chosen, *others = rows
+    assert "chosen" in _attr(chosen, "class")
+    assert _int(chosen, "data-peak-bytes") == expected["budget"]["gpu"]["peak_bytes"]
+    assert float(_attr(chosen, "data-step-seconds")) == expected["predicted_step_seconds"]
+    p = expected["plan"]["parallel"]
+    assert f"TP {p['tp']}" in chosen.text and f"DP {p['dp']}" in chosen.text
+    # the chosen layout's bar is its buckets; each runner-up's bar its peak against capacity
+    segments = chosen.find_elements(By.CSS_SELECTOR, ".segment")
+    assert sum(_int(s, "data-bytes") for s in segments) == expected["budget"]["gpu"]["peak_bytes"]
+    for row, runner in zip(others, expected["runners_up"], strict=True):
+        bar = row.find_element(By.CSS_SELECTOR, ".bar")
+        assert _int(bar, "data-peak-bytes") == runner["gpu_peak_bytes"]
+        assert _int(bar, "data-capacity-bytes") == expected["budget"]["gpu"]["capacity_bytes"]
+    assert f"{expected['candidates_considered']:,}" in _text(page, "plan-summary")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.execute_script("document.getElementById('plan').scrollIntoView()")
+    assert page.save_screenshot(str(ARTIFACTS / "page-plan.png"))
+
+    # a GPU no cluster preset holds: the server's 422 detail, no table
+    _select(page, "gpu", "RTX-4090")
+    page.find_element(By.ID, "plan-run").click()
+    _wait(page, lambda d: d.find_element(By.ID, "plan").get_attribute("data-state") == "error", "e")
+    assert "no cluster preset has RTX-4090" in _text(page, "plan-error")
+    assert not page.find_element(By.ID, "plan-table").is_displayed()

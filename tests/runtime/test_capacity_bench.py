@@ -17,7 +17,7 @@ finally:
 
 def test_streaming_trains_four_times_what_the_resident_trainer_fits() -> None:
     out = runtime_gpu.capacity(
-        1.0, 256, 64, 4.0, host=16 << 30, device="cpu", total=40 << 20, vocab=512
+        1.0, 128, 64, 4.0, host=16 << 30, device="cpu", total=10 << 20, vocab=512
     )
     assert out["reference_layers"] >= 2
     assert out["reference_oom_layers"] == out["reference_layers"] + 1

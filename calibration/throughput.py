@@ -1,0 +1,179 @@
+"""The step-time model against published throughput of real runs.
+
+``calibration/data/published-throughput.json`` holds runs with their layout, batch and the
+per-GPU FLOP/s their authors measured (each with its source). ``replay`` prices each run's own
+layout with the plan's step-time model (``planner.layout``) on the cluster it ran on and
+compares the predicted time per iteration with the published one (the authors' FLOPs over GPUs
+x achieved FLOP/s). Where a run's micro-batch is not published, the fastest that fits is taken,
+as the plan would. ``fit_efficiency`` fits the coefficients' ``compute_efficiency`` (the
+achieved fraction of peak FLOP/s of large matrix multiplies) to some cases, so the others can
+be held out.
+
+Run: python -m headroom.calibration.throughput [--efficiency E]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from functools import cache
+from importlib import resources
+from typing import Any, NamedTuple
+
+from headroom import planner
+from headroom.planner.cluster import cluster_preset
+from headroom.planner.estimator import end_stages, gpu_peak, overheads
+from headroom.planner.layout import Layout, Planner
+
+
+class Replay(NamedTuple):
+    """One published run against the model."""
+
+    id: str
+    published_seconds: float
+    predicted_seconds: float
+    micro_batch: int
+    fits: bool  # the estimate's verdict on the run's heaviest rank
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published."""
+        return (self.predicted_seconds - self.published_seconds) / self.published_seconds
+
+
+@cache
+def published() -> dict[str, Any]:
+    """The committed cases."""
+    path = resources.files("headroom.calibration") / "data" / "published-throughput.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _model(case: dict[str, Any], doc: dict[str, Any]) -> planner.ModelSpec:
+    if "preset" in case:
+        return planner.load_model(case["preset"])
+    m = case["model"]
+    h = m["hidden_size"]
+    return planner.ModelSpec(
+        name=case["id"],
+        vocab_size=doc["vocab_size"],
+        hidden_size=h,
+        num_layers=m["num_layers"],
+        num_heads=m["num_heads"],
+        ffn_hidden_size=4 * h,
+        ffn_kind="gelu",
+        norm="layernorm",
+        tied_embeddings=True,
+        linear_bias=True,
+        dropout=True,
+    )
+
+
+def published_seconds(case: dict[str, Any], doc: dict[str, Any]) -> float:
+    """The run's time per iteration: its tokens over GPUs x the tokens per second per GPU
+    published, or Narayanan et al.'s eq. 3 FLOPs (recompute included) over GPUs x the achieved
+    FLOP/s per GPU."""
+    if "published_tokens_per_second_per_gpu" in case:
+        tokens = case["global_batch"] * case["seq_len"]
+        return float(tokens / (case["gpus"] * case["published_tokens_per_second_per_gpu"]))
+    m = case["model"]
+    h, layers = m["hidden_size"], m["num_layers"]
+    s, v, batch = doc["seq_len"], doc["vocab_size"], case["global_batch"]
+    flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return float(flops / (case["gpus"] * case["published_tflops_per_gpu"] * 1e12))
+
+
+def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = None) -> Replay:
+    """Price one published run's own layout (see the module docstring)."""
+    doc = published()
+    model = _model(case, doc)
+    cl = cluster_preset(doc["cluster"])
+    hw = cl.hardware()
+    tp, pp, gpus = case["tp"], case["pp"], case["gpus"]
+    dp = gpus // (tp * pp)
+    seq = case.get("seq_len", doc["seq_len"])
+    recompute = case.get("recompute", "full")
+    train = planner.TrainSpec(
+        seq_len=seq,
+        recompute="none" if isinstance(recompute, dict) else recompute,
+        attention=case.get("attention", "eager"),
+        framework=case.get("framework", "none"),
+        parallel={"dp": dp, "tp": tp, "pp": pp, "zero_stage": case["zero_stage"]},
+        max_grad_norm=1.0,
+    )
+    coeffs = coefficients or planner.default_coefficients("textbook", hw.name)
+    plan = Planner(model, train, cl, hw, gpus, case["global_batch"], seq, coeffs)
+    lay = Layout(gpus, tp, pp, 1, 1, dp, 1)
+    costs = plan.costs(lay)
+    per_rank = case["global_batch"] // dp
+    given = case["micro_batch_size"]
+    micro = [given] if given else [b for b in (1, 2, 4, 8, 16) if per_rank % b == 0]
+    # RECOMPUTE's index: none 0, selective 1, full 2; every k layers prices as full (one more
+    # forward of every layer) and is estimated as itself
+    index = {"none": 0, "selective": 1, "full": 2}
+    r = index[recompute] if isinstance(recompute, str) else 2
+    best: Replay | None = None
+    over = overheads(coeffs, hw, False)
+    for mb in micro:
+        settings = plan.settings(lay, case["zero_stage"], ("none", 1.0, None), mb, r, False)
+        if isinstance(recompute, dict):
+            settings = settings._replace(checkpoint_every=recompute["every_k"])
+        allocated, _ = end_stages(model, settings, coeffs)
+        peak = gpu_peak(allocated, over).gpu_bytes
+        fits = peak + math.ceil(peak * coeffs.margin_fraction) <= hw.memory_bytes
+        t = plan.step_terms(lay, costs, case["zero_stage"], "none", 0, mb, r)
+        run = Replay(case["id"], published_seconds(case, doc), t.step, mb, fits)
+        # the fastest that fits; if none fits, the fastest (the verdict is reported)
+        if best is None or (run.fits, -run.predicted_seconds) > (
+            best.fits,
+            -best.predicted_seconds,
+        ):
+            best = run
+    assert best is not None
+    return best
+
+
+def replay_all(
+    coefficients: planner.Coefficients | None = None, ids: list[str] | None = None
+) -> list[Replay]:
+    cases = published()["cases"]
+    return [replay(c, coefficients) for c in cases if ids is None or c["id"] in ids]
+
+
+def fit_efficiency(ids: list[str]) -> float:
+    """The ``compute_efficiency`` whose median error over ``ids`` is zero (bisection: the
+    predicted time falls as the efficiency rises)."""
+    base = planner.default_coefficients("textbook", "A100-80GB")
+    lo, hi = 0.05, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        coeffs = base.model_copy(update={"compute_efficiency": mid})
+        errors = [r.error for r in replay_all(coeffs, ids)]
+        if statistics.median(errors) > 0:  # predicted slower: more efficiency
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--efficiency", type=float, default=None)
+    args = parser.parse_args()
+    coeffs = None
+    if args.efficiency is not None:
+        coeffs = planner.default_coefficients("textbook", "A100-80GB").model_copy(
+            update={"compute_efficiency": args.efficiency}
+        )
+    for r in replay_all(coeffs):
+        print(
+            f"{r.id:34s} mb {r.micro_batch:2d} published {r.published_seconds:8.2f} s "
+            f"predicted {r.predicted_seconds:8.2f} s error {100 * r.error:+6.1f} %"
+            + ("" if r.fits else "  (estimate: does not fit)")
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""``headroom plan``: the fastest parallel layout of N GPUs that fits (``planner.plan``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from headroom import planner
+from headroom.cli.exits import ExitCode, user_errors
+from headroom.cli.options import FormatOpt, MarginOpt, ModelArg, SetOpt, TextOrJson, TrainOpt
+from headroom.planner.cluster import cluster_for_gpu, load_cluster
+from headroom.planner.hardware import MAX_GPUS_PER_NODE
+from headroom.planner.layout import MAX_PLAN_GPUS, PlanCandidate, PlanResult
+
+GpusOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpus", min=1, max=MAX_PLAN_GPUS, help="GPUs available (the plan uses at most these)."
+    ),
+]
+PlanNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        min=1,
+        max=MAX_GPUS_PER_NODE,
+        help="GPUs per node (default: the cluster's).",
+    ),
+]
+PlanGpuOpt = Annotated[
+    str | None,
+    typer.Option("--gpu", help="GPU preset name or hardware file (default: the cluster's)."),
+]
+BatchOpt = Annotated[
+    int, typer.Option("--global-batch", min=1, max=2**30, help="Sequences per optimizer step.")
+]
+SeqOpt = Annotated[int, typer.Option("--seq", min=1, max=2**30, help="Tokens per sequence.")]
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="Cluster preset name or cluster file (links, GPUs per node, host RAM); default: "
+        "the preset of the GPU's nodes.",
+    ),
+]
+ExplainOpt = Annotated[
+    bool, typer.Option("--explain", help="Show each term of the chosen layout's step.")
+]
+
+
+def _layout(c: PlanCandidate | dict[str, object]) -> str:
+    p = c.parallel if isinstance(c, PlanCandidate) else c["parallel"]
+    assert isinstance(p, dict)
+    text = f"tp{p['tp']} pp{p['pp']}"
+    if p["vpp"] > 1:
+        text += f"x{p['vpp']}"
+    text += f" cp{p['cp']} dp{p['dp']}"
+    if p["ep"] > 1:
+        text += f" ep{p['ep']}"
+    return text + f" zero{p['zero_stage']}"
+
+
+def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
+    rb = result.rejected_by_reason
+    console.print(
+        f"{result.gpus} x {result.gpu} ({result.gpus_per_node} per node, {result.cluster}): "
+        f"{result.candidates_considered:,} candidates over {result.layouts_considered:,} "
+        f"layouts, {result.candidates_estimated:,} estimated; rejected: "
+        + ", ".join(f"{k} {v:,}" for k, v in rb.items())
+    )
+    console.print(result.reason)
+    if result.plan is None or result.budget is None:
+        return
+    p = result.plan
+    console.print(
+        f"plan: {_layout(p)} on {result.gpus_used} GPUs, micro_batch_size="
+        f"{p['micro_batch_size']} grad_accum_steps={p['grad_accum_steps']} "
+        f"recompute={p['recompute']} offload={p['offload']['mode']}"
+    )
+    console.print(
+        f"predicted: {result.predicted_step_seconds:.3f} s/step, "
+        f"{result.predicted_tokens_per_second:,.0f} tokens/s, GPU peak "
+        f"{planner.format_bytes(result.budget.gpu.peak_bytes)} ({result.budget.peak_phase}) "
+        f"of {planner.format_bytes(result.budget.gpu.capacity_bytes)}"
+    )
+    if explain:
+        table = Table("term", "seconds", "formula")
+        for t in result.step:
+            table.add_row(t.term, f"{t.seconds:.4f}", t.formula)
+        console.print(table)
+    if result.runners_up:
+        table = Table("runner-up", "GPUs", "micro", "recompute", "offload", "s/step", "GPU peak")
+        for c in result.runners_up:
+            table.add_row(
+                _layout(c),
+                str(c.gpus_used),
+                str(c.micro_batch_size),
+                str(c.recompute),
+                c.offload["mode"],
+                f"{c.step_seconds:.3f}",
+                planner.format_bytes(c.gpu_peak_bytes or 0),
+            )
+        console.print(table)
+    for c in result.rejected[:5]:
+        console.print(f"rejected {_layout(c)} micro {c.micro_batch_size}: {c.reason}")
+
+
+def plan_command(
+    model: ModelArg,
+    gpus: GpusOpt,
+    global_batch: BatchOpt,
+    seq: SeqOpt,
+    gpus_per_node: PlanNodeOpt = None,
+    gpu: PlanGpuOpt = None,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    cluster: ClusterOpt = None,
+    margin: MarginOpt = None,
+    explain: ExplainOpt = False,
+    format: FormatOpt = TextOrJson.text,
+) -> None:
+    """Find the fastest parallel layout (TP, PP, CP, DP, EP, ZeRO, micro-batch, recompute,
+    offload) of at most --gpus GPUs whose heaviest rank fits. Exit 0 with a plan, 1 when nothing
+    fits, 2 on invalid input."""
+    with user_errors():
+        result = run_plan(
+            model, gpus, global_batch, seq, gpus_per_node, gpu, train, set_, cluster, margin
+        )
+    if format is TextOrJson.json:
+        typer.echo(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        _print_plan(result, explain, Console())
+    raise typer.Exit(ExitCode.OK if result.fits else ExitCode.NOTHING_FITS)
+
+
+def run_plan(
+    model: str,
+    gpus: int,
+    global_batch: int,
+    seq: int,
+    gpus_per_node: int | None,
+    gpu: str | None,
+    train: object,
+    set_: list[str] | None,
+    cluster: str | None,
+    margin: float | None,
+) -> PlanResult:
+    """The specs the options name, and the plan."""
+    from pathlib import Path
+
+    from headroom.cli.options import train_dict
+
+    spec = planner.load_model(model)
+    train_spec = planner.load_train(
+        train_dict(train if isinstance(train, Path) else None, set_ or [])
+    )
+    hw = planner.load_hardware(gpu) if gpu is not None else None
+    if cluster is not None:
+        cl = load_cluster(cluster)
+    else:
+        cl = cluster_for_gpu(hw if hw is not None else planner.gpu("H100-80GB"))
+    if gpus_per_node is not None:
+        cl = cl.model_copy(update={"gpus_per_node": gpus_per_node})
+    hardware = cl.hardware(hw)
+    return planner.plan(spec, train_spec, cl, hardware, gpus, global_batch, seq, margin_pct=margin)

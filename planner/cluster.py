@@ -1,0 +1,134 @@
+"""A cluster: how many GPUs of which kind share a node, and the links between them.
+
+What the step-time model of a parallel layout reads (``planner.layout``): the GPU-to-GPU
+bandwidth inside a node (NVLink through NVSwitch, or PCIe), each GPU's share of the network
+between nodes (InfiniBand/RoCE: one NIC per GPU on DGX-class nodes), what a collective achieves
+of them (NCCL's bus bandwidth over the link's nominal rate) and a per-step latency, and the host
+RAM of a node. Presets are data files in ``planner/data/clusters/`` with their sources; a
+cluster file with the same fields overrides them (``load_cluster``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field
+
+from headroom.planner._keys import FewUnknownKeys, at_most
+from headroom.planner._numbers import INTEGER, Float, Int
+from headroom.planner.errors import InputFormatError, UnknownPresetError
+from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
+from headroom.planner.io import build, read_file
+
+_TEXT = r"^[^\x00]*$"
+
+
+class Cluster(FewUnknownKeys):
+    """Nodes of ``gpus_per_node`` GPUs and the links a parallel layout's collectives cross."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(max_length=100, pattern=_TEXT)
+    aliases: Annotated[
+        tuple[Annotated[str, Field(max_length=100, pattern=_TEXT)], ...],
+        at_most(32, "aliases"),
+    ] = ()
+    gpu: str = Field(
+        max_length=100, pattern=_TEXT, description="The GPU preset of its nodes (headroom presets)."
+    )
+    gpus_per_node: Int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs of one node.")
+    intra_node_bytes_per_s: Float = Field(
+        ge=1, le=1e16, description="GPU-to-GPU bandwidth inside a node, per GPU, each way."
+    )
+    inter_node_bytes_per_s: Float = Field(
+        ge=1, le=1e16, description="Each GPU's share of the network between nodes, each way."
+    )
+    intra_node_efficiency: Float = Field(
+        default=0.8, gt=0, le=1, description="What a collective achieves of the intra-node link."
+    )
+    inter_node_efficiency: Float = Field(
+        default=0.85, gt=0, le=1, description="What a collective achieves of the network."
+    )
+    intra_node_latency_s: Float = Field(
+        default=5e-6, ge=0, le=1, description="Latency of one step of a collective in a node."
+    )
+    inter_node_latency_s: Float = Field(
+        default=1e-5, ge=0, le=1, description="Latency of one step of a collective across nodes."
+    )
+    host_memory_bytes: Annotated[int, Field(ge=1, le=MAX_HOST_MEMORY_BYTES), INTEGER] | None = (
+        Field(default=None, description="Host RAM of one node (None: not checked).")
+    )
+    source: str = Field(default="custom", max_length=4000, pattern=_TEXT)
+
+    def hardware(self, hw: Hardware | None = None) -> Hardware:
+        """The GPU of its nodes (its preset, or ``hw``) in this cluster's node: its GPUs share
+        the node's host RAM."""
+        hw = hw if hw is not None else gpu(self.gpu)
+        update: dict[str, object] = {"gpus_per_node": self.gpus_per_node}
+        if self.host_memory_bytes is not None:
+            update["host_memory_bytes"] = self.host_memory_bytes
+        return hw.model_copy(update=update)
+
+
+@cache
+def _presets() -> dict[str, Cluster]:
+    found: dict[str, Cluster] = {}
+    folder = resources.files("headroom.planner") / "data" / "clusters"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            cluster = Cluster(**json.loads(entry.read_text()))
+            for key in (cluster.name, *cluster.aliases):
+                found[key.lower()] = cluster
+    return found
+
+
+def cluster_names() -> list[str]:
+    """Canonical names of the bundled cluster presets."""
+    return sorted({c.name for c in _presets().values()})
+
+
+def cluster_preset(name: str) -> Cluster:
+    """A bundled cluster preset by name or alias (case-insensitive)."""
+    found = _presets().get(name.strip().lower())
+    if found is None:
+        raise UnknownPresetError(
+            f"cluster: unknown preset {name!r}; allowed: {', '.join(cluster_names())} or a "
+            "cluster file",
+            field="cluster",
+        )
+    return found
+
+
+def cluster_for_gpu(hw: Hardware) -> Cluster:
+    """The bundled cluster whose nodes hold ``hw``'s GPU."""
+    for c in sorted(set(_presets().values()), key=lambda c: c.name):
+        if gpu(c.gpu).name == hw.name:
+            return c
+    with_gpus = ", ".join(f"{c} ({cluster_preset(c).gpu})" for c in cluster_names())
+    raise UnknownPresetError(
+        f"cluster: no cluster preset has {hw.name} GPUs; give a cluster file (--cluster) or one "
+        f"of: {with_gpus}",
+        field="cluster",
+    )
+
+
+def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
+    """A cluster preset's name, a JSON/YAML cluster file, or a dict of the cluster fields."""
+    if isinstance(source, Cluster):
+        return source
+    if isinstance(source, Mapping):
+        return build(Cluster, source, prefix="cluster")
+    path = Path(source)
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
+        data = read_file(path)
+        if not isinstance(data, dict):
+            raise InputFormatError(
+                f"cluster: {source} must hold an object of cluster fields", field="cluster"
+            )
+        return build(Cluster, data, prefix="cluster")
+    return cluster_preset(str(source))

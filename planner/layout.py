@@ -1,0 +1,1106 @@
+"""Plan the cluster: the fastest parallel layout of N GPUs whose heaviest rank fits.
+
+A layout is TP x PP (1F1B, or interleaved with ``vpp`` virtual stages) x CP x DP GPUs, EP
+carved from DP x CP, with the per-rank ladder inside it (ZeRO stage, offload placement,
+micro-batch with gradient accumulation keeping the global batch, recompute, the allocator's
+expandable segments). Ranks are numbered as Megatron-Core numbers them (``tp-cp-ep-dp-pp``: TP
+fastest), so a group's members sit ``stride`` ranks apart and a node of ``G`` GPUs holds
+``G / stride`` of them; TP stays inside a node.
+
+**Step time** (``StepTerms``, per optimizer step of the first pipeline stage's rank; every term
+is named and ``explain_step`` gives its formula):
+
+- ``compute``: the ``StepModel``'s FLOPs (6 per active parameter per token, causal attention,
+  one more forward under recompute) of the rank's tokens (micro-batch x sequence / CP x
+  micro-batches) over TP x PP, at the GPU's bf16 FLOP/s x the coefficients'
+  ``compute_efficiency``.
+- ``tp_comm``: per layer and pass (forward, backward, and the recompute's forward), two
+  all-reduces of the layer's activations (with sequence parallelism two all-gathers and two
+  reduce-scatters: the same bytes), not overlapped.
+- ``ep_comm``: per MoE layer and pass, two all-to-alls (dispatch, combine) of the routed
+  tokens' hidden states, not overlapped.
+- ``cp_comm``: per layer and pass, the ring's K/V exchange (backward: K/V and their
+  gradients), less the attention it overlaps.
+- ``pp_comm``: per micro-batch, each of the rank's ``vpp`` chunks sends its output forward and
+  its input's gradient back.
+- ``bubble``: ``(pp - 1) / vpp`` micro-batch times (Narayanan et al. 2021, eq. 1 and 2).
+- ``dp_comm``: gradient reduction over DP x CP (all-reduce at ZeRO 0, reduce-scatter at 1-2,
+  with the updated parameters all-gathered after the step), less the last micro-batch's
+  backward it overlaps (and the parameters' gather less the first forward); ZeRO 3 gathers the
+  parameters for each micro-batch's forward and backward and reduce-scatters its gradients,
+  less that micro-batch's compute. Expert gradients reduce over DP x CP / EP.
+- ``offload_transfer``, ``cpu_optimizer``: the host link and the CPU step of optimizer
+  offload or streaming, overlapped as the ``StepModel`` overlaps them.
+- ``gpu_optimizer``: the optimizer step's memory traffic over the GPU's memory bandwidth.
+
+A collective over ``n`` ranks, ``m`` of them in a node and ``k = n / m`` nodes, runs
+hierarchically (NCCL's rings and trees): the intra-node part at the cluster's intra-node
+bandwidth, the inter-node part on ``1/m`` of the bytes at each GPU's network share, each at
+its achieved efficiency, plus a latency per step.
+
+**Search**: every layout of at most N GPUs (whole nodes, or part of one node) whose degrees
+divide the model and the global batch, every per-rank choice inside it. Each candidate is priced
+(a few arithmetic operations: a layout's per-byte costs are resolved once); world sizes are
+searched largest first, each world's candidates walked fastest first and estimated
+(``planner.estimate``'s own terms, memoised by their inputs) until they are slower than the
+runners-up found; a world whose FLOPs alone, spread over its GPUs, are slower than the last
+runner-up is not priced. A (layout, ZeRO stage, placement)
+whose optimizer phase alone (persistent state, gradients and the step's temporaries: a lower
+bound of its peak) exceeds the GPU is rejected without pricing its candidates.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, Field
+
+from headroom.planner.budget import BudgetModel
+from headroom.planner.cluster import Cluster
+from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.errors import SpecError
+from headroom.planner.estimator import (
+    FRAMEWORK_RULES,
+    Knobs,
+    end_stages,
+    estimate,
+    gpu_peak,
+    knobs,
+    overheads,
+    stage_parts,
+)
+from headroom.planner.hardware import Hardware
+from headroom.planner.model import ModelSpec
+from headroom.planner.params import count_params
+from headroom.planner.stage import check_layout, stage_params
+from headroom.planner.steptime import StepModel, streaming_step_seconds
+from headroom.planner.train import TrainSpec
+
+#: most GPUs a plan is asked about (the search walks every world size up to it)
+MAX_PLAN_GPUS = 16384
+#: most candidates one plan estimates (each ~10-40 µs): bounds a search where so many of the
+#: fastest candidates do not fit
+PLAN_MAX_ESTIMATES = 100_000
+#: optimizer-offload fractions the plan tries (the ladder refines within a layout)
+PLAN_OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+#: streaming: layers per checkpointed block
+PLAN_STREAMING_EVERY = (1, 2, 4)
+#: largest micro-batch proposed
+PLAN_MAX_MICRO_BATCH = 256
+#: largest number of virtual pipeline stages per rank proposed
+PLAN_MAX_VPP = 8
+#: recompute policies, cheapest in memory last: (spec value, selective, layers per block)
+RECOMPUTE = (("none", False, None), ("selective", True, None), ("full", False, 1))
+
+
+class Layout(NamedTuple):
+    """A parallel layout: the degrees of each axis (``world`` = tp x pp x cp x dp)."""
+
+    world: int
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    dp: int
+    ep: int
+
+
+class StepTerms(NamedTuple):
+    """A candidate's predicted step, term by term (seconds; see the module docstring)."""
+
+    compute: float
+    bubble: float
+    tp_comm: float
+    ep_comm: float
+    cp_comm: float
+    pp_comm: float
+    dp_comm: float
+    offload_transfer: float
+    cpu_optimizer: float
+    gpu_optimizer: float
+    step: float
+
+
+def group_shape(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
+    """(members per node, nodes) of a group of ``size`` ranks ``stride`` apart."""
+    if size <= 1:
+        return 1, 1
+    if stride >= gpus_per_node:
+        return 1, size
+    per_node = min(size, max(1, gpus_per_node // stride))
+    return per_node, -(-size // per_node)
+
+
+class Links(NamedTuple):
+    """A cluster's achieved bandwidths (bytes/s) and latencies (s)."""
+
+    intra: float
+    inter: float
+    intra_latency: float
+    inter_latency: float
+    gpus_per_node: int
+
+
+def links(cluster: Cluster, gpus_per_node: int) -> Links:
+    return Links(
+        cluster.intra_node_bytes_per_s * cluster.intra_node_efficiency,
+        cluster.inter_node_bytes_per_s * cluster.inter_node_efficiency,
+        cluster.intra_node_latency_s,
+        cluster.inter_node_latency_s,
+        gpus_per_node,
+    )
+
+
+def all_reduce_cost(size: int, stride: int, ln: Links) -> tuple[float, float]:
+    """(seconds per byte, seconds) of an all-reduce over a group: ring reduce-scatter and
+    all-gather inside each node, an all-reduce of each member's ``1/m`` across the nodes."""
+    m, k = group_shape(size, stride, ln.gpus_per_node)
+    per_byte = latency = 0.0
+    if m > 1:
+        per_byte += 2 * (m - 1) / m / ln.intra
+        latency += 2 * (m - 1) * ln.intra_latency
+    if k > 1:
+        per_byte += 2 * (k - 1) / k / m / ln.inter
+        latency += 2 * (k - 1) * ln.inter_latency
+    return per_byte, latency
+
+
+def all_to_all_cost(size: int, stride: int, ln: Links) -> tuple[float, float]:
+    """(seconds per byte a rank holds, seconds) of an all-to-all: ``(m - 1)/n`` of the bytes to
+    members of its node, ``(n - m)/n`` over the network, the two at once."""
+    if size <= 1:
+        return 0.0, 0.0
+    m, _ = group_shape(size, stride, ln.gpus_per_node)
+    intra = (m - 1) / size / ln.intra
+    inter = (size - m) / size / ln.inter
+    latency = (m - 1) * ln.intra_latency + (size - m) * ln.inter_latency
+    return max(intra, inter), latency
+
+
+def p2p_cost(stride: int, ln: Links) -> tuple[float, float]:
+    """(seconds per byte, seconds) of a send to the rank ``stride`` away."""
+    if stride < ln.gpus_per_node:
+        return 1 / ln.intra, ln.intra_latency
+    return 1 / ln.inter, ln.inter_latency
+
+
+class _LayoutCosts(NamedTuple):
+    """What pricing a candidate of one layout reads, resolved once per layout: seconds per
+    micro-batch sequence (``*_b``) and seconds (``*_c``) of each term."""
+
+    tp_b: float  # per layer-pass, x micro-batch
+    tp_c: float
+    ep_b: float
+    ep_c: float
+    cp_b: float  # comm less the attention it hides, per layer-pass, x micro-batch
+    cp_c: float
+    pp_b: float  # per chunk boundary crossing (each way)
+    pp_c: float
+    layers: int  # layers of the first stage
+    moe_layers: int
+    dense_numel: int  # the first stage's local parameters
+    expert_numel: int
+    dp_ar: tuple[float, float]  # dense gradients' group: all-reduce (per byte, seconds)
+    edp_ar: tuple[float, float]  # expert gradients' group
+
+
+class Candidate(NamedTuple):
+    """One priced candidate: its layout and per-rank choices."""
+
+    step: float
+    key: int
+    layout: Layout
+    zero: int
+    placement: int
+    micro_batch: int
+    recompute: int
+    segments: bool
+
+
+class PlanCandidate(BaseModel):
+    """A candidate in the spec's own terms, with what was predicted of it."""
+
+    parallel: dict[str, Any] = Field(description="Its parallel degrees and ZeRO stage.")
+    gpus_used: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    recompute: Any
+    offload: dict[str, Any]
+    expandable_segments: bool
+    gpu_peak_bytes: int | None = None
+    host_peak_bytes: int | None = None
+    step_seconds: float | None = None
+    tokens_per_second: float | None = None
+    plan: dict[str, Any] | None = Field(
+        default=None, description="Its whole training spec (runners-up)."
+    )
+    reason: str | None = Field(default=None, description="Why it was rejected.")
+
+
+class StepTerm(BaseModel):
+    """One term of the predicted step, explained."""
+
+    term: str
+    seconds: float
+    formula: str
+    inputs: dict[str, Any]
+
+
+class PlanResult(BaseModel):
+    """The chosen layout, its budget and step, the runners-up and why the rest were rejected."""
+
+    fits: bool
+    plan: dict[str, Any] | None = Field(description="The chosen training spec, parallel filled.")
+    budget: BudgetModel | None
+    predicted_step_seconds: float | None
+    predicted_tokens_per_second: float | None
+    step: list[StepTerm] = Field(default_factory=list, description="The step's terms, explained.")
+    gpus: int
+    gpus_per_node: int
+    gpus_used: int | None
+    cluster: str
+    gpu: str
+    global_batch: int
+    seq_len: int
+    layouts_considered: int
+    truncated: bool = Field(
+        default=False,
+        description="The walk stopped after PLAN_MAX_ESTIMATES estimates (so many fast "
+        "candidates did not fit): what it found is reported, faster fitting layouts may exist.",
+    )
+    layouts_skipped: int = Field(
+        description="Layouts of fewer GPUs left unpriced: their compute alone (every FLOP "
+        "spread over their GPUs) is slower than the last runner-up."
+    )
+    candidates_considered: int = Field(description="Candidates priced (every per-rank choice).")
+    candidates_estimated: int = Field(
+        description="Candidates whose memory was estimated (the fastest first, until the "
+        "chosen one and the runners-up fitted); the rest are slower than the last runner-up."
+    )
+    runners_up: list[PlanCandidate]
+    rejected: list[PlanCandidate] = Field(description="Rejected candidates (the first few).")
+    rejected_total: int
+    rejected_by_reason: dict[str, int] = Field(
+        description="gpu_memory, host_memory, model_states (the optimizer phase alone exceeds "
+        "the GPU: the layout's candidates unpriced), layout (degrees the model or batch cannot "
+        "be split by: whole layouts)."
+    )
+    layout_rejections: list[str] = Field(description="Why layouts were refused (the first few).")
+    margin_pct: float | None
+    reason: str
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, k = [], 1
+    while k <= limit:
+        out.append(k)
+        k *= 2
+    return out
+
+
+class Planner:
+    """One plan search: the model, training spec, cluster and coefficients resolved once."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        train: TrainSpec,
+        cluster: Cluster,
+        hardware: Hardware,
+        gpus: int,
+        global_batch: int,
+        seq_len: int,
+        coefficients: Coefficients | None = None,
+        margin_pct: float | None = None,
+    ) -> None:
+        if not 1 <= gpus <= MAX_PLAN_GPUS:
+            raise SpecError(
+                f"gpus: must be between 1 and {MAX_PLAN_GPUS}, got {gpus}", field="gpus"
+            )
+        if global_batch < 1:
+            raise SpecError(
+                f"global_batch: must be at least 1 sequence, got {global_batch}",
+                field="global_batch",
+            )
+        self.model, self.cluster, self.hw = model, cluster, hardware
+        self.gpus, self.batch, self.seq = gpus, global_batch, seq_len
+        self.train = train.model_copy(update={"seq_len": seq_len})
+        self.coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
+        self.margin_pct = margin_pct
+        self.margin_fraction = (
+            self.coeffs.margin_fraction if margin_pct is None else margin_pct / 100
+        )
+        self.base = knobs(self.train)
+        self.links = links(cluster, hardware.gpus_per_node)
+        counts = count_params(model)
+        self.counts = counts
+        self.price = StepModel(
+            model, seq_len, 1, hardware, self.coeffs, causal_skip=train.attention == "flash"
+        )
+        self.rate = hardware.bf16_flops * self.coeffs.compute_efficiency
+        self.layer_overhead = self.price.layer_overhead_s
+        self.elementwise = self.price.elementwise_s
+        self.d_attn = model.num_heads * model.dim_per_head
+        self.kv_dim = 2 * model.kv_heads * model.dim_per_head  # K and V
+        self.top_k = model.moe.top_k if model.moe is not None else 0
+        rules = FRAMEWORK_RULES.get(self.train.framework)
+        self.zero_stages = rules.zero_stages if rules is not None else (0, 1, 2, 3)
+        self.modes = (
+            rules.offload_modes if rules is not None else ("none", "optimizer", "streaming")
+        )
+        self.layout_rejections: list[str] = []
+        self.layouts_refused = 0
+
+    # -- layouts ---------------------------------------------------------------------------
+
+    def layouts(self) -> list[Layout]:
+        """Every layout of at most ``gpus`` GPUs (whole nodes, or part of one node) that the
+        model and the global batch divide into."""
+        g = self.hw.gpus_per_node
+        model = self.model
+        out: list[Layout] = []
+        worlds = [w for w in range(1, self.gpus + 1) if w < g or w % g == 0]
+        experts = model.moe.num_experts if model.moe is not None else 1
+        for world in worlds:
+            for tp in _divisors(min(world, g)):
+                if world % tp or g % tp:
+                    continue
+                for pp in _divisors(world // tp):
+                    if pp > model.num_layers:
+                        continue
+                    try:
+                        check_layout(model, tp, pp, 1)
+                    except SpecError as exc:
+                        self._refuse(str(exc))
+                        continue
+                    for cp in _divisors(world // (tp * pp)):
+                        dp = world // (tp * pp * cp)
+                        if cp > 1 and (self.seq % (2 * cp) or model.mla is not None):
+                            continue
+                        if self.batch % dp:
+                            self._refuse(
+                                f"dp={dp} (world {world} = tp {tp} x pp {pp} x cp {cp} x dp): "
+                                f"the global batch ({self.batch}) is not divisible by dp"
+                            )
+                            continue
+                        if tp > 1 and self.seq % tp:
+                            continue
+                        vpps = [1]
+                        if pp > 1:
+                            vpps += [
+                                v
+                                for v in range(2, PLAN_MAX_VPP + 1)
+                                if model.num_layers % (pp * v) == 0
+                            ]
+                        eps = [e for e in _divisors(dp * cp) if experts % e == 0 and e <= experts]
+                        if model.moe is None:
+                            eps = [1]
+                        for vpp in vpps:
+                            for ep in eps:
+                                out.append(Layout(world, tp, pp, vpp, cp, dp, ep))
+        return out
+
+    def _refuse(self, why: str) -> None:
+        self.layouts_refused += 1
+        if len(self.layout_rejections) < 10 and why not in self.layout_rejections:
+            self.layout_rejections.append(why)
+
+    def costs(self, lay: Layout) -> _LayoutCosts:
+        """A layout's per-byte communication costs, resolved once."""
+        model, ln = self.model, self.links
+        tp, pp, cp, dp, ep = lay.tp, lay.pp, lay.cp, lay.dp, lay.ep
+        sp = tp > 1
+        pb = self.base.param_bytes
+        tokens = self.seq // cp  # a sequence's tokens on this rank
+        hidden_bytes = tokens * model.hidden_size * pb
+        tp_b, tp_c = all_reduce_cost(tp, 1, ln)
+        # two all-reduces (or all-gather + reduce-scatter pairs) per layer and pass
+        tp_b, tp_c = 2 * tp_b * hidden_bytes, 2 * tp_c
+        ep_b = ep_c = 0.0
+        if ep > 1 and self.top_k:
+            routed = (tokens // tp if sp else tokens) * self.top_k * model.hidden_size * pb
+            a_b, a_c = all_to_all_cost(ep, tp, ln)
+            ep_b, ep_c = 2 * a_b * routed, 2 * a_c  # dispatch and combine
+        cp_b = cp_c = 0.0
+        if cp > 1:
+            per_b, lat = p2p_cost(tp, ln)
+            kv = tokens * self.kv_dim * pb // tp
+            comm = (cp - 1) * kv * per_b
+            # the forward attention of a sequence's shard: 2 x d_attn x seq FLOPs per token
+            attention = 2 * self.d_attn * self.seq * tokens / tp / self.rate
+            cp_b, cp_c = comm - attention, (cp - 1) * lat
+        pp_b = pp_c = 0.0
+        if pp > 1:
+            per_b, lat = p2p_cost(tp * cp * dp, ln)
+            pp_b, pp_c = (hidden_bytes // tp if sp else hidden_bytes) * per_b, lat
+        sp0 = stage_params(model, tp, pp, ep, 0)
+        dp_group = dp * cp
+        return _LayoutCosts(
+            tp_b,
+            tp_c,
+            ep_b,
+            ep_c,
+            cp_b,
+            cp_c,
+            pp_b,
+            pp_c,
+            sp0.num_layers,
+            sp0.num_moe_layers,
+            sp0.dense_numel,
+            sp0.expert_numel,
+            all_reduce_cost(dp_group, tp * cp if cp > 1 else tp, ln),
+            all_reduce_cost(dp_group // ep, tp * ep, ln),
+        )
+
+    # -- pricing ---------------------------------------------------------------------------
+
+    def step_terms(
+        self,
+        lay: Layout,
+        c: _LayoutCosts,
+        zero: int,
+        mode: str,
+        offloaded_numel: int,
+        mb: int,
+        recompute: int,
+    ) -> StepTerms:
+        """A candidate's step, term by term (see the module docstring)."""
+        price = self.price
+        tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
+        m = self.batch // (dp * mb)
+        streaming = mode == "streaming"
+        selective = RECOMPUTE[recompute][1]
+        recomputes = streaming or RECOMPUTE[recompute][2] is not None
+        flops = price.flops_base
+        if recomputes:
+            flops += price.flops_recompute
+        elif selective:
+            flops += price.flops_selective
+        tokens_micro = mb * self.seq / cp
+        passes = 3 if recomputes else 2
+        compute_micro = flops * tokens_micro / (tp * pp) / self.rate
+        compute_micro += passes * c.layers * tokens_micro * self.elementwise / tp
+        # kernel launches and small operations: a fixed time per layer and pass
+        compute_micro += passes * c.layers * self.layer_overhead
+        tp_micro = passes * c.layers * (c.tp_b * mb + c.tp_c) if tp > 1 else 0.0
+        ep_micro = passes * c.moe_layers * (c.ep_b * mb + c.ep_c) if c.ep_b else 0.0
+        # the ring exchange beyond the attention it hides: forward, backward (twice the bytes
+        # and FLOPs), the recompute's forward
+        cp_micro = (passes + 1) * c.layers * max(0.0, c.cp_b * mb + c.cp_c) if cp > 1 else 0.0
+        pp_micro = 2 * vpp * (c.pp_b * mb + c.pp_c) if pp > 1 else 0.0
+        # ZeRO / FSDP: parameters gathered for each micro-batch's forward and backward, its
+        # gradients reduce-scattered, overlapped with its compute
+        base = self.base
+        dense, expert = c.dense_numel, c.expert_numel
+        reduce_bytes = base.reduce_bytes
+        dp_ar_b, dp_ar_c = c.dp_ar
+        e_ar_b, e_ar_c = c.edp_ar
+        z3_micro = 0.0
+        dp_comm = 0.0
+        # one all-gather or reduce-scatter is half an all-reduce
+        grads_ar = (dense * dp_ar_b + expert * e_ar_b) * reduce_bytes + dp_ar_c + e_ar_c
+        params_ag = ((dense * dp_ar_b + expert * e_ar_b) * base.param_bytes + dp_ar_c + e_ar_c) / 2
+        if dp * cp > 1:
+            if zero == 3:
+                z3_micro = max(0.0, 2 * params_ag + grads_ar / 2 - compute_micro)
+            else:
+                backward = compute_micro * 2 / 3
+                forward = compute_micro / 3
+                if zero == 0:
+                    dp_comm = max(0.0, grads_ar - backward)
+                else:
+                    dp_comm = max(0.0, grads_ar / 2 - backward) + max(0.0, params_ag - forward)
+        micro = compute_micro + tp_micro + ep_micro + cp_micro + pp_micro + z3_micro
+        bubble = (pp - 1) / vpp * micro
+        pipeline = m * micro + bubble
+        # the optimizer step on the GPU: its state's traffic (read and write master and
+        # moments, read the gradient, write the parameter)
+        shard = dp * cp if zero >= 1 else 1
+        on_gpu = (dense + expert) / shard - (offloaded_numel if mode == "optimizer" else 0)
+        touched = (
+            2 * (base.master_bytes + 2 * base.state_bytes) + base.grad_bytes + base.param_bytes
+        )
+        gpu_opt = (
+            0.0 if streaming else max(0.0, on_gpu) * touched / self.hw.memory_bandwidth_bytes_per_s
+        )
+        grad_bytes = 2 if base.grad_bytes <= 2 else 4
+        if streaming:
+            numel = dense + expert
+            transfer = m * numel * (2 * base.param_bytes + grad_bytes) / price.link
+            cpu = numel / price.cpu_rate
+            forward = micro * price.flops_recompute / flops
+            step = streaming_step_seconds(
+                pipeline, transfer, cpu, micro, forward, base.clips_grad_norm
+            )
+            step += dp_comm
+        else:
+            transfer = offloaded_numel * (base.param_bytes + grad_bytes) / price.link
+            cpu = offloaded_numel / price.cpu_rate
+            step = pipeline + dp_comm + gpu_opt + max(transfer, cpu)
+        return StepTerms(
+            m * compute_micro,
+            bubble,
+            m * tp_micro,
+            m * ep_micro,
+            m * cp_micro,
+            m * pp_micro,
+            dp_comm + m * z3_micro,
+            transfer,
+            cpu,
+            gpu_opt,
+            step,
+        )
+
+    # -- search ----------------------------------------------------------------------------
+
+    def placements(self, lay: Layout) -> list[tuple[str, float, int | None]]:
+        """(mode, fraction, streaming block) choices of a layout."""
+        out: list[tuple[str, float, int | None]] = [("none", 1.0, None)]
+        if "optimizer" in self.modes:
+            out += [("optimizer", f, None) for f in PLAN_OFFLOAD_FRACTIONS]
+        if "streaming" in self.modes and lay.tp == 1 and lay.pp == 1:
+            out += [
+                ("streaming", 1.0, k) for k in PLAN_STREAMING_EVERY if k <= self.model.num_layers
+            ]
+        return out
+
+    def settings(
+        self,
+        lay: Layout,
+        zero: int,
+        placement: tuple[str, float, int | None],
+        mb: int,
+        recompute: int,
+        segments: bool,
+    ) -> Knobs:
+        """A candidate's knobs (what ``knobs`` makes of its training spec)."""
+        mode, fraction, block = placement
+        _, selective, every = RECOMPUTE[recompute]
+        return self.base._replace(
+            micro_batch=mb,
+            grad_accum=self.batch // (lay.dp * mb),
+            dp=lay.dp,
+            tp=lay.tp,
+            pp=lay.pp,
+            ep=lay.ep,
+            cp=lay.cp,
+            vpp=lay.vpp,
+            sequence_parallel=lay.tp > 1,
+            zero_stage=zero,
+            offload_mode=mode,
+            offload_fraction=fraction,
+            selective=selective,
+            checkpoint_every=block if mode == "streaming" else every,
+            expandable_segments=segments,
+        )
+
+    def keys(self, cand: Candidate) -> dict[str, Any]:
+        """The training-spec keys a candidate sets (what the plan chooses)."""
+        lay = cand.layout
+        mode, fraction, block = self.placements(lay)[cand.placement]
+        offload: dict[str, Any] = {"mode": mode}
+        if mode == "optimizer":
+            offload["fraction"] = fraction
+        elif mode == "streaming":
+            offload["checkpoint_every"] = block
+        return {
+            "micro_batch_size": cand.micro_batch,
+            "grad_accum_steps": self.batch // (lay.dp * cand.micro_batch),
+            "recompute": RECOMPUTE[cand.recompute][0],
+            "offload": offload,
+            "expandable_segments": cand.segments,
+            "parallel": {
+                "dp": lay.dp,
+                "tp": lay.tp,
+                "pp": lay.pp,
+                "vpp": lay.vpp,
+                "cp": lay.cp,
+                "ep": lay.ep,
+                "sequence_parallel": lay.tp > 1,
+                "zero_stage": cand.zero,
+            },
+        }
+
+    def spec(self, cand: Candidate) -> TrainSpec:
+        """A candidate's training spec: the input's, with the keys the plan chose."""
+        keys = self.keys(cand)
+        keys["offload"] = {**keys["offload"], "num_buffers": self.train.offload.num_buffers}
+        return TrainSpec.model_validate({**self.train.model_dump(), **keys})
+
+    def price_group(
+        self,
+        lay: Layout,
+        c: _LayoutCosts,
+        zero: int,
+        mode: str,
+        offloaded_numel: int,
+        mbs: list[int],
+        recomputes: tuple[int, ...],
+        key: int,
+        out: list[tuple[float, int]],
+    ) -> None:
+        """Append ``(step, key | micro-batch index << 4 | recompute)`` of each of a group's
+        candidates to ``out``: ``step_terms``' step, its per-layout and per-group parts
+        hoisted out of the loop (``tests/planner/test_plan.py`` holds the two equal)."""
+        price, base = self.price, self.base
+        tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
+        per_rank = self.batch // dp
+        streaming = mode == "streaming"
+        dense, expert = c.dense_numel, c.expert_numel
+        dp_ar_b, dp_ar_c = c.dp_ar
+        e_ar_b, e_ar_c = c.edp_ar
+        grads_ar = (dense * dp_ar_b + expert * e_ar_b) * base.reduce_bytes + dp_ar_c + e_ar_c
+        params_ag = ((dense * dp_ar_b + expert * e_ar_b) * base.param_bytes + dp_ar_c + e_ar_c) / 2
+        sharded = dp * cp > 1
+        shard = dp * cp if zero >= 1 else 1
+        on_gpu = (dense + expert) / shard - (offloaded_numel if mode == "optimizer" else 0)
+        touched = (
+            2 * (base.master_bytes + 2 * base.state_bytes) + base.grad_bytes + base.param_bytes
+        )
+        grad_bytes = 2 if base.grad_bytes <= 2 else 4
+        if streaming:
+            numel = dense + expert
+            per_micro_transfer = numel * (2 * base.param_bytes + grad_bytes) / price.link
+            cpu = numel / price.cpu_rate
+            tail = 0.0
+        else:
+            gpu_opt = max(0.0, on_gpu) * touched / self.hw.memory_bandwidth_bytes_per_s
+            transfer = offloaded_numel * (base.param_bytes + grad_bytes) / price.link
+            tail = gpu_opt + max(transfer, offloaded_numel / price.cpu_rate)
+        fill = (pp - 1) / vpp
+        scale = self.seq / cp / (tp * pp) / self.rate
+        layers, moe_layers = c.layers, c.moe_layers
+        for r in recomputes:
+            _, selective, every = RECOMPUTE[r]
+            recomputing = streaming or every is not None
+            flops = price.flops_base
+            if recomputing:
+                flops += price.flops_recompute
+            elif selective:
+                flops += price.flops_selective
+            passes = 3 if recomputing else 2
+            k_compute = flops * scale + passes * layers * self.seq / cp * self.elementwise / tp
+            c_compute = passes * layers * self.layer_overhead
+            a_comm = b_comm = 0.0
+            if tp > 1:
+                a_comm += passes * layers * c.tp_b
+                b_comm += passes * layers * c.tp_c
+            if c.ep_b:
+                a_comm += passes * moe_layers * c.ep_b
+                b_comm += passes * moe_layers * c.ep_c
+            if pp > 1:
+                a_comm += 2 * vpp * c.pp_b
+                b_comm += 2 * vpp * c.pp_c
+            cp_scale = (passes + 1) * layers
+            for i, mb in enumerate(mbs):
+                compute_micro = k_compute * mb + c_compute
+                micro = compute_micro + a_comm * mb + b_comm
+                if cp > 1:
+                    exposed = c.cp_b * mb + c.cp_c
+                    if exposed > 0:
+                        micro += cp_scale * exposed
+                dp_comm = 0.0
+                if sharded:
+                    if zero == 3:
+                        gather = 2 * params_ag + grads_ar / 2 - compute_micro
+                        if gather > 0:
+                            micro += gather
+                    elif zero == 0:
+                        dp_comm = max(0.0, grads_ar - compute_micro * 2 / 3)
+                    else:
+                        dp_comm = max(0.0, grads_ar / 2 - compute_micro * 2 / 3) + max(
+                            0.0, params_ag - compute_micro / 3
+                        )
+                m = per_rank // mb
+                pipeline = (m + fill) * micro
+                if streaming:
+                    forward = micro * price.flops_recompute / flops
+                    step = (
+                        streaming_step_seconds(
+                            pipeline,
+                            m * per_micro_transfer,
+                            cpu,
+                            micro,
+                            forward,
+                            base.clips_grad_norm,
+                        )
+                        + dp_comm
+                    )
+                else:
+                    step = pipeline + dp_comm + tail
+                out.append((step, key | i << 4 | r))
+
+    def candidates(
+        self,
+        lays: list[Layout],
+        groups: list[Any],
+        rejected: dict[str, int],
+    ) -> list[tuple[float, int]]:
+        """The candidates of ``lays`` priced as ``(step, key)``; the key indexes the group
+        appended to ``groups``; groups whose model-state floor exceeds the GPU are counted in
+        ``rejected`` unpriced."""
+        model, coeffs, hw = self.model, self.coeffs, self.hw
+        cap = hw.memory_bytes
+        over = {e: overheads(coeffs, hw, e) for e in (False, True)}
+        # the floor holds for either allocator mode: the context and the smaller overhead
+        context = over[False].cuda_context_bytes
+        least = min(o.allocator_overhead_fraction for o in over.values())
+        priced: list[tuple[float, int]] = []
+        for lay in lays:
+            c = self.costs(lay)
+            per_rank = self.batch // lay.dp
+            micro = [
+                mb
+                for mb in _powers_of_two(min(per_rank, PLAN_MAX_MICRO_BATCH))
+                if per_rank % mb == 0
+            ]
+            stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
+            zeros = [z for z in self.zero_stages if lay.dp * lay.cp > 1 or z == self.zero_stages[0]]
+            placements = self.placements(lay)
+            for zero in zeros:
+                for p_i, placement in enumerate(placements):
+                    streaming = placement[0] == "streaming"
+                    recomputes = (0,) if streaming else tuple(range(len(RECOMPUTE)))
+                    for accumulating in (False, True):
+                        mbs = [mb for mb in micro if (per_rank // mb > 1) == accumulating]
+                        if not mbs:
+                            continue
+                        probe = self.settings(lay, zero, placement, mbs[0], 0, False)
+                        all_states, _ = stage_parts(model, probe, coeffs, stages)
+                        floor = 0
+                        for st in all_states:
+                            held = st.params + st.master_params + st.ema
+                            alloc = held + (
+                                st.transfer_buffers
+                                if streaming
+                                else st.grads_total + st.optimizer_states + st.optimizer_temporaries
+                            )
+                            floor = max(floor, alloc + context + int(alloc * least))
+                        if floor + math.ceil(floor * self.margin_fraction) > cap:
+                            rejected["model_states"] += len(mbs) * len(recomputes)
+                            continue
+                        key = len(groups) << 12
+                        groups.append((lay, zero, p_i, placement, mbs))
+                        self.price_group(
+                            lay,
+                            c,
+                            zero,
+                            placement[0],
+                            all_states[0].offloaded_numel,
+                            mbs,
+                            recomputes,
+                            key,
+                            priced,
+                        )
+        return priced
+
+    def compute_floor(self, world: int) -> float:
+        """No candidate on ``world`` GPUs steps faster than its FLOPs without recompute spread
+        over every GPU at the achieved rate (its communication, bubble and overheads add)."""
+        return self.price.flops_base * self.batch * self.seq / (world * self.rate)
+
+    def run(self, max_listed: int = 10, max_estimates: int = PLAN_MAX_ESTIMATES) -> PlanResult:
+        """The fastest candidate that fits, the runners-up and the rejections.
+
+        World sizes are searched largest first; one whose compute floor is already slower than
+        the last runner-up found is skipped unpriced (``layouts_skipped``). Each world's
+        candidates are walked fastest first, estimated until they are slower than the last
+        runner-up."""
+        model, coeffs, hw = self.model, self.coeffs, self.hw
+        lays = self.layouts()
+        by_world: dict[int, list[Layout]] = {}
+        for lay in lays:
+            by_world.setdefault(lay.world, []).append(lay)
+        cap, host_cap = hw.memory_bytes, hw.host_memory_bytes
+        over = {e: overheads(coeffs, hw, e) for e in (False, True)}
+        segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
+        rejected_by = {"model_states": 0, "gpu_memory": 0, "host_memory": 0}
+        rejected: list[PlanCandidate] = []
+        # (step, peak, order, candidate, host peak): the fastest found, at most max_listed + 1
+        fitting: list[tuple[float, int, int, Candidate, int]] = []
+        groups: list[Any] = []
+        estimated = priced_total = skipped = 0
+        truncated = False
+        for world in sorted(by_world, reverse=True):
+            if truncated:
+                skipped += len(by_world[world])
+                continue
+            if len(fitting) > max_listed and self.compute_floor(world) > fitting[-1][0]:
+                skipped += len(by_world[world])
+                continue
+            priced = self.candidates(by_world[world], groups, rejected_by)
+            priced_total += len(priced)
+            priced.sort()
+            for step, key in priced:
+                if len(fitting) > max_listed and step > fitting[-1][0]:
+                    break
+                if estimated >= max_estimates:
+                    truncated = True
+                    break
+                lay, zero, p_i, placement, mbs = groups[key >> 12]
+                mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
+                for e in segments:
+                    estimated += 1
+                    cand = Candidate(step, key, lay, zero, p_i, mb, r, e)
+                    settings = self.settings(lay, zero, placement, mb, r, e)
+                    allocated, hosts = end_stages(model, settings, coeffs)
+                    peak, where, _ = gpu_peak(allocated, over[e])
+                    host_peak = sum(hosts[where]) * min(hw.gpus_per_node, lay.world)
+                    margin = math.ceil(peak * self.margin_fraction)
+                    if peak + margin > cap:
+                        reason = f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
+                        kind = "gpu_memory"
+                    elif host_cap is not None and host_peak > host_cap:
+                        reason = f"host RAM {host_peak} B > capacity {host_cap} B"
+                        kind = "host_memory"
+                    else:
+                        # equally fast: the one with more headroom first
+                        bisect.insort(fitting, (step, peak, key, cand, host_peak))
+                        del fitting[max_listed + 1 :]
+                        break
+                    if e == segments[-1]:  # its allocator modes all rejected: one candidate
+                        rejected_by[kind] += 1
+                        if len(rejected) < max_listed:
+                            rejected.append(self._listed(cand, peak, host_peak, reason=reason))
+        considered = priced_total + rejected_by["model_states"]
+        layouts_considered = len(lays)
+        rejected_by["layout"] = self.layouts_refused
+        common: dict[str, Any] = {
+            "gpus": self.gpus,
+            "gpus_per_node": hw.gpus_per_node,
+            "cluster": self.cluster.name,
+            "gpu": hw.name,
+            "global_batch": self.batch,
+            "seq_len": self.seq,
+            "layouts_considered": layouts_considered,
+            "layouts_skipped": skipped,
+            "truncated": truncated,
+            "candidates_considered": considered,
+            "candidates_estimated": estimated,
+            "rejected": rejected,
+            "rejected_total": sum(rejected_by.values()),
+            "rejected_by_reason": rejected_by,
+            "layout_rejections": self.layout_rejections,
+            "margin_pct": self.margin_pct,
+        }
+        if not fitting:
+            return PlanResult(
+                fits=False,
+                plan=None,
+                budget=None,
+                predicted_step_seconds=None,
+                predicted_tokens_per_second=None,
+                gpus_used=None,
+                runners_up=[],
+                reason=(
+                    f"the search stopped after {estimated} estimates, none of which fit"
+                    if truncated
+                    else f"no layout of at most {self.gpus} GPUs fits: every candidate's "
+                    "heaviest rank exceeds the GPU or its node's host RAM"
+                ),
+                **common,
+            )
+        best = fitting[0][3]
+        plan = self.spec(best)
+        budget = estimate(model, plan, hw, coeffs)
+        tokens = self.batch * self.seq
+        runners_up = [
+            self._listed(c, peak, host_peak, plan=self.spec(c).model_dump(mode="json"))
+            for _, peak, _, c, host_peak in fitting[1:]
+        ]
+        return PlanResult(
+            fits=True,
+            plan=plan.model_dump(mode="json"),
+            budget=BudgetModel.model_validate(budget.model_dump()),
+            predicted_step_seconds=best.step,
+            predicted_tokens_per_second=tokens / best.step,
+            step=explain_step(self, best),
+            gpus_used=best.layout.world,
+            runners_up=runners_up,
+            reason=f"fastest of {considered} candidates over {layouts_considered} layouts by "
+            "predicted step time"
+            + (f" (the search stopped after {estimated} estimates)" if truncated else ""),
+            **common,
+        )
+
+    def terms(self, cand: Candidate) -> StepTerms:
+        """A candidate's step, term by term."""
+        lay = cand.layout
+        placement = self.placements(lay)[cand.placement]
+        settings = self.settings(
+            lay, cand.zero, placement, cand.micro_batch, cand.recompute, cand.segments
+        )
+        stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
+        all_states, _ = stage_parts(self.model, settings, self.coeffs, stages)
+        return self.step_terms(
+            lay,
+            self.costs(lay),
+            cand.zero,
+            placement[0],
+            all_states[0].offloaded_numel,
+            cand.micro_batch,
+            cand.recompute,
+        )
+
+    def _listed(
+        self,
+        cand: Candidate,
+        peak: int,
+        host_peak: int,
+        reason: str | None = None,
+        plan: dict[str, Any] | None = None,
+    ) -> PlanCandidate:
+        return PlanCandidate(
+            **self.keys(cand),
+            gpus_used=cand.layout.world,
+            gpu_peak_bytes=peak,
+            host_peak_bytes=host_peak,
+            step_seconds=cand.step,
+            tokens_per_second=self.batch * self.seq / cand.step,
+            plan=plan,
+            reason=reason,
+        )
+
+
+def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
+    """Each term of a candidate's predicted step: its seconds, formula and inputs."""
+    lay, t = cand.layout, planner.terms(cand)
+    hw, cl = planner.hw, planner.cluster
+    m = planner.batch // (lay.dp * cand.micro_batch)
+    shape = {"micro_batch": cand.micro_batch, "micro_batches": m, "seq_len": planner.seq}
+    g = hw.gpus_per_node
+
+    def where(size: int, stride: int) -> dict[str, int]:
+        per_node, nodes = group_shape(size, stride, g)
+        return {"ranks": size, "per_node": per_node, "nodes": nodes}
+
+    link = {
+        "intra_node_bytes_per_s": cl.intra_node_bytes_per_s * cl.intra_node_efficiency,
+        "inter_node_bytes_per_s": cl.inter_node_bytes_per_s * cl.inter_node_efficiency,
+    }
+    rows = [
+        (
+            "compute",
+            t.compute,
+            "micro_batches x (FLOPs per token x micro_batch x seq_len / cp / (tp x pp) / "
+            "(bf16_flops x compute_efficiency) + layers x passes x (its tokens' memory-bound "
+            "traffic / tp / memory bandwidth + layer_overhead_seconds)); FLOPs per token: 6 x "
+            "active params + attention (causal half with flash), one more forward under "
+            "recompute",
+            {
+                **shape,
+                "tp": lay.tp,
+                "pp": lay.pp,
+                "cp": lay.cp,
+                "recompute": RECOMPUTE[cand.recompute][0],
+                "bf16_flops": hw.bf16_flops,
+                "compute_efficiency": planner.coeffs.compute_efficiency,
+                "elementwise_bytes_per_hidden": planner.coeffs.elementwise_bytes_per_hidden,
+                "layer_overhead_seconds": planner.coeffs.layer_overhead_seconds,
+                "memory_bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,
+            },
+        ),
+        (
+            "bubble",
+            t.bubble,
+            "(pp - 1) / vpp x one micro-batch's time (its compute and exposed communication): "
+            "the pipeline's fill and drain (Narayanan et al. 2021)",
+            {"pp": lay.pp, "vpp": lay.vpp, "micro_batches": m},
+        ),
+        (
+            "tp_comm",
+            t.tp_comm,
+            "micro_batches x layers x passes (2, 3 with recompute) x 2 all-reduces (all-gather "
+            "+ reduce-scatter with sequence parallelism) of micro_batch x seq_len / cp x hidden "
+            "x bytes, hierarchical ring over the group's links",
+            {**shape, "group": where(lay.tp, 1), **link},
+        ),
+        (
+            "ep_comm",
+            t.ep_comm,
+            "micro_batches x MoE layers x passes x 2 all-to-alls (dispatch, combine) of the "
+            "routed tokens' hidden states (top_k per token)",
+            {**shape, "group": where(lay.ep, lay.tp), **link},
+        ),
+        (
+            "cp_comm",
+            t.cp_comm,
+            "micro_batches x layers x (passes + 1) x max(0, ring K/V exchange ((cp - 1) sends "
+            "of the shard's K and V) - the attention it overlaps)",
+            {**shape, "group": where(lay.cp, lay.tp), **link},
+        ),
+        (
+            "pp_comm",
+            t.pp_comm,
+            "micro_batches x 2 x vpp sends of micro_batch x seq_len / cp x hidden x bytes (/ tp "
+            "with sequence parallelism) to the next stage and back",
+            {**shape, "vpp": lay.vpp, "next_stage_stride": lay.tp * lay.cp * lay.dp, **link},
+        ),
+        (
+            "dp_comm",
+            t.dp_comm,
+            "ZeRO 0: all-reduce of the gradients (reduce dtype) less the last micro-batch's "
+            "backward; 1-2: reduce-scatter less the backward, then the parameters' all-gather "
+            "less the first forward; 3: per micro-batch two all-gathers of the parameters and a "
+            "reduce-scatter of the gradients, less its compute",
+            {"zero_stage": cand.zero, "group": where(lay.dp * lay.cp, lay.tp), **link},
+        ),
+        (
+            "offload_transfer",
+            t.offload_transfer,
+            "offloaded gradients down and updated parameters up (optimizer offload), or every "
+            "layer's weights up twice and gradients down per micro-batch (streaming), over "
+            "host_link_bytes_per_s x host_link_efficiency",
+            {
+                "host_link_bytes_per_s": hw.host_link_bytes_per_s,
+                "host_link_efficiency": planner.coeffs.host_link_efficiency,
+            },
+        ),
+        (
+            "cpu_optimizer",
+            t.cpu_optimizer,
+            "parameters updated on the host / cpu_optimizer_params_per_s",
+            {"cpu_optimizer_params_per_s": planner.coeffs.cpu_optimizer_params_per_s},
+        ),
+        (
+            "gpu_optimizer",
+            t.gpu_optimizer,
+            "the optimizer's GPU share x bytes touched per element (master and moments read "
+            "and written, gradient read, parameter written) / memory bandwidth",
+            {"memory_bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s},
+        ),
+        (
+            "step",
+            t.step,
+            "micro_batches x micro-batch time + bubble + exposed dp_comm + gpu_optimizer + the "
+            "larger of offload_transfer and cpu_optimizer (streaming: overlapped with compute "
+            "as the StepModel overlaps them)",
+            {},
+        ),
+    ]
+    return [StepTerm(term=n, seconds=s, formula=f, inputs=i) for n, s, f, i in rows]
+
+
+def plan(
+    model: ModelSpec,
+    train: TrainSpec,
+    cluster: Cluster,
+    hardware: Hardware,
+    gpus: int,
+    global_batch: int,
+    seq_len: int,
+    coefficients: Coefficients | None = None,
+    margin_pct: float | None = None,
+    max_listed: int = 10,
+) -> PlanResult:
+    """The fastest layout of at most ``gpus`` GPUs that fits (see the module docstring)."""
+    planner = Planner(
+        model, train, cluster, hardware, gpus, global_batch, seq_len, coefficients, margin_pct
+    )
+    return planner.run(max_listed)

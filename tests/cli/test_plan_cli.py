@@ -1,0 +1,83 @@
+"""``headroom plan`` through a real subprocess: the JSON contract, exit codes 0, 1 and 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from headroom_process import run_headroom
+
+from headroom import planner
+from headroom.planner.cluster import cluster_preset
+
+ARGS = ("--gpus", "16", "--gpus-per-node", "8", "--global-batch", "64", "--seq", "4096")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_headroom(*args, timeout=120)
+
+
+def test_plan_prints_the_chosen_layout_as_json() -> None:
+    proc = run("plan", "llama-3-70b", *ARGS, "--gpu", "H100-80GB", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("plan", "budget", "predicted_step_seconds", "candidates_considered"):
+        assert out[key] is not None
+    assert isinstance(out["runners_up"], list) and isinstance(out["rejected"], list)
+    assert out["cluster"] == "DGX-H100" and out["gpus_per_node"] == 8
+    plan = planner.TrainSpec.model_validate(out["plan"])
+    assert plan.parallel.world_size <= 16 and plan.seq_len == 4096
+    assert plan.micro_batch_size * plan.grad_accum_steps * plan.parallel.dp == 64
+    budget = planner.estimate(planner.load_model("llama-3-70b"), plan, planner.gpu("H100-80GB"))
+    # the node's host RAM is the cluster's (DGX H100: 2 TiB), the GPU the preset's
+    assert out["budget"]["gpu"]["peak_bytes"] == budget.gpu_peak_bytes
+    assert out["budget"]["host"]["capacity_bytes"] == cluster_preset("DGX-H100").host_memory_bytes
+
+
+def test_plan_text_explains_the_step(tmp_path: Path) -> None:
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"precision": {"grads": "fp32"}, "framework": "megatron"}))
+    proc = run(
+        "plan", "llama-3-8b", *ARGS, "--cluster", "DGX-A100", "--train", str(train), "--explain"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "A100-80GB" in proc.stdout and "plan: tp" in proc.stdout
+    for term in ("compute", "bubble", "tp_comm", "dp_comm", "step"):
+        assert term in proc.stdout
+
+
+def test_nothing_fitting_exits_1() -> None:
+    proc = run(
+        "plan",
+        "llama-3.1-405b",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--seq",
+        "8192",
+        "--format",
+        "json",
+    )
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fits"] is False and out["plan"] is None
+    assert out["rejected_by_reason"]["model_states"] > 0
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.json"
+    bad.write_text(json.dumps({"name": "x", "gpu": "H100-80GB", "gpus_per_node": 8}))
+    for args, field in [
+        (("--cluster", "nope"), "cluster"),
+        (("--cluster", str(bad)), "cluster.intra_node_bytes_per_s"),
+        (("--gpu", "RTX-4090"), "cluster"),
+        (("--set", "parallel.vpp=0"), "vpp"),
+    ]:
+        proc = run("plan", "llama-3-8b", *ARGS, *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0] and "Traceback" not in proc.stderr
+    proc = run("plan", "llama-3-8b", "--gpus", "0", "--global-batch", "8", "--seq", "8")
+    assert proc.returncode == 2 and "--gpus" in proc.stderr

@@ -1,0 +1,267 @@
+"""The cluster plan (``planner.plan``): what it returns fits, its memory is ``planner.estimate``'s,
+more GPUs never make it slower, and its fast paths (pricing, the walk, the model-state floor)
+agree with the slow ones."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headroom import planner
+from headroom.planner.cluster import (
+    Cluster,
+    cluster_for_gpu,
+    cluster_names,
+    cluster_preset,
+    load_cluster,
+)
+from headroom.planner.estimator import end_stages, gpu_peak, in_flight, overheads, stage_parts
+from headroom.planner.layout import RECOMPUTE, Layout, Planner, group_shape
+
+SETTINGS = settings(max_examples=20, deadline=None)
+#: (model, GPU) pairs a handful of GPUs can hold in some layout, dense and MoE
+CASES = [
+    ("llama-3-8b", "H100-80GB"),
+    ("mixtral-8x7b", "H200-141GB"),
+    ("qwen3-30b-a3b", "A100-80GB"),
+]
+
+
+def _planner(model: str, gpu: str, gpus: int, batch: int, seq: int, per_node: int = 8) -> Planner:
+    cl = cluster_for_gpu(planner.gpu(gpu)).model_copy(update={"gpus_per_node": per_node})
+    return Planner(
+        planner.load_model(model), planner.TrainSpec(), cl, cl.hardware(), gpus, batch, seq
+    )
+
+
+def _estimate_of(p: Planner, spec: dict[str, Any]) -> planner.Budget:
+    return planner.estimate(p.model, planner.TrainSpec.model_validate(spec), p.hw, p.coeffs)
+
+
+problems = st.tuples(
+    st.sampled_from(CASES),
+    st.integers(1, 24),  # GPUs
+    st.sampled_from([8, 16, 32, 64, 96]),  # global batch
+    st.sampled_from([1024, 2048, 4096]),  # sequence
+)
+
+
+@SETTINGS
+@given(problems)
+def test_every_returned_layout_fits_and_its_memory_is_the_estimate(problem: Any) -> None:
+    (model, gpu), gpus, batch, seq = problem
+    p = _planner(model, gpu, gpus, batch, seq)
+    result = p.run(max_listed=4)
+    if not result.fits:
+        assert result.plan is None and not result.runners_up
+        return
+    assert result.plan is not None and result.budget is not None
+    chosen = _estimate_of(p, result.plan)
+    assert chosen.fits and chosen.gpu_peak_bytes == result.budget.gpu.peak_bytes
+    assert result.gpus_used is not None and result.gpus_used <= gpus
+    plan = planner.TrainSpec.model_validate(result.plan)
+    assert plan.parallel.world_size == result.gpus_used
+    assert plan.micro_batch_size * plan.grad_accum_steps * plan.parallel.dp == batch
+    steps = [result.predicted_step_seconds] + [c.step_seconds for c in result.runners_up]
+    assert steps == sorted(steps)
+    for c in result.runners_up:
+        assert c.plan is not None
+        budget = _estimate_of(p, c.plan)
+        assert budget.fits
+        assert (budget.gpu_peak_bytes, budget.host_peak_bytes) == (
+            c.gpu_peak_bytes,
+            c.host_peak_bytes,
+        )
+
+
+@SETTINGS
+@given(problems, st.integers(1, 16))
+def test_more_gpus_never_make_the_best_step_slower(problem: Any, more: int) -> None:
+    (model, gpu), gpus, batch, seq = problem
+    fewer = _planner(model, gpu, gpus, batch, seq).run(max_listed=0)
+    bigger = _planner(model, gpu, gpus + more, batch, seq).run(max_listed=0)
+    if fewer.fits:
+        assert bigger.fits
+        assert bigger.predicted_step_seconds is not None
+        assert fewer.predicted_step_seconds is not None
+        assert bigger.predicted_step_seconds <= fewer.predicted_step_seconds
+
+
+def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
+    """The search estimates the fastest candidates only, until enough fit: the same choice and
+    runners-up as estimating every priced candidate and ranking those that fit."""
+    p = _planner("llama-3-8b", "H100-80GB", 16, 64, 4096)
+    result = p.run(max_listed=5)
+    groups: list[Any] = []
+    priced = p.candidates(p.layouts(), groups, {"model_states": 0})
+    over = {e: overheads(p.coeffs, p.hw, e) for e in (False, True)}
+    segments = tuple(dict.fromkeys((p.train.expandable_segments, True)))
+    fitting = []
+    for step, key in sorted(priced):
+        lay, zero, _, placement, mbs = groups[key >> 12]
+        mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
+        for e in segments:
+            settings_ = p.settings(lay, zero, placement, mb, r, e)
+            allocated, _ = end_stages(p.model, settings_, p.coeffs)
+            peak = gpu_peak(allocated, over[e]).gpu_bytes
+            if peak + math.ceil(peak * p.margin_fraction) <= p.hw.memory_bytes:
+                fitting.append((step, lay, zero, mb, r, e, peak))
+                break
+    fitting.sort(key=lambda f: (f[0], f[6]))  # equally fast: more headroom first
+    assert len(fitting) > 6 and result.candidates_estimated < len(priced)
+    assert result.layouts_skipped > 0
+    assert result.predicted_step_seconds == fitting[0][0]
+    assert [c.step_seconds for c in result.runners_up] == [f[0] for f in fitting[1:6]]
+    assert result.plan is not None
+    best = fitting[0]
+    assert result.plan["parallel"]["tp"] == best[1].tp
+    assert result.plan["micro_batch_size"] == best[3]
+    assert result.budget is not None and result.budget.gpu.peak_bytes == best[6]
+
+
+def test_the_model_state_floor_rejects_only_what_cannot_fit() -> None:
+    """A (layout, ZeRO stage, placement) is rejected unpriced when its optimizer phase alone
+    exceeds the GPU: none of its candidates fits by the full estimate."""
+    p = _planner("llama-3-70b", "H100-80GB", 16, 64, 2048)
+    rejected = {"model_states": 0}
+    p.candidates(p.layouts(), [], rejected)
+    assert rejected["model_states"] > 0
+    checked = 0
+    for lay in p.layouts():
+        for zero in (0, 3):
+            placement = ("none", 1.0, None)
+            per_rank = p.batch // lay.dp
+            settings_ = p.settings(lay, zero, placement, 1, len(RECOMPUTE) - 1, True)
+            settings_ = settings_._replace(grad_accum=per_rank)
+            stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
+            states, _ = stage_parts(p.model, settings_, p.coeffs, stages)
+            floor = max(
+                s.params
+                + s.master_params
+                + s.ema
+                + s.grads_total
+                + s.optimizer_states
+                + s.optimizer_temporaries
+                for s in states
+            )
+            allocated, _ = end_stages(p.model, settings_, p.coeffs)
+            assert max(a.allocated_bytes for a in allocated) >= floor
+            checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize(
+    "lay",
+    [
+        Layout(64, 8, 4, 2, 1, 2, 1),
+        Layout(64, 2, 2, 1, 4, 4, 1),
+        Layout(32, 1, 1, 1, 1, 32, 1),
+        Layout(128, 4, 8, 1, 2, 2, 1),
+    ],
+)
+def test_pricing_a_group_gives_each_candidates_step_terms(lay: Layout) -> None:
+    """``price_group`` (the search's hoisted arithmetic) equals ``step_terms`` (what --explain
+    shows) for every micro-batch, recompute, ZeRO stage and placement."""
+    p = _planner("mixtral-8x7b", "H100-80GB", lay.world, 1024, 4096)
+    if lay.dp * lay.cp % 2 == 0:
+        lay = lay._replace(ep=2)
+    c = p.costs(lay)
+    mbs = [1, 2, 4]
+    for zero in (0, 1, 3):
+        for mode, offloaded in (("none", 0), ("optimizer", 123_456_789)):
+            out: list[tuple[float, int]] = []
+            p.price_group(lay, c, zero, mode, offloaded, mbs, (0, 1, 2), 0, out)
+            for step, key in out:
+                mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
+                t = p.step_terms(lay, c, zero, mode, offloaded, mb, r)
+                assert step == pytest.approx(t.step, rel=1e-12)
+                assert t.compute > 0 and t.step >= t.compute
+
+
+def test_interleaving_holds_megatrons_in_flight_micro_batches() -> None:
+    # Megatron's theoretical memory: ceil(pp x (1 + (pp - 1) / (pp x vpp))) on the first stage
+    for pp in (2, 4, 8, 16):
+        for vpp in (1, 2, 3, 5):
+            expected = math.ceil(pp * (1 + (pp - 1) / (pp * vpp))) if vpp > 1 else pp
+            assert in_flight(pp, vpp, 0, 10_000) == expected
+            assert in_flight(pp, vpp, pp - 1, 10_000) <= in_flight(pp, vpp, 0, 10_000)
+            assert in_flight(pp, vpp, 0, 1) == 1
+    model = planner.load_model("llama-3-70b")
+    hw = planner.gpu("H100-80GB")
+    peaks = []
+    for vpp in (1, 2, 5):
+        train = planner.TrainSpec(
+            seq_len=4096, grad_accum_steps=32, parallel={"tp": 8, "pp": 8, "dp": 2, "vpp": vpp}
+        )
+        peaks.append(planner.estimate(model, train, hw).gpu_peak_bytes)
+    assert peaks[0] < peaks[1] and peaks[2] <= peaks[1]
+    with pytest.raises(planner.SpecError, match=r"parallel\.vpp") as err:
+        bad = planner.TrainSpec(parallel={"pp": 8, "dp": 1, "vpp": 3})
+        planner.estimate(model, bad, hw)
+    assert "allowed with pp=8: 1, 2, 5, 10" in str(err.value)
+    with pytest.raises(ValueError, match=r"parallel\.vpp"):
+        planner.TrainSpec(parallel={"pp": 1, "vpp": 2})
+
+
+def test_groups_sit_as_megatron_numbers_the_ranks() -> None:
+    assert group_shape(8, 1, 8) == (8, 1)  # TP in a node
+    assert group_shape(16, 8, 8) == (1, 16)  # DP of TP8: a rank per node
+    assert group_shape(8, 2, 8) == (4, 2)  # DP of TP2: four per node, two nodes
+    assert group_shape(1, 4, 8) == (1, 1)
+
+
+def test_cluster_presets_and_files(tmp_path: Any) -> None:
+    names = cluster_names()
+    assert {"DGX-A100", "DGX-H100", "DGX-H200"} <= set(names)
+    for name in names:
+        c = cluster_preset(name)
+        assert planner.gpu(c.gpu).name == c.hardware().name
+        assert c.source != "custom" and c.hardware().gpus_per_node == c.gpus_per_node
+    assert cluster_preset("selene").name == "DGX-A100"
+    assert cluster_for_gpu(planner.gpu("h100")).name == "DGX-H100"
+    with pytest.raises(planner.UnknownPresetError, match="no cluster preset has RTX-4090"):
+        cluster_for_gpu(planner.gpu("RTX-4090"))
+    custom = {**cluster_preset("DGX-H100").model_dump(), "name": "mine", "gpus_per_node": 4}
+    path = tmp_path / "c.json"
+    path.write_text(__import__("json").dumps(custom))
+    assert load_cluster(str(path)).gpus_per_node == 4
+    assert isinstance(load_cluster(custom), Cluster)
+    with pytest.raises(planner.SpecError, match=r"cluster\.intra_node_bytes_per_s"):
+        load_cluster({**custom, "intra_node_bytes_per_s": 0})
+    with pytest.raises(planner.UnknownPresetError, match="allowed: DGX-A100"):
+        load_cluster("nope")
+
+
+def test_a_plan_explains_its_step_and_names_its_rejections() -> None:
+    p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
+    result = p.run(max_listed=3)
+    assert result.fits and result.plan is not None
+    terms = {t.term: t for t in result.step}
+    assert set(terms) >= {"compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "step"}
+    assert terms["step"].seconds == pytest.approx(result.predicted_step_seconds, rel=1e-12)
+    assert all(t.formula and t.seconds >= 0 for t in result.step)
+    assert result.rejected_by_reason["model_states"] > 0
+    assert result.rejected and all(r.reason for r in result.rejected)
+    total = sum(result.rejected_by_reason.values())
+    assert result.rejected_total == total
+    assert result.candidates_considered >= result.candidates_estimated > 0
+
+
+def test_nothing_fits_when_no_layout_holds_the_model() -> None:
+    result = _planner("llama-3.1-405b", "H100-80GB", 2, 8, 8192).run()
+    assert not result.fits and result.plan is None and result.budget is None
+    assert result.rejected_by_reason["model_states"] > 0
+
+
+def test_a_bounded_walk_says_it_stopped() -> None:
+    p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
+    full = p.run(max_listed=3)
+    assert not full.truncated and full.candidates_estimated > 20
+    short = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096).run(max_listed=3, max_estimates=5)
+    # a candidate's two allocator modes are estimated together
+    assert short.truncated and short.candidates_estimated in (5, 6)
+    assert f"stopped after {short.candidates_estimated} estimates" in short.reason
