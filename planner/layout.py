@@ -69,7 +69,7 @@ from headroom.planner.estimator import (
     gpu_peak,
     knobs,
     overheads,
-    stage_parts,
+    stages_states,
 )
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
@@ -772,7 +772,7 @@ class Planner:
                         if not mbs:
                             continue
                         probe = self.settings(lay, zero, placement, mbs[0], 0, False)
-                        all_states, _ = stage_parts(model, probe, coeffs, stages)
+                        all_states = stages_states(model, probe, coeffs, stages)[1]
                         floor = 0
                         for st in all_states:
                             held = st.params + st.master_params + st.ema
@@ -937,7 +937,7 @@ class Planner:
             lay, cand.zero, placement, cand.micro_batch, cand.recompute, cand.segments
         )
         stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
-        all_states, _ = stage_parts(self.model, settings, self.coeffs, stages)
+        all_states = stages_states(self.model, settings, self.coeffs, stages)[1]
         return self.step_terms(
             lay,
             self.costs(lay),
