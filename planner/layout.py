@@ -40,13 +40,15 @@ its achieved efficiency, plus a latency per step.
 
 **Search**: every layout of at most N GPUs (whole nodes, or part of one node) whose degrees
 divide the model and the global batch, every per-rank choice inside it. Each candidate is priced
-(a few arithmetic operations: a layout's per-byte costs are resolved once); world sizes are
-searched largest first, each world's candidates walked fastest first and estimated
-(``planner.estimate``'s own terms, memoised by their inputs) until they are slower than the
-runners-up found; a world whose FLOPs alone, spread over its GPUs, are slower than the last
-runner-up is not priced. A (layout, ZeRO stage, placement)
-whose optimizer phase alone (persistent state, gradients and the step's temporaries: a lower
-bound of its peak) exceeds the GPU is rejected without pricing its candidates.
+(a few arithmetic operations: a layout's per-byte costs are resolved once). Layouts are taken in
+the order of their ``floor`` (what every candidate of the layout pays at least: its FLOPs and
+memory-bound traffic over its GPUs, and the communication every token pays), in batches: a
+batch's candidates are walked fastest first and estimated (``planner.estimate``'s own terms,
+memoised by their inputs) until they are slower than the runners-up found, and once a batch's
+least floor is slower than the last runner-up, no later layout can place and none is priced. A
+(layout, ZeRO stage, placement) whose optimizer phase alone (persistent state, gradients and
+the step's temporaries: a lower bound of its peak) exceeds the GPU is rejected without pricing
+its candidates.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ from headroom.planner.train import TrainSpec
 
 #: most GPUs a plan is asked about (the search walks every world size up to it)
 MAX_PLAN_GPUS = 16384
+#: layouts priced together before the search looks at the floors again
+PLAN_LAYOUTS_PER_BATCH = 64
 #: most candidates one plan estimates (each ~10-40 µs): bounds a search where so many of the
 #: fastest candidates do not fit
 PLAN_MAX_ESTIMATES = 100_000
@@ -356,6 +360,7 @@ class Planner:
         )
         self.layout_rejections: list[str] = []
         self.layouts_refused = 0
+        self._costs: dict[Layout, _LayoutCosts] = {}
 
     # -- layouts ---------------------------------------------------------------------------
 
@@ -753,7 +758,7 @@ class Planner:
         least = min(o.allocator_overhead_fraction for o in over.values())
         priced: list[tuple[float, int]] = []
         for lay in lays:
-            c = self.costs(lay)
+            c = self._costs[lay] if lay in self._costs else self.costs(lay)
             per_rank = self.batch // lay.dp
             micro = [
                 mb
@@ -800,23 +805,39 @@ class Planner:
                         )
         return priced
 
-    def compute_floor(self, world: int) -> float:
-        """No candidate on ``world`` GPUs steps faster than its FLOPs without recompute spread
-        over every GPU at the achieved rate (its communication, bubble and overheads add)."""
-        return self.price.flops_base * self.batch * self.seq / (world * self.rate)
+    def floor(self, lay: Layout, c: _LayoutCosts) -> float:
+        """No candidate of ``lay`` steps faster than this: its tokens' FLOPs without recompute
+        and memory-bound traffic over its GPUs, and the communication every token pays
+        whatever the micro-batch (two passes of its TP, EP and pipeline sends), without the
+        latencies, bubble, exposed reductions and the optimizer."""
+        per_rank = self.batch // lay.dp
+        tokens = per_rank * self.seq / lay.cp
+        compute = self.price.flops_base * tokens / (lay.tp * lay.pp) / self.rate
+        compute += 2 * c.layers * tokens * self.elementwise / lay.tp
+        comm = 0.0
+        if lay.tp > 1:
+            comm += 2 * c.layers * c.tp_b
+        if c.ep_b:
+            comm += 2 * c.moe_layers * c.ep_b
+        if lay.pp > 1:
+            comm += 2 * lay.vpp * c.pp_b
+        return compute + per_rank * comm
 
     def run(self, max_listed: int = 10, max_estimates: int = PLAN_MAX_ESTIMATES) -> PlanResult:
         """The fastest candidate that fits, the runners-up and the rejections.
 
-        World sizes are searched largest first; one whose compute floor is already slower than
-        the last runner-up found is skipped unpriced (``layouts_skipped``). Each world's
-        candidates are walked fastest first, estimated until they are slower than the last
-        runner-up."""
+        Layouts are taken in batches in the order of their ``floor``; once a batch's least
+        floor is slower than the last runner-up found, it and every later one are skipped
+        unpriced (``layouts_skipped``). Each batch's candidates are walked fastest first,
+        estimated until they are slower than the last runner-up."""
         model, coeffs, hw = self.model, self.coeffs, self.hw
         lays = self.layouts()
-        by_world: dict[int, list[Layout]] = {}
-        for lay in lays:
-            by_world.setdefault(lay.world, []).append(lay)
+        # layouts by their floor, fastest first (the larger world first on a tie)
+        floors = []
+        for i, lay in enumerate(lays):
+            c = self._costs[lay] = self.costs(lay)
+            floors.append((self.floor(lay, c), -lay.world, i))
+        floors.sort()
         cap, host_cap = hw.memory_bytes, hw.host_memory_bytes
         over = {e: overheads(coeffs, hw, e) for e in (False, True)}
         segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
@@ -827,14 +848,12 @@ class Planner:
         groups: list[Any] = []
         estimated = priced_total = skipped = 0
         truncated = False
-        for world in sorted(by_world, reverse=True):
-            if truncated:
-                skipped += len(by_world[world])
-                continue
-            if len(fitting) > max_listed and self.compute_floor(world) > fitting[-1][0]:
-                skipped += len(by_world[world])
-                continue
-            priced = self.candidates(by_world[world], groups, rejected_by)
+        for start in range(0, len(floors), PLAN_LAYOUTS_PER_BATCH):
+            batch = floors[start : start + PLAN_LAYOUTS_PER_BATCH]
+            if truncated or (len(fitting) > max_listed and batch[0][0] > fitting[-1][0]):
+                skipped = len(floors) - start
+                break
+            priced = self.candidates([lays[i] for _, _, i in batch], groups, rejected_by)
             priced_total += len(priced)
             priced.sort()
             for step, key in priced:
