@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 from headroom import planner
 from headroom.planner.cluster import cluster_preset
-from headroom.planner.estimator import end_stages, gpu_peak, overheads
-from headroom.planner.layout import Layout, Planner
+from headroom.planner.estimator import end_stages, gpu_peak
+from headroom.planner.layout import RECOMPUTE, Layout, Planner
 
 
 class Replay(NamedTuple):
@@ -97,7 +97,7 @@ def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = Non
     recompute = case.get("recompute", "full")
     train = planner.TrainSpec(
         seq_len=seq,
-        recompute="none" if isinstance(recompute, dict) else recompute,
+        recompute=recompute,
         attention=case.get("attention", "eager"),
         framework=case.get("framework", "none"),
         parallel={"dp": dp, "tp": tp, "pp": pp, "zero_stage": case["zero_stage"]},
@@ -110,18 +110,12 @@ def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = Non
     per_rank = case["global_batch"] // dp
     given = case["micro_batch_size"]
     micro = [given] if given else [b for b in (1, 2, 4, 8, 16) if per_rank % b == 0]
-    # RECOMPUTE's index: none 0, selective 1, full 2; every k layers prices as full (one more
-    # forward of every layer) and is estimated as itself
-    index = {"none": 0, "selective": 1, "full": 2}
-    r = index[recompute] if isinstance(recompute, str) else 2
+    r = [policy for policy, _, _ in RECOMPUTE].index(recompute)
     best: Replay | None = None
-    over = overheads(coeffs, hw, False)
     for mb in micro:
         settings = plan.settings(lay, case["zero_stage"], ("none", 1.0, None), mb, r, False)
-        if isinstance(recompute, dict):
-            settings = settings._replace(checkpoint_every=recompute["every_k"])
         allocated, _ = end_stages(model, settings, coeffs)
-        peak = gpu_peak(allocated, over).gpu_bytes
+        peak = gpu_peak(allocated, plan.over[False]).gpu_bytes
         fits = peak + math.ceil(peak * coeffs.margin_fraction) <= hw.memory_bytes
         t = plan.step_terms(lay, costs, case["zero_stage"], "none", 0, mb, r)
         run = Replay(case["id"], published_seconds(case, doc), t.step, mb, fits)

@@ -117,6 +117,18 @@ def cluster_for_gpu(hw: Hardware) -> Cluster:
     )
 
 
+def cluster_and_gpu(
+    given: Cluster | None, hw: Hardware | None, gpus_per_node: int | None
+) -> tuple[Cluster, Hardware]:
+    """The cluster a plan runs on and its GPU in its node: ``given``, else the preset whose
+    nodes hold ``hw`` (no GPU given: H100-80GB); ``gpus_per_node`` (held to its bounds by the
+    caller) overrides its node's size; the GPU is ``hw``, else the cluster's preset."""
+    cl = given if given is not None else cluster_for_gpu(hw if hw is not None else gpu("H100-80GB"))
+    if gpus_per_node is not None:
+        cl = cl.model_copy(update={"gpus_per_node": gpus_per_node})
+    return cl, cl.hardware(hw)
+
+
 def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
     """A cluster preset's name, a JSON/YAML cluster file, or a dict of the cluster fields."""
     if isinstance(source, Cluster):

@@ -477,7 +477,7 @@ def stages_allocated(
     accumulating = grad_accum > 1
     out = []
     for i, stage in enumerate(stages):
-        flight = in_flight(pp, vpp, stage, grad_accum) if vpp > 1 else min(pp - stage, grad_accum)
+        flight = in_flight(pp, vpp, stage, grad_accum)
         largest = largest_phase(all_states[i], all_acts[i], flight, streaming, accumulating)
         out.append(_new(StageAllocated, largest))  # (allocated_bytes, phase_index)
     return tuple(out)

@@ -75,7 +75,6 @@ from headroom.planner.estimator import (
 )
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
-from headroom.planner.params import count_params
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
 from headroom.planner.train import TrainSpec
@@ -275,8 +274,8 @@ class PlanResult(BaseModel):
         "candidates did not fit): what it found is reported, faster fitting layouts may exist.",
     )
     layouts_skipped: int = Field(
-        description="Layouts of fewer GPUs left unpriced: their compute alone (every FLOP "
-        "spread over their GPUs) is slower than the last runner-up."
+        description="Layouts left unpriced: their floor (FLOPs, memory-bound traffic and the "
+        "communication every token pays, over their GPUs) is slower than the last runner-up."
     )
     candidates_considered: int = Field(description="Candidates priced (every per-rank choice).")
     candidates_estimated: int = Field(
@@ -342,8 +341,6 @@ class Planner:
         )
         self.base = knobs(self.train)
         self.links = links(cluster, hardware.gpus_per_node)
-        counts = count_params(model)
-        self.counts = counts
         self.price = StepModel(
             model, seq_len, 1, hardware, self.coeffs, causal_skip=train.attention == "flash"
         )
@@ -361,6 +358,7 @@ class Planner:
         self.layout_rejections: list[str] = []
         self.layouts_refused = 0
         self._costs: dict[Layout, _LayoutCosts] = {}
+        self.over = {e: overheads(self.coeffs, hardware, e) for e in (False, True)}
 
     # -- layouts ---------------------------------------------------------------------------
 
@@ -403,9 +401,7 @@ class Planner:
                                 for v in range(2, PLAN_MAX_VPP + 1)
                                 if model.num_layers % (pp * v) == 0
                             ]
-                        eps = [e for e in _divisors(dp * cp) if experts % e == 0 and e <= experts]
-                        if model.moe is None:
-                            eps = [1]
+                        eps = [e for e in _divisors(dp * cp) if experts % e == 0]
                         for vpp in vpps:
                             for ep in eps:
                                 out.append(Layout(world, tp, pp, vpp, cp, dp, ep))
@@ -750,12 +746,10 @@ class Planner:
         """The candidates of ``lays`` priced as ``(step, key)``; the key indexes the group
         appended to ``groups``; groups whose model-state floor exceeds the GPU are counted in
         ``rejected`` unpriced."""
-        model, coeffs, hw = self.model, self.coeffs, self.hw
-        cap = hw.memory_bytes
-        over = {e: overheads(coeffs, hw, e) for e in (False, True)}
+        model, coeffs, cap = self.model, self.coeffs, self.hw.memory_bytes
         # the floor holds for either allocator mode: the context and the smaller overhead
-        context = over[False].cuda_context_bytes
-        least = min(o.allocator_overhead_fraction for o in over.values())
+        context = self.over[False].cuda_context_bytes
+        least = min(o.allocator_overhead_fraction for o in self.over.values())
         priced: list[tuple[float, int]] = []
         for lay in lays:
             c = self._costs[lay] if lay in self._costs else self.costs(lay)
@@ -777,16 +771,10 @@ class Planner:
                         if not mbs:
                             continue
                         probe = self.settings(lay, zero, placement, mbs[0], 0, False)
-                        all_states = stages_states(model, probe, coeffs, stages)[1]
-                        floor = 0
-                        for st in all_states:
-                            held = st.params + st.master_params + st.ema
-                            alloc = held + (
-                                st.transfer_buffers
-                                if streaming
-                                else st.grads_total + st.optimizer_states + st.optimizer_temporaries
-                            )
-                            floor = max(floor, alloc + context + int(alloc * least))
+                        _, all_states, constants, _ = stages_states(model, probe, coeffs, stages)
+                        # the optimizer phase's total: a lower bound of the stage's peak
+                        alloc = max(const.optimizer for const in constants)
+                        floor = alloc + context + int(alloc * least)
                         if floor + math.ceil(floor * self.margin_fraction) > cap:
                             rejected["model_states"] += len(mbs) * len(recomputes)
                             continue
@@ -838,8 +826,7 @@ class Planner:
             c = self._costs[lay] = self.costs(lay)
             floors.append((self.floor(lay, c), -lay.world, i))
         floors.sort()
-        cap, host_cap = hw.memory_bytes, hw.host_memory_bytes
-        over = {e: overheads(coeffs, hw, e) for e in (False, True)}
+        cap, host_cap, over = hw.memory_bytes, hw.host_memory_bytes, self.over
         segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
         rejected_by = {"model_states": 0, "gpu_memory": 0, "host_memory": 0}
         rejected: list[PlanCandidate] = []
@@ -959,7 +946,7 @@ class Planner:
         all_states = stages_states(self.model, settings, self.coeffs, stages)[1]
         return self.step_terms(
             lay,
-            self.costs(lay),
+            self._costs[lay] if lay in self._costs else self.costs(lay),
             cand.zero,
             placement[0],
             all_states[0].offloaded_numel,

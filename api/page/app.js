@@ -111,6 +111,18 @@
 
   // ---- talking to the server -------------------------------------------------------------
 
+  /** POST ``body`` to a route as JSON: the response and its JSON (null if it has none). */
+  async function postJson(route, body, signal) {
+    const response = await fetch(`${API}/${route}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify(body),
+      signal,
+    });
+    const data = await response.json().catch(() => null);
+    return { response, data };
+  }
+
   function schedule() {
     clearTimeout(timer);
     timer = setTimeout(update, DEBOUNCE_MS);
@@ -134,15 +146,9 @@
     const mine = ++sequence;
     setBusy(true);
     let response;
-    let data = null;
+    let data;
     try {
-      response = await fetch(`${API}/estimate`, {
-        method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
-        body: JSON.stringify(body),
-        signal: controller.signal,
-      });
-      data = await response.json().catch(() => null);
+      ({ response, data } = await postJson("estimate", body, controller.signal));
     } catch (err) {
       if (err.name === "AbortError" || mine !== sequence) return;
       setBusy(false);
@@ -422,14 +428,9 @@
     $("plan").dataset.state = "loading";
     $("plan-summary").textContent = "planning…";
     let response;
-    let data = null;
+    let data;
     try {
-      response = await fetch(`${API}/plan`, {
-        method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
-        body: JSON.stringify(body),
-      });
-      data = await response.json().catch(() => null);
+      ({ response, data } = await postJson("plan", body));
     } catch (err) {
       box.textContent = `Cannot reach the server: ${err.message}`;
       box.hidden = false;

@@ -23,6 +23,7 @@ from headroom.api.schemas import (
     PlanRequest,
 )
 from headroom.launch.devices import local_gpus
+from headroom.planner.cluster import cluster_and_gpu, cluster_preset
 
 T = TypeVar("T")
 
@@ -174,24 +175,16 @@ async def fit(body: FitRequest, request: Request) -> Response:
 
 def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
     """The layout search and its JSON (in the search thread, as ``_fit``)."""
-    from headroom.planner.cluster import cluster_for_gpu, cluster_preset
-
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
-    if isinstance(body.cluster, planner.Cluster):
-        cl = body.cluster
-    elif body.cluster is not None:
-        cl = cluster_preset(body.cluster)
-    else:
-        cl = cluster_for_gpu(hw if hw is not None else planner.gpu("H100-80GB"))
-    if body.gpus_per_node is not None:
-        cl = cl.model_copy(update={"gpus_per_node": body.gpus_per_node})
+    given = cluster_preset(body.cluster) if isinstance(body.cluster, str) else body.cluster
+    cl, hardware = cluster_and_gpu(given, hw, body.gpus_per_node)
     result = planner.plan(
         model,
         train,
         cl,
-        cl.hardware(hw),
+        hardware,
         body.gpus,
         body.global_batch,
         body.seq_len,

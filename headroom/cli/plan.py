@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,8 +12,16 @@ from rich.table import Table
 
 from headroom import planner
 from headroom.cli.exits import ExitCode, user_errors
-from headroom.cli.options import FormatOpt, MarginOpt, ModelArg, SetOpt, TextOrJson, TrainOpt
-from headroom.planner.cluster import cluster_for_gpu, load_cluster
+from headroom.cli.options import (
+    FormatOpt,
+    MarginOpt,
+    ModelArg,
+    SetOpt,
+    TextOrJson,
+    TrainOpt,
+    train_dict,
+)
+from headroom.planner.cluster import cluster_and_gpu, load_cluster
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
 from headroom.planner.layout import MAX_PLAN_GPUS, PlanCandidate, PlanResult
 
@@ -144,26 +153,15 @@ def run_plan(
     seq: int,
     gpus_per_node: int | None,
     gpu: str | None,
-    train: object,
+    train: Path | None,
     set_: list[str] | None,
     cluster: str | None,
     margin: float | None,
 ) -> PlanResult:
     """The specs the options name, and the plan."""
-    from pathlib import Path
-
-    from headroom.cli.options import train_dict
-
     spec = planner.load_model(model)
-    train_spec = planner.load_train(
-        train_dict(train if isinstance(train, Path) else None, set_ or [])
-    )
+    train_spec = planner.load_train(train_dict(train, set_ or []))
     hw = planner.load_hardware(gpu) if gpu is not None else None
-    if cluster is not None:
-        cl = load_cluster(cluster)
-    else:
-        cl = cluster_for_gpu(hw if hw is not None else planner.gpu("H100-80GB"))
-    if gpus_per_node is not None:
-        cl = cl.model_copy(update={"gpus_per_node": gpus_per_node})
-    hardware = cl.hardware(hw)
+    given = load_cluster(cluster) if cluster is not None else None
+    cl, hardware = cluster_and_gpu(given, hw, gpus_per_node)
     return planner.plan(spec, train_spec, cl, hardware, gpus, global_batch, seq, margin_pct=margin)
