@@ -174,7 +174,7 @@ def knobs(train: TrainSpec) -> Knobs:
 def deepspeed_knobs(train: TrainSpec) -> tuple[int, ...]:
     """DeepSpeed's knobs as ``planner.states.deepspeed_states`` reads them: reduction bucket
     elements, reduction buckets (2 with overlap_comm), prefetch bucket, live parameters and the
-    persistence threshold (elements)."""
+    persistence threshold and the optimizer's sub-group (elements)."""
     ds = train.deepspeed
     overlap = ds.overlap_comm if ds.overlap_comm is not None else train.parallel.zero_stage == 3
     return (
@@ -183,6 +183,7 @@ def deepspeed_knobs(train: TrainSpec) -> tuple[int, ...]:
         ds.stage3_prefetch_bucket_size,
         ds.stage3_max_live_parameters,
         ds.stage3_param_persistence_threshold,
+        ds.sub_group_size,
     )
 
 

@@ -161,7 +161,7 @@ def explain(
             _MEGATRON,
         )
     elif settings.framework == "deepspeed":
-        reduce_bucket, buckets, prefetch, max_live, threshold = settings.deepspeed
+        reduce_bucket, buckets, prefetch, max_live, threshold, sub_group = settings.deepspeed
         ds: dict[str, object] = {
             **local,
             **zero,
@@ -171,6 +171,7 @@ def explain(
             "stage3_prefetch_bucket_size": prefetch,
             "stage3_max_live_parameters": max_live,
             "stage3_param_persistence_threshold": threshold,
+            "sub_group_size": sub_group,
         }
         rows["params"] = (
             "deepspeed: local_params x bytes(params); stage 3: a 1/N partition, tensors up to "

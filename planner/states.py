@@ -752,7 +752,9 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
       start) and reduced into the rank's 16-bit partition (stage 1 keeps every gradient until
       the backward's end, then reduces them into it);
     - the step makes the partition's fp32 gradients (``single_partition_of_fp32_groups``'
-      grads) beside the master weights;
+      grads) beside the master weights, one flat tensor at a time (a parameter group's
+      partition; stage 3 a sub-group of ``sub_group_size`` elements), and the optimizer's
+      temporaries are that tensor's;
     - stage 3 gathers up to ``stage3_max_live_parameters`` elements (at least the module
       running) and prefetches ``stage3_prefetch_bucket_size`` more;
     - ``offload.mode: optimizer`` (``offload_optimizer: {device: cpu, ratio}``) moves the
@@ -760,7 +762,7 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
       gradient partition with them.
     """
     dp, ep, stage = inputs.data_parallel, inputs.ep, inputs.zero_stage
-    reduce_bucket, reduce_buckets, prefetch, max_live, threshold = inputs.deepspeed
+    reduce_bucket, reduce_buckets, prefetch, max_live, threshold, sub_group = inputs.deepspeed
     over_dense, over_expert = dp, max(1, dp // ep)
     zero_dense = _zero_shards(dp, stage)
     zero_expert = _zero_shards(over_expert, stage)
@@ -784,9 +786,13 @@ def deepspeed_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     # host); stage 1 holds every gradient until the backward's end reduces them into it
     grads_total = on_gpu * param_bytes
     backward_total = total * param_bytes if stage == 1 else grads_total
-    opt_temp = on_gpu * 4 + _step_temporaries(
-        sp, inputs, on_gpu, sp.largest_tensor_numel, sp.largest_matrix_numel
-    )
+    # the optimizer steps one flat fp32 tensor at a time: stages 1 and 2 a parameter group's
+    # partition (its fp32 gradients made just before, freed just after; the group of weights
+    # is all but the norms and biases: the partition is taken whole), stage 3 a sub-group of
+    # at most sub_group_size elements. A step's temporaries are that tensor's, not the model's
+    # largest tensor's (a 7B on 8 ranks: "Tried to allocate 3.14 GiB" inside torch's AdamW)
+    flat = on_gpu if stage < 3 else min(on_gpu, sub_group)
+    opt_temp = flat * 4 + _step_temporaries(sp, inputs, flat, flat, flat)
     ema_total = part * 4 if inputs.ema != "none" else 0
     reduction = min(reduce_bucket, total) * param_bytes * reduce_buckets
     dense_unit = sp.dense_layer_numel

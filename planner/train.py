@@ -168,6 +168,13 @@ class DeepSpeed(_Frozen):
         le=2**40,
         description="Stage 3: tensors this small or smaller stay whole on every rank.",
     )
+    sub_group_size: Int = Field(
+        default=1_000_000_000,
+        ge=1,
+        le=2**40,
+        description="Stage 3: elements of the partition the optimizer steps at a time (its fp32 "
+        "gradients and the step's temporaries are one sub-group's).",
+    )
 
 
 class Megatron(_Frozen):

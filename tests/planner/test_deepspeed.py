@@ -94,14 +94,16 @@ def test_zero2_offloaded_model_states_are_deepspeeds() -> None:
 def test_zero3_model_states_are_deepspeeds_and_its_16bit_gradient_partition(dp: int) -> None:
     """Stage 3: every state in 1/N partitions. DeepSpeed's estimator counts 18 bytes per
     partition element beside its largest layer; the step also holds the 16-bit gradient
-    partition it converts to fp32 (``_prepare_fp32_grad_for_sub_group``): 20."""
+    partition it converts to fp32 (``_prepare_fp32_grad_for_sub_group``): 20. (Its estimator
+    takes the whole partition as one sub-group: so does the spec here.)"""
     largest = planner.estimator.stage_terms_from_knobs(
         MODEL, planner.knobs(_train(3, dp)), planner.default_coefficients("textbook"), 0
     ).stage_params.dense_layer_numel
     _, gpu, largest_memory = stage3.estimate_zero3_model_states_mem_needs(
         P, largest, num_gpus_per_node=dp, cpu_offload=False
     )
-    ours = _model_states(_budget(_train(3, dp)))
+    whole = {"stage3_param_persistence_threshold": 0, "sub_group_size": 2**40}
+    ours = _model_states(_budget(_train(3, dp, deepspeed=whole)))
     assert ours == 20 * _part(dp)
     assert abs((ours - 2 * _part(dp)) - (gpu - largest_memory)) <= 18
     # the largest layer's 16-bit parameters, gathered in backward (its 16-bit gradients are
@@ -135,6 +137,56 @@ def test_zero3_offloaded_optimizer_is_deepspeeds() -> None:
     assert abs(_model_states(budget) - (gpu - largest_memory)) <= 2
     assert budget.host_peak_bytes == dp * 16 * _part(dp)
     assert abs(budget.host_peak_bytes * 1.5 - cpu) <= 16 * dp * 1.5
+
+
+@pytest.mark.parametrize("impl", ["foreach", "for_loop", "fused"])
+def test_zero2_steps_one_flat_partition_and_its_temporaries_are_its_size(impl: str) -> None:
+    """DeepSpeed hands torch's optimizer one flat fp32 partition per parameter group, so an
+    unfused AdamW's temporaries are partition-sized, not the model's largest tensor's: LLaMA-7B
+    on 8 V100s with ZeRO-2 failed allocating exactly one partition's fp32 bytes inside Adam
+    ("Tried to allocate 3.14 GiB", LLaMA-Factory issue 1221)."""
+    llama7b = planner.load_model(
+        {
+            "name": "llama-7b",
+            "vocab_size": 32000,
+            "hidden_size": 4096,
+            "num_layers": 32,
+            "num_heads": 32,
+            "ffn_hidden_size": 11008,
+        }
+    )
+    fp16 = {**FP16}
+    train = _train(2, 8, precision=fp16, optimizer_impl=impl)
+    budget = planner.estimate(llama7b, train, planner.gpu("A100-40GB"))
+    states = planner.estimator.stage_terms_from_knobs(
+        llama7b, planner.knobs(train), planner.default_coefficients("textbook"), 0
+    ).states
+    part = -(-planner.count_params(llama7b).total // 8)
+    assert round(part * 4 / 2**30, 2) == 3.14  # the allocation that failed
+    copies = {"foreach": 1, "for_loop": 2, "fused": 0}[impl]
+    # the partition's fp32 gradients, then the step's sqrt(v) (and its quotient, for_loop)
+    assert states.optimizer_temporaries == part * 4 + copies * part * 4
+    assert budget.gpu.phases["optimizer"].buckets["optimizer_states"] == (
+        states.optimizer_states + states.optimizer_temporaries
+    )
+
+
+def test_zero3_steps_one_sub_group_at_a_time() -> None:
+    """Stage 3 prepares each sub-group's fp32 gradients, steps it and frees them
+    (``stage3.py``: ``_prepare_fp32_grad_for_sub_group``, ``_release_sub_group``): the step
+    holds one sub-group's, ``sub_group_size`` elements (DeepSpeed's default 1e9)."""
+    part = _part(8)
+
+    def temporaries(sub_group: int, impl: str) -> int:
+        train = _train(3, 8, optimizer_impl=impl, deepspeed={"sub_group_size": sub_group})
+        return planner.estimator.stage_terms_from_knobs(
+            MODEL, planner.knobs(train), planner.default_coefficients("textbook"), 0
+        ).states.optimizer_temporaries
+
+    assert temporaries(2**40, "foreach") == part * 8
+    assert temporaries(10**9, "foreach") == 10**9 * 8
+    assert temporaries(10**8, "for_loop") == 10**8 * 12
+    assert temporaries(10**8, "fused") == 10**8 * 4
 
 
 def test_the_buckets_are_deepspeeds_knobs() -> None:
