@@ -198,6 +198,7 @@ def fit_coefficients(
         "moe_scale": c["moe"] / ffn_tensors if ffn_tensors > 0 else 0.0,
         "head_hidden_tensors": c["head"],
         "logits_bytes_per_element": c["logits"],
+        "moe_traced": any(record.model.moe is not None for record in records),
     }
     if any(row[names.index("qk_norm")] for row in rows):  # else the records say nothing of it
         values["qk_norm_tensors"] = c["qk_norm"]

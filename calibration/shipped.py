@@ -50,6 +50,7 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         "allocator and context from the GPU preset",
         "num_records": len(fitted),
         **{name: round(getattr(c, name), 6) for name in FITTED},
+        "moe_traced": c.moe_traced,
         **STRUCTURAL[profile],
     }
 

@@ -32,6 +32,12 @@ class Coefficients(FewUnknownKeys):
     mlp_scale: float = Field(default=1.0, ge=0, description="x dense-FFN saved tensors.")
     norm_scale: float = Field(default=1.0, ge=0, description="x norm inputs saved.")
     moe_scale: float = Field(default=1.0, ge=0, description="x expert intermediates saved.")
+    moe_traced: bool = Field(
+        default=True,
+        description="The profile's MoE terms come from traces of MoE layers (textbook: derived). "
+        "A profile fitted to dense layers only has none, and refuses an MoE model rather than "
+        "drop its experts' activations.",
+    )
     qk_norm_tensors: float = Field(
         default=1.0,
         ge=0,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from headroom.planner import buckets as b
 from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict, identity_memo
@@ -39,6 +39,7 @@ from headroom.planner.coefficients import (
     Coefficients,
     coefficients_bytes,
     default_coefficients,
+    profiles,
 )
 from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
@@ -576,6 +577,8 @@ def estimate(
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
     if settings.vpp > 1:
         check_interleaving(model, settings.pp, settings.vpp)
+    if model.moe is not None and not coeffs.moe_traced:
+        raise_untraced_moe(coeffs)
     return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
@@ -589,7 +592,20 @@ def evaluate(
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
     if settings.vpp > 1:
         check_interleaving(model, settings.pp, settings.vpp)
+    if model.moe is not None and not coeffs.moe_traced:
+        raise_untraced_moe(coeffs)
     return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
+
+
+def raise_untraced_moe(coeffs: Coefficients) -> NoReturn:
+    """A SpecError naming ``activation_profile``: ``coeffs`` were fitted to dense layers, so
+    an MoE layer's experts would count nothing; the profiles with MoE terms are named."""
+    having = [p for p in profiles() if default_coefficients(p).moe_traced]
+    raise SpecError(
+        f"activation_profile: the {coeffs.profile} profile has no MoE terms (its traces are of "
+        f"dense layers); an MoE model needs one of: {', '.join(having)}",
+        field="activation_profile",
+    )
 
 
 def _budget(

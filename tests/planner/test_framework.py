@@ -225,3 +225,35 @@ def test_compare_says_why_a_pair_cannot_run() -> None:
             }
         if c.framework != "none":
             assert c.error is None and c.gpu_peak_bytes is not None
+
+
+@pytest.mark.parametrize("profile", ["torchtitan", "megatron"])
+def test_a_profile_fitted_to_dense_layers_refuses_an_moe_model(profile: str) -> None:
+    """The torchtitan and megatron profiles were traced on dense layers only: an MoE model
+    under them would count no expert activations (published MoE runs came out 22-27 % under),
+    so it is refused naming the field and the profiles that have MoE terms; a dense model is
+    not. The CLI exits 2 and the API answers 422 with the same words."""
+    moe = planner.load_model("qwen3-30b-a3b")
+    train = planner.TrainSpec.model_validate({"activation_profile": profile})
+    with pytest.raises(planner.SpecError) as info:
+        planner.estimate(moe, train, GPU)
+    assert info.value.field == "activation_profile"
+    message = str(info.value)
+    assert f"the {profile} profile has no MoE terms" in message
+    assert message.endswith("an MoE model needs one of: hf, runtime, textbook")
+    assert planner.estimate(MODEL, train, GPU).gpu_peak_bytes > 0
+    for having in ("hf", "runtime", "textbook"):
+        spec = planner.TrainSpec.model_validate({"activation_profile": having})
+        assert planner.estimate(moe, spec, GPU).gpu_peak_bytes > 0
+    proc = run_headroom(
+        "estimate", "qwen3-30b-a3b", "--gpu", "H100-80GB",
+        "--set", f"activation_profile={profile}", "--format", "json",
+    )  # fmt: skip
+    assert proc.returncode == 2 and "has no MoE terms" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    answer = TestClient(create_app()).post(
+        "/api/v1/estimate",
+        json={"model": "qwen3-30b-a3b", "gpu": "H100-80GB", "train": train.model_dump()},
+    )
+    assert answer.status_code == 422
+    assert "has no MoE terms" in answer.text
