@@ -209,6 +209,11 @@ def _phase_terms(
     return live_grads, activations, dispatch, forward_transfer, back
 
 
+def step_grads(states: ModelStates) -> int:
+    """The gradients the optimizer step reads (``ModelStates.step_grads``)."""
+    return states.grads_total if states.step_grads is None else states.step_grads
+
+
 def phase_rows(
     states: ModelStates,
     acts: ActivationTerms,
@@ -230,7 +235,7 @@ def phase_rows(
         optimizer = (params, 0, master, 0, ema, 0, 0, 0, transfer)
     else:  # ZeRO-3's gathered units are released once backward is done
         optimizer_states = opt + states.optimizer_temporaries
-        optimizer = (params, states.grads_total, master, optimizer_states, ema, 0, 0, 0, 0)
+        optimizer = (params, step_grads(states), master, optimizer_states, ema, 0, 0, 0, 0)
     # fmt: off
     # params, grads, master_params, optimizer_states, ema, activations, logits, moe_dispatch,
     # transfer_buffers (ROW_BUCKETS); step 1 has no optimizer states yet
@@ -267,7 +272,7 @@ def largest_phase(
     if streaming:
         optimizer = held + states.transfer_buffers
     else:
-        optimizer = held + states.grads_total + opt + states.optimizer_temporaries
+        optimizer = held + step_grads(states) + opt + states.optimizer_temporaries
     totals = (forward, backward, forward + opt, backward + opt, optimizer)
     largest = max(totals)
     return largest, totals.index(largest)
@@ -324,7 +329,7 @@ def stage_constants(states: ModelStates, streaming: bool, accumulating: bool) ->
     if streaming:
         optimizer = held + states.transfer_buffers
     else:
-        optimizer = held + grads_total + opt + states.optimizer_temporaries
+        optimizer = held + step_grads(states) + opt + states.optimizer_temporaries
     head_reduced = None
     if states.head_reduced is not None:
         head_reduced = sum(states.head_reduced)

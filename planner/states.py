@@ -118,6 +118,9 @@ class ModelStates(NamedTuple):
     # (grads, transfer_buffers) as the head's own group is reduced right after the loss's
     # backward, every saved activation still held (FSDP2's split grouping); None: no such point
     head_reduced: tuple[int, int] | None = None
+    # the gradients the optimizer step reads where fewer than ``grads_total`` (FSDP2 under
+    # pipelining: the shards the step-end reduction leaves; None: ``grads_total``)
+    step_grads: int | None = None
 
 
 def states_bytes(states: ModelStates) -> int:
@@ -485,7 +488,21 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
     table_numel = sp.embedding_numel if sp.has_embedding else 0
     head_numel = sp.head_unit_numel if sp.has_head else 0
     units = _fsdp2_units(sp, inputs)
-    if inputs.fsdp2_groups == "split":
+    step_grads = None
+    layer_grads = _running_layer_grads(
+        sp, inputs, units.layer_dense, units.layer_moe, whole_layer=True
+    )
+    if inputs.pp > 1:
+        # torch's pipelining reduces once a step: the unsharded gradients accumulate
+        stage_numel = (
+            units.n_dense * units.dense + units.n_moe * units.moe + table_numel + head_numel
+        )
+        if sp.tied_embeddings and sp.has_embedding and sp.has_head:
+            stage_numel -= head_numel  # one table
+        timeline = _fsdp2_pipelined(stage_numel, inputs)
+        step_grads, grads_total = grads_total, timeline.grads_start
+        layer_grads = _running_layer_grads(sp, inputs, 0, 0, whole_layer=True)
+    elif inputs.fsdp2_groups == "split":
         if sp.tied_embeddings:  # one group, gathered again for the embedding's backward
             table_numel = head_numel = table_numel + head_numel
         timeline = _fsdp2_split(sp, inputs, units, table_numel, head_numel, grads_total)
@@ -500,9 +517,7 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         params=params,
         grads_total=grads_total,
         grads_start=timeline.grads_start,
-        layer_grads=_running_layer_grads(
-            sp, inputs, units.layer_dense, units.layer_moe, whole_layer=True
-        ),
+        layer_grads=layer_grads,
         grads_tail=timeline.grads_tail,
         master_params=0,
         optimizer_states=opt,
@@ -516,6 +531,32 @@ def fsdp2_states(sp: StageParams, inputs: StatesInputs) -> ModelStates:
         grads_resident=False,
         host=HostBytes(0, 0, 0, 0, ema_total if inputs.ema == "host" else 0, 0),
         head_reduced=timeline.head_reduced,
+        step_grads=step_grads,
+    )
+
+
+def _fsdp2_pipelined(stage_numel: int, inputs: StatesInputs) -> _Fsdp2Timeline:
+    """``fsdp2_states``' timeline of a pipeline stage (``parallel.pp`` > 1) as torch's
+    pipelining runs FSDP2 (``torch/distributed/pipelining/stage.py``): every micro-batch's
+    backward runs with ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)``, and ``perform_reduce_grad`` reduces once, after the
+    step's last backward. So from the step's first backward on, every group of the stage is
+    gathered (``param_dtype``) and its gradients accumulate unsharded, in ``reduce_dtype``
+    where it differs (``FSDPParam.unsharded_accumulated_grad``), until the step's end; the
+    running block's own gradients are made beside them. (torchtitan also leaves
+    ``reshard_after_forward`` off under pipelining, its ``default`` policy: the groups stay
+    gathered from their first forward.) The optimizer then reads the shards."""
+    gathered = stage_numel * inputs.param_bytes
+    accumulated = stage_numel * max(inputs.reduce_bytes, inputs.param_bytes)
+    return _Fsdp2Timeline(
+        grads_start=accumulated,
+        grads_tail=accumulated,
+        transfer_buffers=gathered,
+        forward_transfer=gathered,
+        loss_transfer=gathered,
+        layer_transfer=(gathered,) * 4,
+        released_transfer=(0, 0),
+        head_reduced=None,
     )
 
 

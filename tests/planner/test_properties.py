@@ -174,12 +174,19 @@ def _fitted(model: planner.ModelSpec, train: planner.TrainSpec) -> planner.Train
     """``train``'s layout moved onto ``model``, as the planner requires (``check_layout``): the
     largest TP degree up to the drawn one that divides the heads and FFN widths, at most a
     stage per layer, whole experts per EP rank, and a sequence that sequence parallelism splits
-    (the model and the training spec are drawn independently)."""
+    (the model and the training spec are drawn independently), and for an MoE model a profile
+    with MoE terms."""
     p = train.parallel
     widths = [model.num_heads, model.kv_heads, model.ffn_hidden_size]
     if model.moe is not None:
         widths += [model.moe.expert_ffn_size, model.moe.shared_ffn]
     tp = max(d for d in range(1, p.tp + 1) if math.gcd(*widths) % d == 0)
+    if (
+        model.moe is not None
+        and not planner.default_coefficients(train.activation_profile).moe_traced
+    ):
+        # a profile fitted to dense layers refuses an MoE model: the one with MoE traces
+        train = train.model_copy(update={"activation_profile": "hf"})
     return _with_parallel(
         train,
         tp=tp,
