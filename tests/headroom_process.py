@@ -1,5 +1,6 @@
 """The tests' one way to run the ``headroom`` command in its own process, as a user does, and
-to serve the API from one."""
+to serve the API from one. Both are bound children (``tests/processes``): bounded in time, and
+nothing they start outlives the test, even a test process that is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -15,19 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import processes
+
 
 def run_headroom(
     *args: str, timeout: float = 300, **options: Any
 ) -> subprocess.CompletedProcess[str]:
     """``headroom ARGS`` with this interpreter, its output captured as text; ``options`` go to
-    ``subprocess.run`` (``env``, ``cwd``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "headroom", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **options,
-    )
+    ``subprocess.run`` (``env``, ``cwd``). Past ``timeout`` it and all it started are killed
+    (``subprocess.TimeoutExpired``)."""
+    return processes.run([sys.executable, "-m", "headroom", *args], timeout=timeout, **options)
 
 
 @dataclass(frozen=True)
@@ -48,10 +46,11 @@ def _free_port() -> int:
 @contextmanager
 def serve_headroom(env: dict[str, str], log: Path, timeout: float = 60) -> Iterator[Served]:
     """``headroom serve`` on a free local port with ``env`` added to this environment, its
-    output in ``log``; yields once ``/readyz`` answers 200, stops it (SIGTERM) afterwards."""
+    output in ``log``; yields once ``/readyz`` answers 200. Afterwards it is stopped
+    (SIGTERM, SIGKILL after 30 s) with whatever it started, its trainers included."""
     port = _free_port()
     with log.open("ab") as out:
-        process = subprocess.Popen(
+        process = processes.popen(
             [sys.executable, "-m", "headroom", "serve", "--port", str(port)],
             env={**os.environ, **env},
             stdout=out,
@@ -66,12 +65,7 @@ def serve_headroom(env: dict[str, str], log: Path, timeout: float = 60) -> Itera
             time.sleep(0.1)
         yield served
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        processes.stop(process, grace_s=30)
 
 
 def _ready(url: str) -> bool:

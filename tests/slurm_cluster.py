@@ -2,7 +2,16 @@
 packages (``scripts/install-slurm.sh``, run by ``make test``), started with a generated
 ``slurm.conf`` in a temporary directory on free ports, stopped at the end. The node is this
 machine with its CPUs; there is no accounting (``sacct`` knows nothing), as on many small
-clusters."""
+clusters.
+
+Nothing of a cluster outlives its test run. The daemons run in the foreground (``-D``) as bound
+children of the test process (``tests/processes.py``): they die with it, even when it is
+SIGKILLed, where daemonized ones would keep running, jobs and all. A job's processes are not
+the daemons' children once slurmstepd detaches, so at the end every process whose
+``SLURM_CONF`` is the cluster's is killed too. And at start, the clusters an earlier run left
+behind (a test cluster's ``slurm.conf``, no live owner) have their jobs cancelled and their
+processes killed.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +23,19 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import processes
 
 DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 START_TIMEOUT_S = 30.0
+#: the bound on each Slurm command (sinfo, scancel, scontrol) and on munged's start
+COMMAND_TIMEOUT_S = 30.0
+#: the first line of every test cluster's slurm.conf: how a cluster left running is recognised
+CLUSTER_NAME = "headroom-test"
+#: how the fixture names a cluster's directory (``tmp_path_factory.mktemp``): how a cluster
+#: left running is recognised once its slurm.conf is gone
+ROOT_PREFIX = "headroom-slurm"
 
 
 def missing() -> list[str]:
@@ -32,12 +51,20 @@ def _free_port() -> int:
 
 def _munge() -> None:
     """A running munged (its key comes with the package)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
+    pgrep = ["pgrep", "-x", "munged"]
+    if subprocess.run(pgrep, capture_output=True, timeout=COMMAND_TIMEOUT_S).returncode == 0:
         return
     run = Path("/run/munge")
     run.mkdir(parents=True, exist_ok=True)
     shutil.chown(run, "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+    # the machine's shared authentication daemon, as a PostgreSQL server is: another test run
+    # may be using it, so it is started unmarked and stays (it holds no test's state)
+    subprocess.run(
+        ["runuser", "-u", "munge", "--", "/usr/sbin/munged"],
+        check=True,
+        timeout=COMMAND_TIMEOUT_S,
+        env=processes.unmarked(os.environ),
+    )
 
 
 def _conf(root: Path, node: str, cpus: int) -> Path:
@@ -47,7 +74,7 @@ def _conf(root: Path, node: str, cpus: int) -> Path:
     conf.write_text(
         "\n".join(
             [
-                "ClusterName=headroom-test",
+                f"ClusterName={CLUSTER_NAME}",
                 f"SlurmctldHost={node}(127.0.0.1)",
                 "SlurmUser=root",
                 "SlurmdUser=root",
@@ -78,39 +105,113 @@ def _conf(root: Path, node: str, cpus: int) -> Path:
     return conf
 
 
-def _kill(pid_file: Path) -> None:
-    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-        os.kill(int(pid_file.read_text().strip()), 15)
+def _ours(conf: str) -> bool:
+    """Whether ``conf`` is a test cluster's slurm.conf: its first line names the test cluster
+    (while the file exists), or it lies in a directory named as the fixture names them."""
+    path = Path(conf)
+    try:
+        with path.open() as f:
+            return f.readline().strip() == f"ClusterName={CLUSTER_NAME}"
+    except OSError:
+        return path.name == "slurm.conf" and path.parent.name.startswith(ROOT_PREFIX)
+
+
+def _end(conf: str) -> None:
+    """Cancel the jobs of the cluster of ``conf``, shut its daemons down, then kill whatever
+    is left of it: daemons, job steps and jobs, each carrying ``SLURM_CONF`` (a job inherits
+    it from the environment it was submitted from)."""
+    if Path(conf).exists():
+        env = {**os.environ, "SLURM_CONF": conf}
+        for command in (["scancel", "--full", "-u", "root"], ["scontrol", "shutdown"]):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(command, env=env, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+    processes.kill_marked("SLURM_CONF", conf)
+
+
+def _in_live_basetemp(conf: str) -> bool:
+    """Whether ``conf`` lies in the temporary directory of a pytest process still running: its
+    numbered base directory (``pytest-N``) holds a ``.lock`` naming that process until it
+    exits, and a SIGKILLed pytest leaves the lock behind, naming a dead one. How a cluster
+    started before the daemons carried an owner mark is told apart from a live run's."""
+    for directory in Path(conf).parents:
+        lock = directory / ".lock"
+        with contextlib.suppress(OSError, ValueError):
+            return processes.alive(processes.identity(int(lock.read_text().strip())))
+    return False
+
+
+def stop_stale() -> list[str]:
+    """Stop the test clusters earlier runs left running (killed before they could stop them,
+    or from before the daemons were bound to the test process): jobs cancelled, processes
+    killed. A cluster with a process whose owner (``processes.owner_of``) is alive, or in the
+    temporary directory of a pytest still running, belongs to a test run still going, and is
+    left alone. The slurm.conf of each cluster stopped."""
+    live: dict[str, bool] = {}
+    for _, env in processes.environs():
+        conf = env.get("SLURM_CONF", "")
+        if conf and _ours(conf):
+            owner = processes.owner_of(env)
+            live[conf] = live.get(conf, False) or (owner is not None and processes.alive(owner))
+    stale = [conf for conf, alive in live.items() if not alive and not _in_live_basetemp(conf)]
+    for conf in stale:
+        _end(conf)
+    return stale
+
+
+def _wait_idle(env: dict[str, str], root: Path, daemons: list[subprocess.Popen[Any]]) -> None:
+    """Wait until the node is idle: a daemon that exits, or a node not idle within
+    ``START_TIMEOUT_S``, fails with the controller's log."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    state = ""
+    while time.monotonic() < deadline and all(d.poll() is None for d in daemons):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            out = subprocess.run(
+                ["sinfo", "-h", "-o", "%T"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_S,
+            )
+            state = out.stdout.strip()
+        if state == "idle":
+            return
+        time.sleep(0.2)
+    exits = {Path(str(d.args[0])).name: d.returncode for d in daemons}
+    logs = "".join(
+        p.read_text(errors="replace")[-2000:]
+        for p in sorted((root / "log").glob("*"))
+        if p.is_file()
+    )
+    raise RuntimeError(f"the test cluster's node is {state!r}, not idle (exits: {exits}): {logs}")
 
 
 @contextlib.contextmanager
 def one_node_cluster(root: Path) -> Iterator[dict[str, str]]:
-    """Start a cluster under ``root``; yields the environment its commands need
-    (``SLURM_CONF``)."""
+    """Start a cluster under ``root`` (after stopping any an earlier run left, ``stop_stale``);
+    yields the environment its commands need (``SLURM_CONF``). At the end its jobs are
+    cancelled and nothing of it is left running."""
+    processes.guard()  # first: the environment yielded carries this run's mark
+    stop_stale()
     node = socket.gethostname().split(".")[0]
     conf = _conf(root, node, os.cpu_count() or 1)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     _munge()
-    subprocess.run(["/usr/sbin/slurmctld"], env=env, check=True)
-    subprocess.run(["/usr/sbin/slurmd"], env=env, check=True)
+    log = root / "log"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        state = ""
-        while time.monotonic() < deadline:
-            out = subprocess.run(
-                ["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True
-            )
-            state = out.stdout.strip()
-            if state == "idle":
-                break
-            time.sleep(0.2)
-        else:
-            log = (root / "log" / "slurmctld.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the test cluster's node is {state!r}, not idle: {log}")
-        yield env
+        with (
+            (log / "slurmctld.out").open("ab") as ctld_out,
+            (log / "slurmd.out").open("ab") as slurmd_out,
+            processes.started(
+                ["/usr/sbin/slurmctld", "-D"], env=env, stdout=ctld_out, stderr=subprocess.STDOUT
+            ) as slurmctld,
+            processes.started(
+                ["/usr/sbin/slurmd", "-D"], env=env, stdout=slurmd_out, stderr=subprocess.STDOUT
+            ) as slurmd,
+        ):
+            try:
+                _wait_idle(env, root, [slurmctld, slurmd])
+                yield env
+            finally:
+                _end(str(conf))  # jobs cancelled while the daemons still run
     finally:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True)
-        subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True)
-        time.sleep(0.5)
-        _kill(root / "run" / "slurmd.pid")
-        _kill(root / "run" / "slurmctld.pid")
+        processes.kill_marked("SLURM_CONF", str(conf))

@@ -19,6 +19,7 @@ import venv
 import zipfile
 from pathlib import Path
 
+import processes
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +63,9 @@ def _clean_env() -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, cwd=cwd, env=_clean_env(), capture_output=True, text=True, timeout=timeout
-    )
+    """``args`` bound: past ``timeout`` it and what it started (pip's build backend) are
+    killed."""
+    return processes.run(args, cwd=cwd, env=_clean_env(), timeout=timeout)
 
 
 def _build_wheel(tmp: Path) -> Path:

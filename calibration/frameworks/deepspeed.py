@@ -3,15 +3,16 @@ optimizer wrappers over a ``gloo`` process group of a few ranks, and the buffers
 read off its objects.
 
 DeepSpeed runs on a CPU (``DS_ACCELERATOR=cpu``; a small shared-memory communication op is
-built with ninja on first use), but no memory tracker follows its flat buffers the way
-``FSDPMemTracker`` follows FSDP2, so this probe reads the buffers themselves after two steps:
-the 16-bit parameters (``bit16_groups_flat``; stage 3 ``fp16_partitioned_groups_flat``), the
-fp32 master partition (``single_partition_of_fp32_groups``; stage 3
-``fp32_partitioned_groups_flat``), the moments in the wrapped optimizer's state, the
-reduction buckets (``ipg_buffer``; stage 3 ``__ipg_bucket_flat_buffer``) and the gradient
-partition (stage 2 ``averaged_gradients``; stage 3 ``grad_partitions_flat_buffer``). Those are
-the pieces ``planner.states.deepspeed_states`` derives; ``tests/planner/test_deepspeed.py``
-holds one against the other. Needs torch, transformers and DeepSpeed (``make install``).
+built with ninja on first use, through ``calibration.frameworks.extensions``), but no memory
+tracker follows its flat buffers the way ``FSDPMemTracker`` follows FSDP2, so this probe reads
+the buffers themselves after two steps: the 16-bit parameters (``bit16_groups_flat``; stage 3
+``fp16_partitioned_groups_flat``), the fp32 master partition
+(``single_partition_of_fp32_groups``; stage 3 ``fp32_partitioned_groups_flat``), the moments in
+the wrapped optimizer's state, the reduction buckets (``ipg_buffer``; stage 3
+``__ipg_bucket_flat_buffer``) and the gradient partition (stage 2 ``averaged_gradients``; stage
+3 ``grad_partitions_flat_buffer``). Those are the pieces ``planner.states.deepspeed_states``
+derives; ``tests/planner/test_deepspeed.py`` holds one against the other. Needs torch,
+transformers and DeepSpeed (``make install``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from headroom import planner
+from headroom.calibration.frameworks import extensions
 
 
 def _bytes(tensors: Any) -> int:
@@ -78,6 +80,9 @@ def _rank(
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": spec.max_grad_norm or 0.0,
     }
+    # built (or loaded) under a lock a killed build cannot leave behind, before DeepSpeed's
+    # process group would build it under torch's own lock file
+    extensions.load_deepspeed_shm_comm()
     deepspeed.init_distributed(dist_backend="gloo")
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     engine, zero_optimizer, _, _ = deepspeed.initialize(
@@ -126,13 +131,18 @@ def buffers(config: dict[str, Any], train: planner.TrainSpec, world: int = 2) ->
     transformers model of ``config`` twice under ``train`` (``framework: deepspeed``)."""
     import ast
 
-    from torch.multiprocessing.spawn import spawn
+    from headroom.calibration import processes
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rank0")
-        spawn(_rank, args=(world, port, config, train.model_dump(), out), nprocs=world)  # type: ignore[no-untyped-call]
+        processes.spawn(
+            _rank,
+            (world, port, config, train.model_dump(), out),
+            world,
+            what="DeepSpeed ZeRO ranks (calibration.frameworks.deepspeed.buffers)",
+        )
         found: dict[str, int] = ast.literal_eval(Path(out).read_text())
     return found

@@ -12,6 +12,7 @@ every uid is stored exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import processes
 import pytest
 
 TOKEN = "concurrency-token"
@@ -67,7 +69,7 @@ class Server:
             with self.log.open("ab") as log:
                 log.write(f"--- start {self.starts + 1}\n".encode())
                 log.flush()
-                self.proc = subprocess.Popen(
+                self.proc = processes.popen(
                     [sys.executable, "-m", "uvicorn", "headroom.api.main:app", *self.listen],
                     cwd=ROOT,
                     env=self.env,
@@ -98,12 +100,10 @@ class Server:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
+            self.proc.send_signal(sig)  # the server alone: the stop under test
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc, grace_s=0)  # killed if it is still there, and reaped
         self.proc = None
 
     def tail(self, lines: int = 60) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
@@ -232,7 +233,7 @@ def test_an_ending_seen_in_an_outage_survives_the_service_stopping(
         "HEADROOM_RUN_DEVICE": "cpu",
     }
     port = free_port()
-    service = subprocess.Popen(
+    service = processes.popen(
         [sys.executable, "-m", "headroom", "serve", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -252,9 +253,7 @@ def test_an_ending_seen_in_an_outage_survives_the_service_stopping(
         service.send_signal(signal.SIGTERM)
         _, stderr = service.communicate(timeout=30)
     finally:
-        if service.poll() is None:
-            service.kill()
-            service.wait()
+        processes.stop(service, grace_s=0)  # killed if still there, with what it started
     assert "Traceback" not in stderr, stderr
 
     proxy.start()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
@@ -147,31 +148,37 @@ def test_runs_orphaned_by_a_stopped_service_are_reconciled(settings: Settings) -
     hw = planner.gpu("H100-80GB")
     # a service process that has exited: its owner tag no longer names a live process
     gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     dead_owner = f"{this_process().split(':')[0]}:{int(gone.stdout)}:1"
     # 1. its trainer is still alive (its command line names the run): it is ended
-    orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", "orphan-run"],
-        start_new_session=True,
-    )
-    # 2. its trainer finished while the service was down: the report says so
-    finished_dir = Path(settings.run_dir) / "finished-run"
-    finished_dir.mkdir(parents=True)
-    (finished_dir / "report.json").write_text(json.dumps({"losses": [1.0, 0.9]}))
-    with sessions() as session:
-        common = {"status": "running", "owner": dead_owner}
-        session.add(run_row("orphan-run", hw, pid=orphan.pid, **common))
-        session.add(
-            run_row(
-                "finished-run", hw, pid=999_999, log_path=str(finished_dir / "log.txt"), **common
+    with processes.started(
+        [sys.executable, "-c", "import time; time.sleep(120)", "orphan-run"]
+    ) as orphan:  # in a session of its own, as a trainer; stopped whatever the test does
+        # 2. its trainer finished while the service was down: the report says so
+        finished_dir = Path(settings.run_dir) / "finished-run"
+        finished_dir.mkdir(parents=True)
+        (finished_dir / "report.json").write_text(json.dumps({"losses": [1.0, 0.9]}))
+        with sessions() as session:
+            common = {"status": "running", "owner": dead_owner}
+            session.add(run_row("orphan-run", hw, pid=orphan.pid, **common))
+            session.add(
+                run_row(
+                    "finished-run",
+                    hw,
+                    pid=999_999,
+                    log_path=str(finished_dir / "log.txt"),
+                    **common,
+                )
             )
-        )
-        session.add(run_row("lost-run", hw, pid=999_998, **common))
-        session.commit()
-    assert Supervisor(sessions, settings).reconcile() == 3
-    orphan.wait(timeout=10)
-    assert orphan.returncode == -signal.SIGTERM
+            session.add(run_row("lost-run", hw, pid=999_998, **common))
+            session.commit()
+        assert Supervisor(sessions, settings).reconcile() == 3
+        orphan.wait(timeout=10)
+        assert orphan.returncode == -signal.SIGTERM
     with sessions() as session:
         rows = {r.uid: r for r in session.query(Run)}
     assert (

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import pytest
 from headroom_process import serve_headroom
 from selenium import webdriver
@@ -71,14 +72,22 @@ def browser() -> Iterator[webdriver.Chrome]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
         options.add_argument(arg)
     options.add_argument("--window-size=1280,900")
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    # ChromeDriver as a bound child (tests/processes): it dies with this process, and Chromium
+    # with all its helper processes, which carry its tag, is killed at the end however the
+    # session ended
+    bound, tag = processes.child_options()
+    service = Service(str(CHROMEDRIVER), env=bound.pop("env"), popen_kw=bound)
     try:
-        # make the viewport itself 1280x900, whatever the window's frame takes
-        width, height = driver.execute_script("return [window.innerWidth, window.innerHeight]")
-        driver.set_window_size(2 * 1280 - width, 2 * 900 - height)
-        yield driver
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            # make the viewport itself 1280x900, whatever the window's frame takes
+            width, height = driver.execute_script("return [window.innerWidth, window.innerHeight]")
+            driver.set_window_size(2 * 1280 - width, 2 * 900 - height)
+            yield driver
+        finally:
+            driver.quit()
     finally:
-        driver.quit()
+        processes.end(tag)
 
 
 @pytest.fixture

@@ -60,5 +60,7 @@ def test_importing_the_cli_loads_no_heavy_package() -> None:
         "import sys, headroom.cli, headroom.cli.render; "
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert proc.stdout.strip() == "[]"

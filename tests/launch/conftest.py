@@ -1,5 +1,6 @@
 """One real one-node Slurm cluster (``tests/slurm_cluster``) for every Slurm test of the
-session: started once, stopped at the end."""
+session: started once, stopped at the end. (Every process the tests start is bound to the
+session by the root conftest: ``tests/processes``.)"""
 
 from __future__ import annotations
 
@@ -18,5 +19,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             f"{', '.join(missing)} not found: run scripts/install-slurm.sh to install Slurm and "
             "MUNGE for the Slurm tests"
         )
-    with slurm_cluster.one_node_cluster(tmp_path_factory.mktemp("slurm")) as env:
+    with slurm_cluster.one_node_cluster(tmp_path_factory.mktemp(slurm_cluster.ROOT_PREFIX)) as env:
         yield env

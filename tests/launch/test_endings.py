@@ -47,7 +47,10 @@ def _running(sessions: sessionmaker[Session], owner: str, uid: str) -> int:
 def _gone_owner() -> str:
     """The owner tag of a process that has exited."""
     gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return f"{this_process().split(':')[0]}:{int(gone.stdout)}:1"
 

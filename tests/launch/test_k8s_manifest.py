@@ -19,11 +19,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import processes
 import pytest
 import yaml
 
@@ -259,10 +259,9 @@ def test_the_job_name_is_a_dns_label_from_the_uid_short_enough_for_its_pods_serv
 
 
 def _launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
-    return subprocess.run(
+    """``headroom launch``, bound: past the timeout it and what it started are killed."""
+    return processes.run(
         [sys.executable, "-m", "headroom", "launch", "tiny-dense", *TINY_SETS, *args],
-        capture_output=True,
-        text=True,
         timeout=120,
         cwd=tmp_path,
         env={

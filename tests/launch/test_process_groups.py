@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import processes
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,10 +34,9 @@ STUBBORN = (
 
 
 def _start(code: str) -> subprocess.Popen[bytes]:
-    """A child in its own process group, as the launcher starts the trainer, once it is ready."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
-    )
+    """A child in its own process group, as the launcher starts the trainer, once it is ready
+    (bound to this process: ``processes.popen``)."""
+    proc = processes.popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     return proc
 
@@ -46,9 +46,7 @@ def children() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for proc in started:  # whatever a failing test left behind
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        processes.stop(proc, grace_s=0)
         if proc.stdout is not None:
             proc.stdout.close()
 

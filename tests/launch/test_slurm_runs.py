@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
@@ -75,10 +76,9 @@ def _job_in(job_id: str, states: frozenset[str]) -> slurm.JobState:
 
 
 def _launch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """``headroom launch``, bound: past ``WAIT_S`` it and what it started are killed."""
+    return processes.run(
         [sys.executable, "-m", "headroom", "launch", "tiny-dense", *TINY_SETS, *args],
-        capture_output=True,
-        text=True,
         timeout=WAIT_S,
         env={
             **env,
@@ -181,6 +181,7 @@ def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
                     ["pgrep", "-f", f"headroom train .*{run['uid']}"],
                     capture_output=True,
                     text=True,
+                    timeout=30,
                 ).stdout.split()
             ),
             None,
@@ -248,7 +249,10 @@ def test_a_stopped_service_leaves_its_slurm_jobs_running_and_the_next_takes_them
     assert job is not None and job.state == "RUNNING"
     # a service process that has exited owned it (as after a restart)
     gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     with sessions() as session:
         row = session.query(Run).filter_by(uid="slurm-adopted").one()

@@ -27,6 +27,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 
@@ -68,7 +69,8 @@ def torchrun(
         "--steps", str(steps), *_sets(train),
         "--report", str(report), "--save-weights", str(weights),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env(), cwd=ROOT)
+    # bound: past the timeout torchrun and its ranks (in sessions of their own) are all killed
+    proc = processes.run(cmd, timeout=120, env=_env(), cwd=ROOT)
     return proc, report, weights
 
 
@@ -177,10 +179,10 @@ def test_dp_parity_refuses_a_world_other_than_parallel_dp(tmp_path: Path) -> Non
     train = {**SETTINGS, "micro_batch_size": MICRO, "parallel": {"dp": 4}}
     report = tmp_path / "report.json"
     torchrun_env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
-    proc = subprocess.run(
+    proc = processes.run(
         [sys.executable, "-m", "headroom", "train", "tiny-dense", "--steps", "1",
          *_sets(train), "--report", str(report)],
-        capture_output=True, text=True, timeout=60, env=_env() | torchrun_env, cwd=ROOT,
+        timeout=60, env=_env() | torchrun_env, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: parallel.dp:"), proc.stderr

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Kill ``make test`` at random points, again and again, and hold that the next ``make test``
+passes each time.
+
+Users and CI machines get stopped mid-run: Ctrl-C at a time limit (SIGINT to the foreground
+process group), a job's end (SIGTERM), a machine's watchdog (SIGKILL). A suite that turns one
+such stop into a hang or a failure of every later run costs a whole CI slot. Each round here:
+
+1. starts ``make test`` in the clone, in a process group of its own;
+2. after a random delay (up to ``--max-delay``, about the suite's length, so the stop falls
+   anywhere: in ``make install``, the apt installs, a build, a gloo run, the Slurm tests, the
+   browser) sends the group a random one of SIGINT, SIGTERM or SIGKILL, and SIGKILL a minute
+   later if anything is still there;
+3. lists the processes the stopped run left behind (their command lines name the clone);
+4. runs ``make test`` again, bounded by ``--next-timeout``: it must exit 0.
+
+Usage (by default on a fresh clone of this repository in a temporary folder; the clone's
+``.venv`` is kept across rounds, as on a machine that runs the suite again)::
+
+    scripts/interrupt-make-test.py --rounds 10
+    scripts/interrupt-make-test.py --rounds 3 --clone /tmp/h --max-delay 300 --seed 7
+
+Each round's stop, what was running then, the leftovers and the next run's result and time
+go to stdout and, as JSON lines, to ``--record``. Exit 0 when every next run passed.
+Only the standard library: it runs before the clone has a virtualenv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return " | ".join(line.strip()[-160:] for line in text[-lines:])
+
+
+def _left_behind(clone: Path) -> list[str]:
+    """Live processes whose command line or working folder is inside ``clone``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if str(clone) in cmd or cwd.startswith(str(clone)):
+            found.append(f"{proc.name}: {cmd.strip()[:160]}")
+    return found
+
+
+def _stop_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send ``sig`` to ``child``'s process group; SIGKILL it a minute later if still there."""
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+    # the group's other members (a child the stop did not end) go too, as at a machine's stop
+    time.sleep(1.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
+def _round(
+    clone: Path, number: int, rng: random.Random, args: argparse.Namespace
+) -> dict[str, object]:
+    logs = clone / "test-artifacts" / "interrupt"
+    logs.mkdir(parents=True, exist_ok=True)
+    killed_log = logs / f"round-{number}-killed.log"
+    name = rng.choice(args.signals)
+    delay = rng.uniform(1.0, args.max_delay)
+    with killed_log.open("wb") as out:
+        child = subprocess.Popen(
+            ["make", "test"],
+            cwd=clone,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            child.wait(timeout=delay)
+            stopped = False
+        except subprocess.TimeoutExpired:
+            stopped = True
+            running = _tail(killed_log)
+            _stop_group(child, SIGNALS[name])
+    entry: dict[str, object] = {
+        "round": number,
+        "signal": name if stopped else None,
+        "after_s": round(delay, 1),
+        "running": running if stopped else "(ended by itself first)",
+        "killed_exit": child.returncode,
+    }
+    time.sleep(2.0)
+    entry["left_behind"] = _left_behind(clone)
+    next_log = logs / f"round-{number}-next.log"
+    started = time.monotonic()
+    with next_log.open("wb") as out:
+        nxt = subprocess.Popen(
+            ["make", "test"],
+            cwd=clone,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            nxt.wait(timeout=args.next_timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(nxt, signal.SIGKILL)
+            entry["next_exit"] = "timeout"
+        else:
+            entry["next_exit"] = nxt.returncode
+    entry["next_s"] = round(time.monotonic() - started, 1)
+    entry["next_tail"] = _tail(next_log, 2)
+    entry["passed"] = entry["next_exit"] == 0
+    return entry
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--clone", type=Path, help="run in this clone (made if missing)")
+    parser.add_argument("--max-delay", type=float, default=720.0, help="latest stop, seconds")
+    parser.add_argument("--next-timeout", type=float, default=2700.0, help="seconds")
+    parser.add_argument("--signals", type=lambda s: s.split(","), default=list(SIGNALS))
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--record", type=Path, default=None, help="JSON lines, one a round")
+    args = parser.parse_args()
+    for name in args.signals:
+        if name not in SIGNALS:
+            parser.error(f"--signals: unknown {name!r}; allowed: {', '.join(SIGNALS)}")
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+    source = Path(__file__).resolve().parents[1]
+    clone = args.clone or Path(tempfile.mkdtemp(prefix="headroom-interrupt-")) / "headroom"
+    if not (clone / "Makefile").exists():
+        subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    print(f"clone {clone}, seed {seed}, {args.rounds} rounds", flush=True)
+    passed = 0
+    for number in range(1, args.rounds + 1):
+        entry = _round(clone, number, rng, args)
+        entry["seed"] = seed
+        passed += bool(entry["passed"])
+        print(json.dumps(entry), flush=True)
+        if args.record:
+            with args.record.open("a") as out:
+                out.write(json.dumps(entry) + "\n")
+    print(f"{passed} of {args.rounds} next runs passed", flush=True)
+    return 0 if passed == args.rounds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""``scripts/interrupt-make-test.py`` on clones whose ``make test`` is a few lines: it stops a
+run part-way, lists what the run left behind, runs ``make test`` again and says whether that
+passed. (Its real use, ten rounds of the whole suite, is in docs/PERFORMANCE.md.)"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "interrupt-make-test.py"
+
+#: a make test that takes a second and a half and leaves a marker only while it runs
+CLEAN = """test:
+\ttouch running && sleep 1.5 && rm running
+"""
+#: a make test that leaves a lock when stopped and fails (fast) while the lock is there: the
+#: defect the script is for
+FRAGILE = """test:
+\ttest ! -e lock
+\ttouch lock && sleep 1.5 && rm lock
+"""
+
+
+def _run(clone: Path, makefile: str, *args: str) -> tuple[int, list[dict[str, object]], str]:
+    clone.mkdir()
+    (clone / "Makefile").write_text(makefile)
+    record = clone.parent / "record.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--clone", str(clone), "--record", str(record), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    return done.returncode, rows, done.stdout
+
+
+def test_a_stopped_run_that_does_not_harm_the_next_passes_every_round(tmp_path: Path) -> None:
+    code, rows, out = _run(
+        tmp_path / "clone", CLEAN, "--rounds", "3", "--max-delay", "1.2", "--seed", "1"
+    )
+    assert code == 0, out
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["passed"] and r["next_exit"] == 0 for r in rows)
+    assert {r["signal"] for r in rows} <= {"INT", "TERM", "KILL"}
+    assert "3 of 3 next runs passed" in out
+
+
+def test_a_stop_that_breaks_the_next_run_fails_the_script(tmp_path: Path) -> None:
+    code, rows, out = _run(
+        tmp_path / "clone", FRAGILE, "--rounds", "1", "--max-delay", "1.0", "--signals", "KILL"
+    )
+    assert code == 1
+    (row,) = rows
+    assert row["signal"] == "KILL"
+    assert row["passed"] is False and row["next_exit"] != 0
+    assert "0 of 1 next runs passed" in out
+
+
+def test_a_left_behind_process_is_listed(tmp_path: Path) -> None:
+    """A process the stopped run started in its own session (as a daemon does) outlives the
+    group's kill: the round names it."""
+    orphan = """test:
+\tsetsid sleep 30 >/dev/null 2>&1 < /dev/null & sleep 5
+"""
+    code, rows, _ = _run(
+        tmp_path / "clone", orphan, "--rounds", "1", "--max-delay", "1.5", "--next-timeout", "1"
+    )
+    _kill_inside(tmp_path / "clone")
+    (row,) = rows
+    assert any("sleep 30" in p for p in row["left_behind"])  # type: ignore[attr-defined]
+    assert row["next_exit"] == "timeout" and code == 1
+
+
+def _kill_inside(clone: Path) -> None:
+    """Kill the processes working in ``clone`` (the orphans the test made)."""
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if proc.name.isdigit() and os.readlink(proc / "cwd").startswith(str(clone)):
+                os.kill(int(proc.name), signal.SIGKILL)
