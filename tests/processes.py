@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +194,21 @@ def child_options(env: Mapping[str, str] | None = None) -> tuple[dict[str, Any],
     return options, tag
 
 
+def _in_turn(*steps: Callable[[], object]) -> None:
+    """Run ``steps`` one after the other (a child's ``preexec_fn`` made of several)."""
+    for step in steps:
+        step()
+
+
 def popen(
     argv: Sequence[str], *, env: Mapping[str, str] | None = None, **options: Any
 ) -> subprocess.Popen[Any]:
     """``subprocess.Popen(argv, **options)`` as a bound child (``child_options``); end it with
     ``stop``."""
     bound, tag = child_options(env)
+    own = options.pop("preexec_fn", None)
+    if own is not None:  # the caller's own (a resource limit) runs after the binding
+        bound["preexec_fn"] = functools.partial(_in_turn, bound["preexec_fn"], own)
     proc: subprocess.Popen[Any] = subprocess.Popen(list(argv), **bound, **options)
     _tags[proc.pid] = tag
     return proc
