@@ -10,8 +10,10 @@ each shape says why it is in the design and each run whether it is fitted or hel
   to.
 - ``hf``: transformers models (llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe,
   deepseek_v3) built from configs with random weights, traced under fake tensors.
-- ``megatron``: Megatron-Core's GPT with its local layers (``calibration.megatron``),
-  Llama-style and GPT-3-style, without recompute.
+- ``megatron``: Megatron-Core's GPT with its local layers (``calibration.megatron``) in the
+  families its arguments make (SwiGLU or GeLU, RMSNorm or LayerNorm, biases, dropout, grouped
+  or multi-head attention), on rank 0 of 1, 2 or 4 tensor-parallel ranks with and without
+  sequence parallelism, and under its recompute (selective, full, uniform groups).
 - ``torchtitan``: torchtitan's own Llama 3 model code (``calibration.torchtitan``), dense
   widths of 512 to 3072 and two-layer cuts of its 8B and 70B flavors, with and without
   torchtitan's full activation checkpointing.
@@ -71,7 +73,9 @@ def record(
         mode=measured["mode"],
         forward_transient_bytes=steady_forward_transient(measured),
         peak_bytes=measured["peak"]["total"],
-        layer_backward_peak_bytes=layer_backward_peak(measured),
+        # none where the tracker sees no layer's backward (Megatron's reentrant checkpoint
+        # re-runs its layers inside its own backward)
+        layer_backward_peak_bytes=layer_backward_peak(measured) or None,
         peak=TracePeak.model_validate(measured["peak"]),
     )
 

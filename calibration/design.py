@@ -17,6 +17,9 @@ are what a fit uses, ``held_out`` ones check it. The split is written on every r
 or moving a run changes no other run's split. Every run is traced in bf16 throughout
 (:data:`PURE_BF16`, the trainer's GPU precision) with torch AdamW (fused, the spec's default).
 
+The ``megatron`` design may give a run a tensor-parallel degree ``tp`` and
+``sequence_parallel``: Megatron-Core's layers shard themselves, traced as rank 0 of ``tp``.
+
 A framework's design (``framework`` other than ``none``: ``hf-fsdp2.json``,
 ``torchtitan-fsdp2.json``) also gives each run its data-parallel ranks ``dp`` and
 tensor-parallel degree ``tp``, and traces it as that framework's default run: for ``fsdp2``
@@ -69,8 +72,11 @@ class DesignRun(_Frozen):
     split: Split
     #: data-parallel ranks (a framework's design only)
     dp: int = 1
-    #: tensor-parallel degree (a framework's design only)
+    #: tensor-parallel degree (a framework's design, or model code that shards itself:
+    #: Megatron-Core's, traced as rank 0 of ``tp`` ranks)
     tp: int = 1
+    #: Megatron's sequence parallelism with ``tp`` (the megatron design only)
+    sequence_parallel: bool = False
 
 
 class DesignShape(_Frozen):
@@ -124,10 +130,14 @@ class Design(_Frozen):
 
     @model_validator(mode="after")
     def _parallel_only_under_a_framework(self) -> Self:
+        # Megatron-Core's layers shard themselves over tensor-parallel ranks
+        shards = self.activation_profile == "megatron"
         if self.framework == "none":
             for shape in self.shapes:
-                if any(run.dp != 1 or run.tp != 1 for run in shape.runs):
+                if any(run.dp != 1 or (run.tp != 1 and not shards) for run in shape.runs):
                     raise ValueError(f"shape {shape.name!r}: dp and tp need a framework (got none)")
+                if any(run.sequence_parallel and run.tp == 1 for run in shape.runs):
+                    raise ValueError(f"shape {shape.name!r}: sequence_parallel needs tp > 1")
         return self
 
     def shape(self, name: str) -> DesignShape:
@@ -168,6 +178,8 @@ class Design(_Frozen):
             "precision": PURE_BF16,
             "activation_profile": self.activation_profile,
         }
+        if self.framework == "none" and run.tp > 1:  # Megatron-Core's own sharding
+            spec["parallel"] = {"tp": run.tp, "sequence_parallel": run.sequence_parallel}
         if self.framework == "fsdp2":
             spec["framework"] = "fsdp2"
             spec["precision"] = FSDP2_PRECISION

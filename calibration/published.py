@@ -80,14 +80,13 @@ def spec_of(run: dict[str, Any]) -> tuple[planner.ModelSpec, planner.TrainSpec, 
 
 def comparable_bytes(budget: planner.Budget, figure: str) -> int | None:
     """The part of the estimate's peak that ``figure`` measures (None for an OOM)."""
-    buckets = budget.gpu.buckets
-    peak = budget.gpu_peak_bytes
+    gpu = budget.gpu
     if figure in ("max_allocated", "peak_active"):
-        return peak - buckets["cuda_context"] - buckets["allocator_overhead"]
+        return gpu.allocated_peak_bytes
     if figure == "max_reserved":
-        return peak - buckets["cuda_context"]
+        return gpu.reserved_peak_bytes
     if figure == "nvidia_smi_total":
-        return peak
+        return gpu.peak_bytes
     return None
 
 

@@ -14,6 +14,11 @@ estimate is a largest of several points, so the fit is solved again around each 
 the value (in steps of 1/8) with the least squared relative error of the predicted peaks
 (peaks that do not depend on it leave the choice to those that do).
 
+A profile's structural terms (``STRUCTURAL``) are what its code does, read from the code, and
+are never varied or fitted: the features are taken with them in place, and a feature whose
+coefficients they all fix is no feature. Terms of one kind of layer (``FAMILY``: a GeLU MLP's)
+are fitted only where the records have that kind; otherwise the profile keeps the defaults.
+
 The norms' saved inputs are exactly twice the MLP input's bytes in every layer, so only their
 weighted sum is determined and both scales get the same value. Other features are correlated
 across the design too, so single coefficients mean less than predictions: what is checked is
@@ -39,6 +44,7 @@ FEATURES: dict[str, dict[str, float]] = {
     "attention": {"attention_scale": 1},
     "qk_norm": {"qk_norm_tensors": 1},
     "ffn": {"mlp_scale": 1, "swiglu_saved_ffn_tensors": 1},  # minus mlp_input
+    "ffn_gelu": {"mlp_scale": 1, "gelu_saved_ffn_tensors": 1},  # minus mlp_input
     "moe": {"moe_scale": 1, "swiglu_saved_ffn_tensors": 1},
     "head": {"head_hidden_tensors": 1},
     "logits": {"logits_bytes_per_element": 1},
@@ -83,9 +89,48 @@ STRUCTURAL: dict[str, dict[str, Any]] = {
     # output's all-gathered gradient and w1's and w3's input gradients (partial sums), whole
     # sequence, beside w1/w2/w3's gradients (transformers' MLP under torch's plan: the hf
     # profile's one-rank terms already cover its traces, so none)
-    "torchtitan": {"embedding_grad_whole_vocab": False, "tp_backward_end_hidden_tensors": 3.0},
-    "megatron": {"embedding_grad_whole_vocab": False},
+    # under its per-op selective checkpointing the compiled FlexAttention region the policy
+    # saves returns the queries, keys and values its backward needs, so they are kept too
+    # (``calibration.tracing.compiled_attention_region``)
+    "torchtitan": {
+        "embedding_grad_whole_vocab": False,
+        "tp_backward_end_hidden_tensors": 3.0,
+        "selective_op_saves_attention_inputs": True,
+    },
+    # Megatron-Core's layers as calibration/megatron.py traces them, each term read from its
+    # code (docs/ESTIMATOR.md, "Which model code"): the norms keep their input (and per-row
+    # statistics); the attention its Q/K/V projection's input and output, the rotated queries
+    # and keys RoPE writes beside them (``apply_rotary_pos_emb``), and the flash kernel's
+    # output; the MLP its input and, SwiGLU, the fused kernel's input (two FFN-width halves)
+    # and output (``BiasSwiGLUFunction``), GeLU the fused kernel's input and output
+    # (``GeLUFunction``); dropout a bool mask per hidden element after the attention and the
+    # MLP (bias-dropout-add); biases nothing (its linears return them apart). Under sequence
+    # parallelism a rank holds one whole-sequence all-gather buffer (its global memory
+    # buffer). Fitted: the head's and the loss's bytes, query/key norms, the backward's.
+    # Its harness runs flash attention, refuses MLA and multi-token prediction, and runs one
+    # context-parallel rank in bf16: those options are priced unchecked, and flagged
+    "megatron": {
+        "embedding_grad_whole_vocab": False,
+        "attention_scale": 1.0,
+        "rope_qk_tensors": 1.0,
+        "norm_scale": 1.0,
+        "mlp_scale": 1.0,
+        "swiglu_saved_ffn_tensors": 3.0,
+        "gelu_saved_ffn_tensors": 2.0,
+        "sp_gather_buffer_tensors": 1.0,
+        "untraced": [
+            "attention",
+            "model.mla",
+            "model.num_mtp_layers",
+            "parallel.cp",
+            "precision.params",
+        ],
+    },
 }
+#: terms of one kind of layer only, fitted where a profile's records have that kind (else
+#: the profile keeps the coefficients' defaults): a GeLU MLP's saved and backward FFN-width
+#: tensors
+FAMILY = ("gelu_saved_ffn_tensors", "gelu_backward_ffn_tensors")
 ZERO = {
     "attention_scale": 0.0,
     "qk_norm_tensors": 0.0,
@@ -93,6 +138,7 @@ ZERO = {
     "norm_scale": 0.0,
     "moe_scale": 0.0,
     "swiglu_saved_ffn_tensors": 0.0,
+    "gelu_saved_ffn_tensors": 0.0,
     "head_hidden_tensors": 0.0,
     "logits_bytes_per_element": 0.0,
     "logits_backward_bytes_per_element": 0.0,
@@ -112,7 +158,11 @@ TRACE_DEVICE = planner.Hardware(
 
 
 def _transient(model: planner.ModelSpec, train: planner.TrainSpec, values: dict[str, float]) -> int:
-    coeffs = planner.Coefficients(profile=train.activation_profile, **{**ZERO, **values})
+    profile = train.activation_profile
+    # a profile's structural terms are what its code does: never varied, never fitted
+    coeffs = planner.Coefficients(
+        profile=profile, **{**ZERO, **values, **STRUCTURAL.get(profile, {})}
+    )
     row = planner.estimate(model, train, TRACE_DEVICE, coeffs).gpu.phases["forward"].buckets
     return row["activations"] + row["logits"] + row["moe_dispatch"]
 
@@ -125,6 +175,7 @@ def features(model: planner.ModelSpec, train: planner.TrainSpec) -> dict[str, fl
         name: float(_transient(model, train, values)) - fixed for name, values in FEATURES.items()
     }
     out["ffn"] -= out["mlp_input"]
+    out["ffn_gelu"] -= out["mlp_input"]
     # the MoE feature's own expert bytes, without the layer's common terms (counted above)
     out["moe"] -= float(_transient(model, train, {"swiglu_saved_ffn_tensors": 1})) - fixed
     out["fixed"] = fixed
@@ -175,7 +226,16 @@ def predicted_peak(record: TraceRecord, coeffs: planner.Coefficients) -> int:
 def fit_coefficients(
     records: Sequence[TraceRecord], profile: str = "runtime", source: str = ""
 ) -> planner.Coefficients:
-    """Coefficients of ``profile`` fitted to traced ``records`` (module docstring)."""
+    """Coefficients of ``profile`` fitted to traced ``records`` (module docstring).
+
+    Records of ``recompute: selective_op`` are not fitted to: what a layer keeps under
+    torchtitan's per-op policy is derived from the policy
+    (``planner.activations.selective_op_layer_bytes``) and its re-run block is a full-recompute
+    block, so no term is theirs and fitting the others to them too would only trade the other
+    runs' fit for theirs. They say the profile prices the policy (``selective_op``), and they
+    check it."""
+    priced_op = any(record.train.recompute == "selective_op" for record in records)
+    records = [record for record in records if record.train.recompute != "selective_op"]
     names = list(FEATURES)
     rows, fixed, targets = [], [], []
     for record in records:
@@ -190,7 +250,6 @@ def fit_coefficients(
     mlp = max(hidden, MIN_MLP_SCALE)
     ffn_tensors = c["ffn"] / mlp
     values: dict[str, Any] = {
-        **STRUCTURAL.get(profile, {}),
         "norm_scale": hidden,
         "attention_scale": c["attention"],
         "mlp_scale": mlp,
@@ -199,9 +258,13 @@ def fit_coefficients(
         "head_hidden_tensors": c["head"],
         "logits_bytes_per_element": c["logits"],
         "moe_traced": any(record.model.moe is not None for record in records),
+        "selective_op": priced_op,
     }
     if any(row[names.index("qk_norm")] for row in rows):  # else the records say nothing of it
         values["qk_norm_tensors"] = c["qk_norm"]
+    if any(row[names.index("ffn_gelu")] for row in rows):  # the same of GeLU MLPs
+        values["gelu_saved_ffn_tensors"] = c["ffn_gelu"] / mlp
+    values.update(STRUCTURAL.get(profile, {}))
     values.update(_fit_backward(records, profile, values))
     best: tuple[float, float] | None = None
     for eighths in range(0, 129):
@@ -246,6 +309,8 @@ def _fit_backward(
         return {}
     base = planner.Coefficients(profile=profile, **values)
     fitted = [name for name in BACKWARD if name not in STRUCTURAL.get(profile, {})]
+    if any(model.ffn_kind == "gelu" for model, _, _ in chosen):
+        fitted.append("gelu_backward_ffn_tensors")
 
     def estimates(point: dict[str, float]) -> list[int]:
         c = base.model_copy(update=point)

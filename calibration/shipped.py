@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from headroom.calibration.regression import FITTED, STRUCTURAL, fit_coefficients
+from headroom.calibration.regression import FAMILY, FITTED, STRUCTURAL, fit_coefficients
 from headroom.calibration.trace_records import PACKAGES, load_traces, traces_path
 
 #: the planner's coefficients file, which ships the sets
@@ -45,12 +45,15 @@ def shipped_entry(profile: str) -> dict[str, Any]:
     return {
         "profile": profile,
         "calibrated": True,
-        "source": f"activation terms fitted to {len(fitted)} CPU traces of {ABOUT[profile]} "
+        "source": f"activation terms fitted to {c.num_records} CPU traces of {ABOUT[profile]} "
         f"(calibration/data/{traces_path(profile).name}, {versions}; {traces.command}); "
         "allocator and context from the GPU preset",
-        "num_records": len(fitted),
+        "num_records": c.num_records,
         **{name: round(getattr(c, name), 6) for name in FITTED},
+        # a kind of layer's terms, where the records have that kind
+        **{name: round(getattr(c, name), 6) for name in FAMILY if name in c.model_fields_set},
         "moe_traced": c.moe_traced,
+        "selective_op": c.selective_op,
         **STRUCTURAL[profile],
     }
 

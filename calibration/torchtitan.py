@@ -150,6 +150,17 @@ def apply_full_ac(net: torch.nn.Module) -> None:
     FullAC.Config().build().apply(net)
 
 
+def apply_selective_op_ac(net: torch.nn.Module) -> None:
+    """torchtitan's per-op selective activation checkpointing (``SelectiveAC``, its trainer's
+    default) on every block, with its own save list and policy: each block's forward runs under
+    ``create_selective_checkpoint_contexts`` and keeps the outputs of the ops its policy saves
+    (every odd-numbered ``mm``/``linear`` of the block, attention, the other listed ops); its
+    backward re-runs the block, taking those outputs from the cache."""
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    SelectiveAC.Config().build().apply(net)
+
+
 def attention_masks(net: Any, batch: int, seq_len: int) -> Any:
     """torchtitan's attention masks of ``batch`` rows of one document each, made as its trainer
     makes them (``get_attention_masks`` of the positions), outside any fake mode."""
@@ -172,9 +183,10 @@ def loss(net: Any, ids: torch.Tensor, masks: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def flex_attention_as_on_a_gpu() -> Iterator[None]:
-    """torchtitan's FlexAttention call allocating what the GPU kernels do (module
-    docstring)."""
+def flex_attention_as_on_a_gpu(compiled_region: bool = False) -> Iterator[None]:
+    """torchtitan's FlexAttention call allocating what the GPU kernels do (module docstring);
+    with ``compiled_region`` its forward is one compiled region, as a dispatch mode sees it on
+    a GPU (``calibration.tracing.compiled_attention_region``)."""
     from torch.nn.attention.flex_attention import AuxOutput
     from torchtitan.models.common.attention import FlexAttention
 
@@ -183,7 +195,7 @@ def flex_attention_as_on_a_gpu() -> Iterator[None]:
     original = FlexAttention.__dict__["_compiled_flex_attn"]
 
     def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Any:
-        out = flash_attention_as_on_a_gpu(q, k, v, "bhsd")
+        out = flash_attention_as_on_a_gpu(q, k, v, "bhsd", compiled_region)
         if kwargs.get("return_aux") is not None and kwargs["return_aux"].lse:
             raise NotImplementedError("a trace's attention returns no log-sum-exp")
         return out, AuxOutput()

@@ -27,6 +27,7 @@ master copy. Other specs are refused, naming ``precision``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,8 +58,10 @@ COMPARED = ("params", "grads", "optimizer_states", "transient")
 TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
 
 
-def check_traceable(train: planner.TrainSpec) -> torch.dtype:
-    """The working dtype of a spec the trace can run (see the module docstring)."""
+def check_traceable(train: planner.TrainSpec, impl: str = "runtime") -> torch.dtype:
+    """The working dtype of a spec the trace can run (see the module docstring). Megatron-Core
+    shards its own layers: ``impl`` megatron traces rank 0 of ``parallel.tp`` ranks, with or
+    without sequence parallelism."""
     p = train.precision
     # the trainer's working precisions (``headroom train --dtype``)
     if p.master != "none" or not (p.params == p.grads == p.optimizer_states in TORCH_DTYPE):
@@ -79,8 +82,14 @@ def check_traceable(train: planner.TrainSpec) -> torch.dtype:
             f"(got {train.offload.mode})",
             field="offload.mode",
         )
-    if train.parallel.dp * train.parallel.tp * train.parallel.pp * train.parallel.cp > 1:
-        raise SpecError("parallel: a trace runs one rank without parallelism", field="parallel")
+    parallel = train.parallel
+    tp = parallel.tp if impl == "megatron" else 1
+    if parallel.dp * parallel.tp * parallel.pp * parallel.cp > tp:
+        allowed = "tp (and sequence_parallel) only" if impl == "megatron" else "none"
+        raise SpecError(
+            f"parallel: a trace runs one rank; parallelism allowed for --impl {impl}: {allowed}",
+            field="parallel",
+        )
     return DTYPES[p.params]
 
 
@@ -146,18 +155,21 @@ class FlashAttentionAsOnAGpu(torch.autograd.Function):
     (``torch/_higher_order_ops/flex_attention.py``: ``flex_attention_fake_impl``,
     ``FlexAttentionAutogradOp``; ``torch/_inductor/kernel/flex/flex_attention.py``: the
     backward's ``delta``). ``layout`` is ``"bhsd"`` (batch, heads, sequence, head_dim) or
-    ``"sbhd"``. Values are never read: traces run under fake tensors."""
+    ``"sbhd"``. Values are never read: traces run under fake tensors.
+
+    ``compiled``: the forward runs as ``torch.compile``'s compiled code runs under a dispatch
+    mode (``compiled_attention_region``), as torchtitan's compiled FlexAttention does on a
+    GPU."""
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, compiled: bool
     ) -> torch.Tensor:
-        if layout == "bhsd":
-            batch, heads, length = q.shape[:3]
+        if compiled:
+            # what AOTAutograd's compiled function saves: the region's outputs
+            out, q, k, v, lse = compiled_attention_region(q, k, v, layout)
         else:
-            length, batch, heads = q.shape[:3]
-        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-        lse = q.new_empty((batch, heads, length), dtype=torch.float32)
+            out, lse = _attention_outputs(q, k, v, layout)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -165,16 +177,73 @@ class FlashAttentionAsOnAGpu(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, _out, lse = ctx.saved_tensors
         delta = lse.new_empty(lse.shape)
-        grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), None)
+        grads = (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), None, None)
         del delta
         return grads
 
 
-def flash_attention_as_on_a_gpu(
+def _attention_outputs(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention kernels' forward outputs: the output and the fp32 log-sum-exp."""
+    if layout == "bhsd":
+        batch, heads, length = q.shape[:3]
+    else:
+        length, batch, heads = q.shape[:3]
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty((batch, heads, length), dtype=torch.float32)
+    return out, lse
+
+
+@functools.cache
+def _compiled_attention(layout: str) -> Any:
+    """The attention's forward as one compiled region (one object per layout, as torch.compile
+    makes one per graph: selective checkpointing keys its cache by it)."""
+    from torch._higher_order_ops.wrap import InductorCompiledCallable
+
+    def region(*inputs: torch.Tensor) -> list[torch.Tensor]:
+        q, k, v = inputs
+        out, lse = _attention_outputs(q, k, v, layout)
+        # AOTAutograd's forward graph of flex_attention returns the output, the inputs its
+        # backward needs (as they are, not copied) and the log-sum-exp
+        return [out, q, k, v, lse]
+
+    return InductorCompiledCallable(lambda inputs: region(*inputs), region)
+
+
+def compiled_attention_region(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
+) -> list[torch.Tensor]:
+    """The attention's forward as torch.compile runs compiled code under a dispatch mode with
+    ``wrap_inductor_compiled_regions`` (torchtitan sets it for its FlexAttention): one
+    ``inductor_compiled_code`` operator whose outputs are the compiled forward graph's (the
+    output, the queries, keys and values as they are, the log-sum-exp). A dispatch mode sees
+    that one operator: torchtitan's per-op checkpointing policy names it in its save list, so
+    under ``SelectiveAC`` all five are kept for the block's backward, as on a GPU.
+
+    Two rules a trace adds for the operator: PyTorch's memory trackers have none, so it is
+    passed to them as one operator (as torch passes it to its own debug and checkpointing
+    modes); and FakeTensorMode's dispatch cache, which would rebuild the outputs of a repeated
+    call as new tensors, even those that are its inputs (a fake-tensor artifact: the compiled
+    code returns its inputs as they are), is bypassed for it."""
+    from torch._higher_order_ops.utils import hops_that_skip_faketensor_cache, redirect_to_mode
+    from torch._higher_order_ops.wrap import inductor_compiled_code
+
+    # (torch annotates the set with operator overloads; its own register_fake adds HOPs too)
+    hops_that_skip_faketensor_cache.add(inductor_compiled_code)  # type: ignore[arg-type]
+    rules = inductor_compiled_code.python_key_table
+    for mode in torch.utils._python_dispatch._get_current_dispatch_mode_stack():
+        if isinstance(mode, MemTracker) and type(mode) not in rules:
+            redirect_to_mode(inductor_compiled_code, type(mode))
+    outputs: list[torch.Tensor] = inductor_compiled_code(_compiled_attention(layout), [q, k, v])
+    return outputs
+
+
+def flash_attention_as_on_a_gpu(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, compiled: bool = False
 ) -> torch.Tensor:
     """:class:`FlashAttentionAsOnAGpu` applied."""
-    out: torch.Tensor = FlashAttentionAsOnAGpu.apply(q, k, v, layout)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = FlashAttentionAsOnAGpu.apply(q, k, v, layout, compiled)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -185,6 +254,13 @@ def _build(
     # layers per recomputed block as the planner reads the spec (selective recomputes the
     # attention scores, which scaled-dot-product attention never keeps: it traces as none)
     every = planner.knobs(train).checkpoint_every
+    if train.recompute == "selective_op" and impl != "torchtitan":
+        raise SpecError(
+            "recompute: selective_op is torchtitan's per-op selective checkpointing (its "
+            f"SelectiveAC), which only torchtitan's model code runs; allowed for --impl {impl}: "
+            "none, selective, full or every_k (or use --impl torchtitan)",
+            field="recompute",
+        )
     if impl == "hf":
         from headroom.calibration import hf
 
@@ -209,25 +285,36 @@ def _build(
         if every not in (None, 1):
             raise SpecError(
                 "recompute: torchtitan's FullAC checkpoints every block; allowed for --impl "
-                f"torchtitan: none, selective, full (got every_k {every})",
+                f"torchtitan: none, selective, selective_op, full (got every_k {every})",
                 field="recompute",
             )
         cfg = config if config is not None else torchtitan.config_for(model, train.seq_len)
         net = torchtitan.build(cfg)
-        if every == 1:
+        if train.recompute == "selective_op":
+            torchtitan.apply_selective_op_ac(net)
+        elif every == 1:
             torchtitan.apply_full_ac(net)
         masks = torchtitan.attention_masks(net, train.micro_batch_size, train.seq_len)
         return net, lambda m, ids: torchtitan.loss(m, ids, masks)
     if impl == "megatron":
         from headroom.calibration import megatron
 
-        if every is not None:
+        if train.recompute == "selective_op":
             raise SpecError(
-                "recompute: Megatron's checkpointing saves CUDA RNG states a CPU trace cannot; "
-                f"allowed for --impl megatron: none, selective (got {train.recompute})",
+                "recompute: selective_op is torchtitan's policy; allowed for --impl megatron: "
+                "none, selective (its core attention), full, every_k",
                 field="recompute",
             )
-        net = megatron.build(model, train.seq_len, torch.get_default_dtype())
+        parallel = train.parallel
+        net = megatron.build(
+            model,
+            train.seq_len,
+            torch.get_default_dtype(),
+            train.recompute == "selective",
+            every,
+            parallel.tp,
+            parallel.sequence_parallel,
+        )
         return net, megatron.loss
     if impl != "runtime":
         raise SpecError(f"impl: unknown {impl!r}; allowed: {', '.join(IMPLS)}", field="impl")
@@ -248,7 +335,7 @@ def trace(
 
     ``impl`` is ``runtime`` (the trainer's model) or ``hf`` (a transformers model built from
     ``config``, by default the one ``calibration.hf.config_for(model)`` writes)."""
-    dtype = check_traceable(train)
+    dtype = check_traceable(train, impl)
     start = time.perf_counter()
     phases: list[dict[str, Any]] = []
     previous = torch.get_default_dtype()
@@ -260,14 +347,14 @@ def trace(
     elif impl == "torchtitan":
         from headroom.calibration.torchtitan import flex_attention_as_on_a_gpu
 
-        masks = flex_attention_as_on_a_gpu()
+        masks = flex_attention_as_on_a_gpu(compiled_region=True)
     elif impl == "megatron":
         from headroom.calibration import megatron
 
         megatron.require_megatron()
         megatron.check_model(model)
         masks = contextlib.ExitStack()
-        masks.enter_context(megatron.one_rank())
+        masks.enter_context(megatron.one_rank(train.parallel.tp))
         masks.enter_context(megatron.as_on_a_gpu())
     # both implementations' shapes are independent of the values
     with FakeTensorMode(), gpu_attention_kernels(), masks:

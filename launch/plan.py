@@ -15,7 +15,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from headroom import planner, store
-from headroom.planner.trainable import check_supported, runtime_precision, working_precision
+from headroom.planner.trainable import (
+    check_recompute,
+    check_supported,
+    runtime_precision,
+    working_precision,
+)
 
 
 class NoPlanFits(planner.SpecError):
@@ -130,6 +135,7 @@ def check_launchable(plan: RunPlan, *, gate: bool) -> Prediction:
             field="train",
         )
     runtime_precision(plan.train, working_precision(plan.train))  # what the trainer cannot keep
+    check_recompute(plan.train)  # nor run
     return predicted
 
 

@@ -105,6 +105,9 @@ def layer_activations(
             hidden_tokens * e
             + tokens * (2 * heads * d + 2 * kv_saved * d) * e // tp
             + hidden_tokens * mask
+            # the rotated queries and keys, where RoPE writes new ones beside the projection's
+            # output (Megatron-Core); 0 where a profile's attention_scale holds them
+            + int(coeffs.rope_qk_tensors * tokens * (heads + kv) * d) * e // tp
         )
     else:
         qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
@@ -121,7 +124,8 @@ def layer_activations(
     if eager:
         per_score = e + (1 + e) * mask  # softmax output, dropout mask, dropout output
         scores = micro_batch * heads * s_local * seq_len * per_score // tp
-    ffn_tensors = coeffs.swiglu_saved_ffn_tensors if model.ffn_kind == "swiglu" else 2.0
+    swiglu = model.ffn_kind == "swiglu"
+    ffn_tensors = coeffs.swiglu_saved_ffn_tensors if swiglu else coeffs.gelu_saved_ffn_tensors
     mlp_in = hidden_tokens * e + hidden_tokens * mask
     dense_mlp = mlp_in + int(tokens * model.ffn_hidden_size * ffn_tensors) * e // tp
 
@@ -136,8 +140,12 @@ def layer_activations(
     dense = int(common) + mlp_dense
 
     back = coeffs.backward_ffn_tensors
+    if not swiglu and coeffs.gelu_backward_ffn_tensors is not None:
+        back = coeffs.gelu_backward_ffn_tensors
     ffn_tensor = tokens * model.ffn_hidden_size * e // tp  # bytes of one FFN-width tensor
     back_hidden = coeffs.backward_hidden_tensors * hidden_tokens * e
+    if sequence_parallel and tp > 1:  # one whole-sequence all-gather buffer (Megatron-Core)
+        back_hidden += coeffs.sp_gather_buffer_tensors * tokens * h * e
     moe_bytes = dispatch = back_moe = back_ffn_moe = output_side = end_slots = mlp_moe = 0
     moe = model.moe
     if moe is not None:
@@ -203,6 +211,118 @@ def layer_activations(
     )
 
 
+class BlockMatmul(NamedTuple):
+    """One matmul of a dense block, as torchtitan's per-op checkpointing policy sees it."""
+
+    in_features: int
+    out_features: int  # whole (a column-wise projection's are split over tensor parallelism)
+    row_wise: bool  # it projects back to the hidden width (row-wise under tensor parallelism)
+    kept: bool  # the policy keeps its output (else the block's backward recomputes it)
+
+
+def selective_op_matmuls(model: ModelSpec) -> tuple[BlockMatmul, ...]:
+    """A dense block's matmuls in torchtitan's Llama order (the fused Q/K/V projection, the
+    output projection, then the MLP's w1, w3, w2, or a two-matrix MLP's first and second),
+    each marked with whether torchtitan's per-op policy keeps its output
+    (``torchtitan/distributed/activation_checkpoint.py``, ``SelectiveAC``): a biased
+    projection runs as ``aten.addmm``, in the save list and not counted; the bias-free ones run
+    as ``aten.mm``, counted per block from 1 in forward order, and the odd-numbered ones are
+    kept. A bias-free Llama block keeps Q/K/V's, w1's and w2's outputs and recomputes the
+    output projection's and w3's."""
+    h, ffn = model.hidden_size, model.ffn_hidden_size
+    q_width, kv_width = model.num_heads * model.dim_per_head, model.kv_heads * model.dim_per_head
+    mlp_bias = model.mlp_bias or model.linear_bias
+    layout = [
+        (h, q_width + 2 * kv_width, False, model.qkv_bias or model.linear_bias),
+        (q_width, h, True, model.attention_out_bias or model.linear_bias),
+    ]
+    if model.ffn_kind == "swiglu":
+        layout += [(h, ffn, False, mlp_bias), (h, ffn, False, mlp_bias), (ffn, h, True, mlp_bias)]
+    else:
+        layout += [(h, ffn, False, mlp_bias), (ffn, h, True, mlp_bias)]
+    out, counted = [], 0
+    for in_features, out_features, row_wise, biased in layout:
+        if not biased:
+            counted += 1
+        out.append(BlockMatmul(in_features, out_features, row_wise, biased or counted % 2 == 1))
+    return tuple(out)
+
+
+def selective_op_layer_bytes(
+    model: ModelSpec,
+    coeffs: Coefficients,
+    micro_batch: int,
+    seq_len: int,
+    act_bytes: int,
+    eager: bool,
+    tp: int,
+    cp: int,
+    sequence_parallel: bool,
+) -> int:
+    """What one dense layer keeps for its backward under torchtitan's per-op selective
+    checkpointing (``recompute: selective_op``), derived from its policy, for one micro-batch
+    on one rank.
+
+    Each block is a checkpointed region whose backward re-runs it. The region keeps its input,
+    the outputs of the matmuls the policy keeps (``selective_op_matmuls``; a row-wise
+    projection's is the whole local sequence at full width on every tensor-parallel rank, a
+    partial sum before its reduction), the outputs of the listed collectives (sequence
+    parallelism's ``reduce_scatter_tensor`` after the two row-wise projections), and what the
+    attention operator returns: its output and an fp32 log-sum-exp per head and position
+    (flash-style kernels), and with ``coeffs.selective_op_saves_attention_inputs`` its queries,
+    keys and values too (the forward graph of torchtitan's compiled FlexAttention returns them
+    for its backward); eager attention keeps its two batched matmuls' outputs (the scores before
+    softmax, and the output). Norms, RoPE, activation functions, dropout, residual adds and
+    copies are recomputed."""
+    column, rows, q_width, qkv_width = _selective_op_widths(model)
+    s_local = -(-seq_len // cp)
+    h, heads = model.hidden_size, model.num_heads
+    token_bytes = micro_batch * s_local * act_bytes
+    whole = tp if sequence_parallel else 1  # divisor of hidden-width tensors
+    # the region's input, the kept column-wise outputs (split) and row-wise ones (whole)
+    saved = token_bytes * h // whole + token_bytes * column // tp + rows * token_bytes * h
+    if sequence_parallel and tp > 1:  # the row-wise projections' reduce-scatter outputs
+        saved += 2 * (token_bytes * h // tp)
+    if eager:
+        saved += micro_batch * heads * s_local * seq_len * act_bytes // tp
+        saved += token_bytes * q_width // tp
+    else:
+        saved += token_bytes * q_width // tp + micro_batch * s_local * heads * 4 // tp
+        if coeffs.selective_op_saves_attention_inputs:
+            saved += token_bytes * qkv_width // tp
+    return saved
+
+
+def _selective_op_widths(model: ModelSpec) -> tuple[int, int, int, int]:
+    """(the widths of the column-wise outputs the per-op policy keeps, how many row-wise
+    outputs it keeps, the queries' width, Q/K/V's width) of ``model``'s dense block: what
+    ``selective_op_matmuls`` says, in plain arithmetic (a search asks for it per batch
+    shape)."""
+    d = model.dim_per_head
+    q_width = model.num_heads * d
+    qkv_width = q_width + 2 * model.kv_heads * d
+    linear, ffn = model.linear_bias, model.ffn_hidden_size
+    mlp_bias = model.mlp_bias or linear
+    # (output width, row-wise, biased) in forward order
+    layout = [
+        (qkv_width, False, model.qkv_bias or linear),
+        (0, True, model.attention_out_bias or linear),
+    ]
+    if model.ffn_kind == "swiglu":
+        layout += [(ffn, False, mlp_bias), (ffn, False, mlp_bias), (0, True, mlp_bias)]
+    else:
+        layout += [(ffn, False, mlp_bias), (0, True, mlp_bias)]
+    column = rows = counted = 0
+    for width, row_wise, biased in layout:
+        counted += not biased
+        if biased or counted % 2:
+            if row_wise:
+                rows += 1
+            else:
+                column += width
+    return column, rows, q_width, qkv_width
+
+
 class ActivationInputs(NamedTuple):
     """Everything ``activation_terms`` reads besides the model, coefficients and stage (also
     its cache key)."""
@@ -224,6 +344,8 @@ class ActivationInputs(NamedTuple):
     # prefetch under the bottom layer, no reduce-scatter above the top one)
     # recompute last: the fields before them are ``layer_shape``'s key
     selective: bool  # selective recompute: each layer re-runs its attention scores
+    selective_op: bool  # torchtitan's per-op selective checkpointing: every layer a block
+    # whose backward re-runs it, what its policy saves kept (``selective_op_layer_bytes``)
     checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
 
 
@@ -295,8 +417,10 @@ class LayerTerms(NamedTuple):
 
 
 #: (saved by a dense layer, saved by an MoE layer, held throughout a dense layer's backward,
-#: the same for an MoE layer) under one kind of recompute
-Recomputed = tuple[int, int, int, int]
+#: the same for an MoE layer, what a layer below the running one keeps: its checkpoint) under
+#: one kind of recompute; the first four are the running layer's (with block recompute, the
+#: re-run layer's)
+Recomputed = tuple[int, int, int, int, int]
 
 
 class LayerShape(NamedTuple):
@@ -308,6 +432,8 @@ class LayerShape(NamedTuple):
     plain: Recomputed  # without recompute
     selective: Recomputed  # each layer re-runs its attention scores in its own backward
     blocks: Recomputed  # blocks of layers re-run from their checkpoints
+    selective_op: Recomputed  # torchtitan's per-op policy: each layer re-run in its backward
+    # from what the policy kept
 
 
 #: ``layer_shape``'s memo: (model, coefficients) by identity and the inputs besides the
@@ -355,6 +481,17 @@ def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
     throughout_dense = layer.backward_dense - layer.backward_ffn_dense
     throughout_moe = layer.backward_moe - layer.backward_ffn_moe
     rerun = int(coeffs.recompute_hidden_tensors * layer_input)
+    op_saved = selective_op_layer_bytes(
+        model,
+        coeffs,
+        inputs.micro_batch,
+        inputs.seq_len,
+        inputs.act_bytes,
+        inputs.eager_attention,
+        tp,
+        inputs.cp,
+        inputs.sequence_parallel,
+    )
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # one for every new batch shape
     shape = _new(
@@ -362,15 +499,20 @@ def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         (
             layer,
             head_terms(model, coeffs, inputs),
-            (saved_dense, saved_moe, throughout_dense, throughout_moe),  # plain
+            (saved_dense, saved_moe, throughout_dense, throughout_moe, layer_input),  # plain
             # selective: each layer recomputes its scores in its own backward
             (
                 saved_dense - scores,
                 saved_moe - scores,
                 throughout_dense + scores,
                 throughout_moe + scores,
+                layer_input,
             ),
-            (saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun),  # blocks
+            # blocks
+            (saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun, layer_input),
+            # selective_op: the layers below keep what the policy saved; the running one is
+            # re-run in its backward, as a block of one (dense layers only: ``check_selective_op``)
+            (saved_dense, saved_moe, throughout_dense + rerun, throughout_moe + rerun, op_saved),
         ),
     )
     weight = spec_bytes(model) + coefficients_bytes(coeffs) + SMALL_ENTRY_BYTES
@@ -386,7 +528,16 @@ def recomputed(shape: LayerShape, inputs: ActivationInputs) -> Recomputed:
     """``shape``'s terms under ``inputs``' recompute."""
     if inputs.checkpoint_every is not None:
         return shape.blocks
+    if inputs.selective_op:
+        return shape.selective_op
     return shape.selective if inputs.selective else shape.plain
+
+
+def block_layers(inputs: ActivationInputs) -> int | None:
+    """Layers per block re-run in backward under ``inputs``' recompute (None: none re-run):
+    ``checkpoint_every``, or under torchtitan's per-op policy every layer (each block is its
+    own checkpointed region)."""
+    return 1 if inputs.selective_op else inputs.checkpoint_every
 
 
 def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs) -> LayerTerms:
@@ -394,7 +545,7 @@ def layer_terms(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
     changes."""
     shape = layer_shape(model, coeffs, inputs)
     layer = shape.layer
-    saved_dense, saved_moe, throughout_dense, throughout_moe = recomputed(shape, inputs)
+    saved_dense, saved_moe, throughout_dense, throughout_moe, _ = recomputed(shape, inputs)
     # built by position (fields in declaration order) with ``tuple.__new__``: a search builds
     # these for every new batch shape, and a named tuple's own ``__new__`` is a Python call
     dense_temporaries = (
@@ -432,17 +583,18 @@ def stage_activation_terms(
     from its layers' ``terms`` (and its ``backward_points``, if given: those of a stage whose
     layers are of the same kinds in the same order)."""
     layer, saved_dense, saved_moe, temporaries = terms
-    k, dispatch, layer_input = inputs.checkpoint_every, layer.dispatch, layer.layer_input
+    k, dispatch = block_layers(inputs), layer.dispatch
+    checkpoint = recomputed(layer_shape(model, coeffs, inputs), inputs)[4]
     n, n_moe = sp.num_layers, sp.num_moe_layers
     if k is None:
         saved = (n - n_moe) * saved_dense + n_moe * saved_moe
         dispatch_saved = n_moe * dispatch
     else:
-        saved = -(-n // k) * layer_input
+        saved = -(-n // k) * checkpoint
         dispatch_saved = 0
     if points is None:
         points = backward_points(
-            sp.moe_flags, k, saved_dense, saved_moe, dispatch, layer_input, inputs.edges
+            sp.moe_flags, k, saved_dense, saved_moe, dispatch, checkpoint, inputs.edges
         )
     logits_forward = logits_backward = 0
     if sp.has_head:

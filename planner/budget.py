@@ -73,9 +73,17 @@ class PhaseBudget(_Out):
 
 
 class GpuBudget(_Out):
+    """The heaviest rank's GPU. Three figures of its peak, each as a run would report it:
+    ``allocated_peak_bytes`` (``torch.cuda.max_memory_allocated``: the tensors),
+    ``reserved_peak_bytes`` (``torch.cuda.max_memory_reserved``: what the caching allocator
+    holds, ``allocator_overhead`` more) and ``peak_bytes`` (what ``nvidia-smi`` shows for the
+    process: ``cuda_context`` more again), the one the verdict compares with the capacity."""
+
     name: str
     capacity_bytes: int
     peak_bytes: int
+    allocated_peak_bytes: int
+    reserved_peak_bytes: int
     headroom_bytes: int
     buckets: dict[str, int]
     phases: dict[str, PhaseBudget]
@@ -239,6 +247,10 @@ class Budget:
                 name=self._hardware_name,
                 capacity_bytes=cap,
                 peak_bytes=self.gpu_peak_bytes,
+                allocated_peak_bytes=self.gpu_peak_bytes
+                - self._context
+                - phases[self.peak_phase].buckets["allocator_overhead"],
+                reserved_peak_bytes=self.gpu_peak_bytes - self._context,
                 headroom_bytes=cap - self.gpu_peak_bytes,
                 buckets=phases[self.peak_phase].buckets,
                 phases=phases,

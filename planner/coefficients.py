@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
 from headroom.planner._keys import FewUnknownKeys
 from headroom.planner.errors import SpecError
+
+#: options a profile's traces may never have run (``planner.untraced``), by the field naming
+#: them: eager attention, multi-head latent attention, multi-token prediction layers, context
+#: parallelism, 32-bit activations
+UntracedOption = Literal[
+    "attention", "model.mla", "model.num_mtp_layers", "parallel.cp", "precision.params"
+]
 
 
 class Coefficients(FewUnknownKeys):
@@ -38,6 +46,26 @@ class Coefficients(FewUnknownKeys):
         "A profile fitted to dense layers only has none, and refuses an MoE model rather than "
         "drop its experts' activations.",
     )
+    untraced: tuple[UntracedOption, ...] = Field(
+        default=(),
+        description="Options none of the profile's traces ran: an estimate that uses one is "
+        "priced by the planner's derived terms and flagged in the budget's warnings, naming "
+        "the field (planner.untraced).",
+    )
+    selective_op: bool = Field(
+        default=True,
+        description="The profile prices recompute: selective_op (torchtitan's per-op selective "
+        "checkpointing): traced (torchtitan) or derived from the policy (textbook). A profile "
+        "whose traces have none refuses it rather than price it as another policy.",
+    )
+    selective_op_saves_attention_inputs: bool = Field(
+        default=False,
+        description="Under recompute: selective_op the attention operator the policy saves "
+        "also returns its queries, keys and values, so they are kept with its output and "
+        "log-sum-exp: torchtitan's compiled FlexAttention (its forward graph returns the "
+        "inputs its backward needs); SDPA's flash, cuDNN and memory-efficient kernels return "
+        "neither (the textbook's).",
+    )
     qk_norm_tensors: float = Field(
         default=1.0,
         ge=0,
@@ -46,6 +74,22 @@ class Coefficients(FewUnknownKeys):
     )
     swiglu_saved_ffn_tensors: float = Field(
         default=3.0, ge=0, description="FFN-width tensors a SwiGLU MLP saves per token."
+    )
+    gelu_saved_ffn_tensors: float = Field(
+        default=2.0,
+        ge=0,
+        description="FFN-width tensors a two-matrix (GeLU) MLP saves per token, x mlp_scale as "
+        "swiglu_saved_ffn_tensors: the activation's input and its output (the second "
+        "projection's input); Korthikanti et al. count both.",
+    )
+    rope_qk_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Query and key tensors per token that rotary embeddings write and the "
+        "attention saves beside the Q/K/V projection's output, x (heads + kv_heads) x head_dim "
+        "x activation bytes / tp, within attention_scale. Megatron-Core: 1 (its "
+        "apply_rotary_pos_emb returns new queries and keys while the values' view keeps the "
+        "fused projection's output alive); 0 where a fitted attention_scale holds them.",
     )
     backward_ffn_tensors: float = Field(
         default=0.0,
@@ -62,11 +106,27 @@ class Coefficients(FewUnknownKeys):
         "experts), x activation bytes; None: backward_ffn_tensors, as a dense MLP's. Shared "
         "experts are dense MLPs and take backward_ffn_tensors.",
     )
+    gelu_backward_ffn_tensors: float | None = Field(
+        default=None,
+        ge=0,
+        description="backward_ffn_tensors for a two-matrix (GeLU) MLP, whose backward makes "
+        "one FFN-width gradient fewer than SwiGLU's; None: backward_ffn_tensors. Fitted where "
+        "a profile's traces have GeLU MLPs (megatron).",
+    )
     backward_hidden_tensors: float = Field(
         default=0.0,
         ge=0,
         description="Hidden-width tensors per token a layer's backward holds beyond its saved "
         "ones (the incoming and outgoing gradients), x activation bytes.",
+    )
+    sp_gather_buffer_tensors: float = Field(
+        default=0.0,
+        ge=0,
+        description="Whole-sequence hidden-width tensors a tensor-parallel rank holds under "
+        "sequence parallelism for its all-gathers, one buffer however many layers, x "
+        "activation bytes, counted through a layer's backward: Megatron-Core's global memory "
+        "buffer ('mpu'), which every column-parallel linear gathers its input into, in forward "
+        "and again in backward (1); 0 where the gathers are counted with the layers.",
     )
     recompute_hidden_tensors: float = Field(
         default=0.0,

@@ -64,6 +64,7 @@ from headroom.planner.states import (
     states_bytes,
 )
 from headroom.planner.train import BYTES_PER_ELEMENT, TrainSpec
+from headroom.planner.untraced import untraced_warnings
 
 #: builds a named tuple from a tuple of its fields without calling its ``__new__`` (a Python
 #: call): what a search builds per candidate
@@ -113,6 +114,8 @@ class Knobs(NamedTuple):
     deepspeed: tuple[int, ...] = ()  # DeepSpeed's knobs (``deepspeed_knobs``)
     distributed_optimizer: bool = True  # megatron's use_distributed_optimizer
     vpp: int = 1  # virtual pipeline stages per rank (1: 1F1B; more: interleaved 1F1B)
+    selective_op: bool = False  # torchtitan's per-op selective checkpointing (every layer a
+    # block re-run in its backward; ``checkpoint_every`` stays None: no block checkpoints)
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -169,6 +172,7 @@ def knobs(train: TrainSpec) -> Knobs:
         deepspeed=deepspeed_knobs(train) if train.framework == "deepspeed" else (),
         distributed_optimizer=train.megatron.use_distributed_optimizer,
         vpp=parallel.vpp,
+        selective_op=train.recompute == "selective_op",
     )
 
 
@@ -241,6 +245,20 @@ def _check(train: TrainSpec) -> None:
             "offload.mode: streaming runs one layer stream per GPU; it needs parallel.tp=1 and "
             f"parallel.pp=1, got tp={p.tp} pp={p.pp}",
             field="offload.mode",
+        )
+    if train.recompute == "selective_op" and train.offload.mode == "streaming":
+        raise SpecError(
+            "recompute: offload.mode streaming checkpoints its own blocks "
+            "(offload.checkpoint_every); selective_op is torchtitan's policy, not the "
+            "bundled trainer's; allowed with streaming: none, full or every_k",
+            field="recompute",
+        )
+    if train.recompute == "selective_op" and p.cp > 1:
+        raise SpecError(
+            "recompute: selective_op is priced for parallel.cp 1 (under context parallelism "
+            "the policy keeps each ring step's attention outputs, which is not modelled); "
+            f"got cp={p.cp}",
+            field="recompute",
         )
     if p.sequence_parallel and train.seq_len % p.tp:
         # sequence parallelism splits each sequence across the TP ranks
@@ -356,6 +374,7 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         fsdp2,  # gathered_tp_inputs
         fsdp2,  # edges
         settings.selective,
+        settings.selective_op,
         settings.checkpoint_every,
     )
     return _new(ActivationInputs, fields)
@@ -579,6 +598,8 @@ def estimate(
         check_interleaving(model, settings.pp, settings.vpp)
     if model.moe is not None and not coeffs.moe_traced:
         raise_untraced_moe(coeffs)
+    if settings.selective_op:
+        check_selective_op(model, coeffs)
     return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
@@ -594,6 +615,8 @@ def evaluate(
         check_interleaving(model, settings.pp, settings.vpp)
     if model.moe is not None and not coeffs.moe_traced:
         raise_untraced_moe(coeffs)
+    if settings.selective_op:
+        check_selective_op(model, coeffs)
     return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
 
 
@@ -606,6 +629,50 @@ def raise_untraced_moe(coeffs: Coefficients) -> NoReturn:
         f"dense layers); an MoE model needs one of: {', '.join(having)}",
         field="activation_profile",
     )
+
+
+#: the profiles whose model code runs torchtitan's per-op policy (its own ``SelectiveAC``): the
+#: searches (``planner.fit``, ``planner.plan``) propose ``selective_op`` to these only, as the
+#: other implementations have no such policy to switch to
+SELECTIVE_OP_PROFILES = ("torchtitan",)
+
+
+def selective_op_priced(model: ModelSpec, coeffs: Coefficients) -> bool:
+    """Whether ``recompute: selective_op`` is priced for ``model`` under ``coeffs``
+    (``check_selective_op`` says why not)."""
+    return coeffs.selective_op and model.moe is None and model.mla is None
+
+
+def selective_op_offered(model: ModelSpec, coeffs: Coefficients) -> bool:
+    """Whether a search should try ``recompute: selective_op`` (parallel.cp 1 aside): priced,
+    and the profile's model code runs it."""
+    return coeffs.profile in SELECTIVE_OP_PROFILES and selective_op_priced(model, coeffs)
+
+
+def check_selective_op(model: ModelSpec, coeffs: Coefficients) -> None:
+    """``recompute: selective_op`` (torchtitan's per-op selective checkpointing) is priced by
+    a profile that traced it or derives it (``Coefficients.selective_op``), for dense layers
+    with grouped-query attention: which of a block's matmuls the policy keeps is counted in
+    torchtitan's Llama order, and an MoE layer's routing and experts or MLA's projections
+    change the count. A SpecError naming ``recompute`` otherwise, never another policy's
+    price."""
+    if not coeffs.selective_op:
+        having = [p for p in profiles() if default_coefficients(p).selective_op]
+        raise SpecError(
+            f"recompute: the {coeffs.profile} profile does not price selective_op "
+            "(torchtitan's per-op selective checkpointing; none of its traces ran it); "
+            f"profiles that do: {', '.join(having)}; or use none, selective, full or every_k",
+            field="recompute",
+        )
+    if model.moe is not None or model.mla is not None:
+        kinds = [k for k, on in (("MoE", model.moe), ("MLA", model.mla)) if on is not None]
+        raise SpecError(
+            "recompute: selective_op is priced for dense layers with grouped-query attention "
+            f"(torchtitan's Llama 3 block); {model.name} is an {' and '.join(kinds)} model, "
+            "whose matmuls the policy counts differently; allowed for it: none, selective, "
+            "full or every_k",
+            field="recompute",
+        )
 
 
 def _budget(
@@ -632,6 +699,10 @@ def _budget(
         warnings.append("ema: streaming keeps the EMA in host RAM; 'gpu' was treated as 'host'")
     if host_cap is None and host_peak:
         warnings.append("host: no --host-memory given; host RAM was not checked")
+    # options the profile's traces never ran (``planner.untraced``)
+    warnings += untraced_warnings(
+        model, coeffs, settings.eager_attention, settings.cp, settings.param_bytes
+    )
     context, fraction = over
     # by position (``Budget``'s parameters in declaration order; see its docstring)
     return Budget(

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from headroom.planner.activations import layer_shape, recomputed
 from headroom.planner.buckets import allocator_overhead_bytes
 from headroom.planner.budget import GPU_BUCKETS, PHASES, ROW_BUCKETS
 from headroom.planner.coefficients import Coefficients, default_coefficients
-from headroom.planner.estimator import evaluate, knobs, overheads, stage_terms_from_knobs
+from headroom.planner.estimator import (
+    activation_inputs,
+    evaluate,
+    knobs,
+    overheads,
+    stage_terms_from_knobs,
+)
 from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
@@ -246,10 +253,22 @@ def explain(
         if settings.framework == "fsdp2" and settings.tp > 1
         else ""
     )
+    act_inputs = activation_inputs(settings)
+    # what each layer below a re-run one keeps: its checkpoint (selective_op: what the policy
+    # saved)
+    checkpoint = recomputed(layer_shape(model, coeffs, act_inputs), act_inputs)[4]
+    per_op = (
+        "; selective_op (torchtitan's per-op policy): each layer keeps its input and the "
+        "outputs of the ops the policy saves (checkpoint_bytes: its odd-numbered matmuls, "
+        "attention's outputs), and the running layer is re-run in its backward"
+        if settings.selective_op
+        else ""
+    )
     rows["activations"] = (
         "in_flight x saved_per_micro_batch (+ one recomputed block in backward); per layer "
         "s·b·h·(34 + 5·a·s/h) for a GPT layer, generalised to GQA/MLA/QK-norm/SwiGLU/MoE"
-        + gathered,
+        + gathered
+        + per_op,
         {
             "in_flight_micro_batches": t.in_flight,
             "layers": sp.num_layers,
@@ -258,7 +277,7 @@ def explain(
             "moe_layer_bytes": a.moe,
             "attention_scores_bytes": a.scores,
             "checkpoint_every": t.checkpoint_every,
-            "checkpoint_bytes": a.layer_input,
+            "checkpoint_bytes": checkpoint,
             "recompute": str(train.recompute),
             "attention": train.attention,
             "profile": coeffs.profile,

@@ -29,7 +29,8 @@ M = TypeVar("M", bound=BaseModel)
 
 #: fields whose union type makes pydantic's own message unhelpful
 _ALLOWED_HINTS = {
-    "recompute": "must be 'none', 'selective', 'full' or {\"every_k\": K} with K >= 1",
+    "recompute": "must be 'none', 'selective', 'selective_op', 'full' or {\"every_k\": K} "
+    "with K >= 1",
 }
 
 

@@ -3,7 +3,9 @@
 Candidates span: offload none → optimizer fractions 0.125 … 1.0 → streaming (checkpoint every
 1, 2, 4, 8, 16 layers); every power-of-two micro-batch that divides the global batch per rank,
 with gradient accumulation set to keep it (within ``TrainSpec``'s bounds); recompute none →
-selective → every-K (powers of two below the layer count) → full; ZeRO stages up to 3 where
+selective → (torchtitan's per-op selective_op, for the torchtitan profile's dense models
+without context parallelism: its own model code runs it) → every-K (powers of two below the
+layer count) → full; ZeRO stages up to 3 where
 data parallelism allows (under ``framework: fsdp2`` ZeRO-3 and no offload, which it fixes); the
 allocator's expandable segments on or as given. Each candidate is
 estimated (``planner.evaluate`` on flattened knobs, no spec validation per candidate); the ones
@@ -30,6 +32,7 @@ from headroom.planner.estimator import (
     gpu_peak,
     knobs,
     overheads,
+    selective_op_offered,
     stage_parts,
     stages_allocated,
 )
@@ -93,20 +96,31 @@ class Grid(NamedTuple):
     recompute: list[Choice]
 
 
-def _recompute_choices(train: TrainSpec, num_layers: int) -> list[tuple[Any, bool, int | None]]:
+def _recompute_choices(
+    num_layers: int, selective_op: bool
+) -> list[tuple[Any, bool, bool, int | None]]:
+    """(policy, selective, selective_op, layers per block) of each recompute the ladder tries,
+    torchtitan's per-op policy where ``selective_op``."""
     every = []
     k = 2
     while k < num_layers:
         every.append(k)
         k *= 2
-    options: list[tuple[Any, bool, int | None]] = [("none", False, None), ("selective", True, None)]
-    options += [({"every_k": k}, False, k) for k in reversed(every)]
-    options.append(("full", False, 1))
+    options: list[tuple[Any, bool, bool, int | None]] = [
+        ("none", False, False, None),
+        ("selective", True, False, None),
+    ]
+    if selective_op:
+        options.append(("selective_op", False, True, None))
+    options += [({"every_k": k}, False, False, k) for k in reversed(every)]
+    options.append(("full", False, False, 1))
     return options
 
 
-def grid(model: ModelSpec, train: TrainSpec) -> Grid:
-    """The ladder's dimensions for ``train`` (see the module docstring)."""
+def grid(model: ModelSpec, train: TrainSpec, coefficients: Coefficients | None = None) -> Grid:
+    """The ladder's dimensions for ``train`` (see the module docstring) under ``coefficients``
+    (default: its profile's shipped set)."""
+    coeffs = coefficients or default_coefficients(train.activation_profile)
     p = train.parallel
     batch = train.micro_batch_size * train.grad_accum_steps
     current = ladder_keys(train)
@@ -164,9 +178,13 @@ def grid(model: ModelSpec, train: TrainSpec) -> Grid:
         ({"expandable_segments": e}, {"expandable_segments": e})
         for e in dict.fromkeys((train.expandable_segments, True))
     ]
+    offers_op = p.cp == 1 and selective_op_offered(model, coeffs)
     recompute = [
-        ({"selective": selective, "checkpoint_every": k}, {"recompute": policy})
-        for policy, selective, k in _recompute_choices(train, model.num_layers)
+        (
+            {"selective": selective, "selective_op": op, "checkpoint_every": k},
+            {"recompute": policy},
+        )
+        for policy, selective, op, k in _recompute_choices(model.num_layers, offers_op)
     ]
 
     def marked(choices: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[Choice]:
@@ -265,7 +283,7 @@ def fit(
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
     cap, host_cap = hardware.memory_bytes, hardware.host_memory_bytes
     base = knobs(train)
-    g = grid(model, train)
+    g = grid(model, train, coeffs)
     pp = base.pp
     stages = (0, pp - 1) if pp > 1 else (0,)
     ranks = min(hardware.gpus_per_node, base.dp * base.tp * pp * base.cp)

@@ -11,12 +11,14 @@ fastest), so a group's members sit ``stride`` ranks apart and a node of ``G`` GP
 is named and ``explain_step`` gives its formula):
 
 - ``compute``: the ``StepModel``'s FLOPs (6 per active parameter per token, causal attention,
-  one more forward under recompute) of the rank's tokens (micro-batch x sequence / CP x
+  one more forward under recompute, the matmuls it does not keep under torchtitan's per-op
+  policy) of the rank's tokens (micro-batch x sequence / CP x
   micro-batches) over TP x PP, at the GPU's bf16 FLOP/s x the coefficients'
   ``compute_efficiency``.
 - ``tp_comm``: per layer and pass (forward, backward, and the recompute's forward), two
   all-reduces of the layer's activations (with sequence parallelism two all-gathers and two
-  reduce-scatters: the same bytes), not overlapped.
+  reduce-scatters: the same bytes), not overlapped; torchtitan's per-op policy keeps the
+  reduce-scatters' outputs, so its recompute gathers again only (half a pass).
 - ``ep_comm``: per MoE layer and pass, two all-to-alls (dispatch, combine) of the routed
   tokens' hidden states, not overlapped.
 - ``cp_comm``: per layer and pass, the ring's K/V exchange (backward: K/V and their
@@ -71,6 +73,7 @@ from headroom.planner.estimator import (
     gpu_peak,
     knobs,
     overheads,
+    selective_op_offered,
     stages_states,
 )
 from headroom.planner.hardware import Hardware
@@ -94,8 +97,20 @@ PLAN_STREAMING_EVERY = (1, 2, 4)
 PLAN_MAX_MICRO_BATCH = 256
 #: largest number of virtual pipeline stages per rank proposed
 PLAN_MAX_VPP = 8
-#: recompute policies, cheapest in memory last: (spec value, selective, layers per block)
-RECOMPUTE = (("none", False, None), ("selective", True, None), ("full", False, 1))
+#: recompute policies, cheapest in memory last: (spec value, selective, layers per block);
+#: torchtitan's per-op policy is proposed to its profile only, without context parallelism
+#: (``Planner.recomputes``)
+RECOMPUTE = (
+    ("none", False, None),
+    ("selective", True, None),
+    ("selective_op", False, None),
+    ("full", False, 1),
+)
+#: ``RECOMPUTE``'s index of torchtitan's per-op policy
+SELECTIVE_OP = 2
+#: passes of the tensor-parallel collectives under it: forward, backward and the recompute's
+#: all-gathers (the policy keeps the reduce-scatters' outputs), half a pass of the pairs
+SELECTIVE_OP_TP_PASSES = 2.5
 
 
 class Layout(NamedTuple):
@@ -359,6 +374,7 @@ class Planner:
         self.layouts_refused = 0
         self._costs: dict[Layout, _LayoutCosts] = {}
         self.over = {e: overheads(self.coeffs, hardware, e) for e in (False, True)}
+        self.offers_selective_op = selective_op_offered(model, self.coeffs)
 
     # -- layouts ---------------------------------------------------------------------------
 
@@ -406,6 +422,14 @@ class Planner:
                             for ep in eps:
                                 out.append(Layout(world, tp, pp, vpp, cp, dp, ep))
         return out
+
+    def recomputes(self, lay: Layout) -> tuple[int, ...]:
+        """``RECOMPUTE`` indices a non-streaming candidate of ``lay`` tries: torchtitan's
+        per-op policy where its profile runs it and the layout has no context parallelism."""
+        every = range(len(RECOMPUTE))
+        if self.offers_selective_op and lay.cp == 1:
+            return tuple(every)
+        return tuple(r for r in every if r != SELECTIVE_OP)
 
     def _refuse(self, why: str) -> None:
         self.layouts_refused += 1
@@ -478,18 +502,23 @@ class Planner:
         streaming = mode == "streaming"
         selective = RECOMPUTE[recompute][1]
         recomputes = streaming or RECOMPUTE[recompute][2] is not None
+        op = recompute == SELECTIVE_OP and not streaming
         flops = price.flops_base
         if recomputes:
             flops += price.flops_recompute
         elif selective:
             flops += price.flops_selective
+        elif op:
+            flops += price.flops_selective_op
         tokens_micro = mb * self.seq / cp
-        passes = 3 if recomputes else 2
+        # the per-op policy re-runs every elementwise operation and launch of the block
+        passes = 3 if recomputes or op else 2
+        tp_passes = SELECTIVE_OP_TP_PASSES if op else passes
         compute_micro = flops * tokens_micro / (tp * pp) / self.rate
         compute_micro += passes * c.layers * tokens_micro * self.elementwise / tp
         # kernel launches and small operations: a fixed time per layer and pass
         compute_micro += passes * c.layers * self.layer_overhead
-        tp_micro = passes * c.layers * (c.tp_b * mb + c.tp_c) if tp > 1 else 0.0
+        tp_micro = tp_passes * c.layers * (c.tp_b * mb + c.tp_c) if tp > 1 else 0.0
         ep_micro = passes * c.moe_layers * (c.ep_b * mb + c.ep_c) if c.ep_b else 0.0
         # the ring exchange beyond the attention it hides: forward, backward (twice the bytes
         # and FLOPs), the recompute's forward
@@ -597,6 +626,7 @@ class Planner:
             offload_mode=mode,
             offload_fraction=fraction,
             selective=selective,
+            selective_op=recompute == SELECTIVE_OP and mode != "streaming",
             checkpoint_every=block if mode == "streaming" else every,
             expandable_segments=segments,
         )
@@ -680,18 +710,22 @@ class Planner:
         for r in recomputes:
             _, selective, every = RECOMPUTE[r]
             recomputing = streaming or every is not None
+            op = r == SELECTIVE_OP and not streaming
             flops = price.flops_base
             if recomputing:
                 flops += price.flops_recompute
             elif selective:
                 flops += price.flops_selective
-            passes = 3 if recomputing else 2
+            elif op:
+                flops += price.flops_selective_op
+            passes = 3 if recomputing or op else 2
+            tp_passes = SELECTIVE_OP_TP_PASSES if op else passes
             k_compute = flops * scale + passes * layers * self.seq / cp * self.elementwise / tp
             c_compute = passes * layers * self.layer_overhead
             a_comm = b_comm = 0.0
             if tp > 1:
-                a_comm += passes * layers * c.tp_b
-                b_comm += passes * layers * c.tp_c
+                a_comm += tp_passes * layers * c.tp_b
+                b_comm += tp_passes * layers * c.tp_c
             if c.ep_b:
                 a_comm += passes * moe_layers * c.ep_b
                 b_comm += passes * moe_layers * c.ep_c
@@ -765,7 +799,7 @@ class Planner:
             for zero in zeros:
                 for p_i, placement in enumerate(placements):
                     streaming = placement[0] == "streaming"
-                    recomputes = (0,) if streaming else tuple(range(len(RECOMPUTE)))
+                    recomputes = (0,) if streaming else self.recomputes(lay)
                     for accumulating in (False, True):
                         mbs = [mb for mb in micro if (per_rank // mb > 1) == accumulating]
                         if not mbs:
@@ -998,7 +1032,8 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
             "(bf16_flops x compute_efficiency) + layers x passes x (its tokens' memory-bound "
             "traffic / tp / memory bandwidth + layer_overhead_seconds)); FLOPs per token: 6 x "
             "active params + attention (causal half with flash), one more forward under "
-            "recompute",
+            "recompute (selective_op: the matmuls torchtitan's per-op policy does not keep, "
+            "3 passes of the memory-bound traffic)",
             {
                 **shape,
                 "tp": lay.tp,
@@ -1022,7 +1057,8 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
         (
             "tp_comm",
             t.tp_comm,
-            "micro_batches x layers x passes (2, 3 with recompute) x 2 all-reduces (all-gather "
+            "micro_batches x layers x passes (2, 3 with recompute, 2.5 with selective_op: its "
+            "policy keeps the reduce-scatters' outputs) x 2 all-reduces (all-gather "
             "+ reduce-scatter with sequence parallelism) of micro_batch x seq_len / cp x hidden "
             "x bytes, hierarchical ring over the group's links",
             {**shape, "group": where(lay.tp, 1), **link},

@@ -29,8 +29,10 @@ from headroom.planner.activations import (
     BackwardPoint,
     LayerTemporaries,
     ManyPoints,
+    block_layers,
     layer_shape,
     point_layout,
+    recomputed,
 )
 from headroom.planner.coefficients import Coefficients
 from headroom.planner.model import ModelSpec
@@ -381,13 +383,8 @@ def stages_largest(
     largest point is the largest of its candidates' totals, and each layer's backward point
     adds up only what differs from point to point."""
     shape = layer_shape(model, coeffs, inputs)
-    k, edges = inputs.checkpoint_every, inputs.edges
-    if k is not None:
-        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.blocks
-    elif inputs.selective:
-        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.selective
-    else:
-        saved_dense, saved_moe, throughout_dense, throughout_moe = shape.plain
+    k, edges = block_layers(inputs), inputs.edges
+    saved_dense, saved_moe, throughout_dense, throughout_moe, checkpoint = recomputed(shape, inputs)
     # unpacked rather than read by attribute (fields in declaration order)
     (
         _,
@@ -436,7 +433,7 @@ def stages_largest(
             saved = (n - n_moe) * saved_dense + n_moe * saved_moe
             dispatch_saved = n_moe * dispatch
         else:
-            saved = -(-n // k) * layer_input
+            saved = -(-n // k) * checkpoint
             dispatch_saved = 0
         logits = 0
         if has_head:
@@ -481,7 +478,7 @@ def stages_largest(
                 total = (
                     dense_layers * dense_step
                     + moe_layers * moe_step
-                    + checkpoints * layer_input
+                    + checkpoints * checkpoint
                     + held_dense * saved_dense
                     + held_moe * moe_held
                     + layer_transfer[edge]

@@ -154,11 +154,19 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
     has_head = stage == pp - 1
     moe_flags = model.moe_flags(layer_range.start, layer_range.stop)
     num_moe = sum(moe_flags)
+    head = kinds.head
+    if model.tied_embeddings and has_head and not has_embedding:
+        # A pipeline's last stage keeps a copy of the tied matrix as its head, with its own
+        # gradient and optimizer state, kept equal to the first stage's by an all-reduce of
+        # their gradients (Megatron-Core's ``setup_embeddings_and_output_layer``; DeepSpeed's
+        # ``TiedLayerSpec``): counted once per stage that holds it, not once per model.
+        table = kinds.embed.tensors[0]
+        head = Unit(head.name, (*head.tensors, table._replace(kind="head")), False)
     held: list[tuple[Unit | None, int]] = [
         (kinds.embed, int(has_embedding)),
         (kinds.dense, len(moe_flags) - num_moe),
         (kinds.moe, num_moe),
-        (kinds.head, int(has_head)),
+        (head, int(has_head)),
     ]
     dense = expert = embed = head_unit = 0
     largest = largest_matrix = 0
@@ -217,7 +225,7 @@ def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> Sta
             layer_numel[0] = unit_numel
             mlp_numel[0] = unit_mlp
     # A tied head streams the embedding matrix again: the largest unit is at least that big.
-    if model.tied_embeddings and has_head:
+    if model.tied_embeddings and has_head and has_embedding:
         tied = _local(kinds.embed.tensors[0], tp, ep)
         unit_sizes.append(head_unit + tied[0] * tied[1])
     return StageParams(

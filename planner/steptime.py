@@ -3,7 +3,10 @@ as each placement overlaps them.
 
 - compute: 6 FLOPs per active parameter per token (forward 2, backward 4) plus causal attention
   (6·L·d_attn·s per token), one more forward where activations are recomputed (full, every-K,
-  streaming) or the attention core again (selective); over bf16 FLOP/s x efficiency.
+  streaming), the attention core again (selective), or the matmuls torchtitan's per-op policy
+  does not keep (selective_op: a Llama block's output projection and w3, about a third of
+  its matmul FLOPs; its elementwise operations are recomputed too, its attention is not);
+  over bf16 FLOP/s x efficiency.
 - host link: optimizer offload moves the offloaded gradients down and updated weights up once a
   step; streaming moves every layer's weights up twice per micro-batch (forward, and backward's
   recompute) and its gradients down once; over link bandwidth x efficiency.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from headroom.planner.activations import selective_op_matmuls
 from headroom.planner.coefficients import Coefficients
 from headroom.planner.estimator import Knobs, StageTerms
 from headroom.planner.hardware import Hardware
@@ -77,6 +81,10 @@ class StepModel:
         self.flops_base = 3 * matmul + 6 * attention
         self.flops_recompute = matmul + 2 * attention
         self.flops_selective = 2 * attention
+        # selective_op: the forward of the matmuls the policy recomputes (dense blocks)
+        self.flops_selective_op = model.num_layers * sum(
+            2 * m.in_features * m.out_features for m in selective_op_matmuls(model) if not m.kept
+        )
         self.flops_per_s = hw.bf16_flops * coeffs.compute_efficiency
         self.link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
         self.cpu_rate = coeffs.cpu_optimizer_params_per_s
@@ -100,6 +108,8 @@ class StepModel:
             flops_per_token += self.flops_recompute
         elif settings.selective:
             flops_per_token += self.flops_selective
+        elif settings.selective_op:
+            flops_per_token += self.flops_selective_op
         compute = flops_per_token * tokens_rank / (settings.tp * settings.pp) / self.flops_per_s
         grad_bytes = 2 if settings.grad_bytes <= 2 else 4
         if streaming:

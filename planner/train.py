@@ -51,7 +51,8 @@ class Recompute(_Frozen):
     every_k: Int = Field(ge=1, le=_MAX_STAGES, description="Layers per recomputed block.")
 
 
-RecomputePolicy = Literal["none", "selective", "full"] | Recompute
+#: what a run recomputes (``TrainSpec.recompute`` says what each policy is)
+RecomputePolicy = Literal["none", "selective", "selective_op", "full"] | Recompute
 
 
 class Parallel(_Frozen):
@@ -219,7 +220,17 @@ class TrainSpec(_Frozen):
         description="Optimizer kernel: fused/multi-tensor (Megatron, DeepSpeed; the default), "
         "foreach (PyTorch's default on CUDA: whole-group temporaries) or for_loop.",
     )
-    recompute: RecomputePolicy = "none"
+    recompute: RecomputePolicy = Field(
+        default="none",
+        description="none; selective (the attention core recomputed: Korthikanti et al.); "
+        "selective_op (torchtitan's per-op selective checkpointing, SelectiveAC: its "
+        "activation_checkpoint mode 'selective' with selective_ac_option 'op', torchtitan "
+        "0.3's activation_checkpoint 'selective', the default of its train configs; per block "
+        "the outputs of the odd-numbered matmuls, of attention and of the ops in its save "
+        "list kept, everything else recomputed in the block's backward; priced by the "
+        "torchtitan and textbook profiles, for dense layers); full (every layer "
+        'checkpointed); or {"every_k": K} (one checkpoint per K layers).',
+    )
     attention: Literal["flash", "eager"] = "flash"
     activation_profile: str = Field(
         default="textbook",

@@ -24,6 +24,19 @@ def check_supported(spec: ModelSpec) -> None:
         raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
 
 
+def check_recompute(train: TrainSpec) -> None:
+    """The trainer recomputes whole blocks (``full``, ``every_k``; ``selective`` keeps what
+    ``none`` keeps, its attention storing no scores); torchtitan's per-op policy
+    (``selective_op``) is torchtitan's code, not the trainer's: refused, naming ``recompute``,
+    rather than run as another policy."""
+    if train.recompute == "selective_op":
+        raise SpecError(
+            "recompute: selective_op is torchtitan's per-op selective checkpointing, which the "
+            "bundled trainer does not run; allowed: none, selective, full or every_k",
+            field="recompute",
+        )
+
+
 def working_precision(train: TrainSpec) -> Working:
     """The working precision a launch trains ``train`` in (``headroom train --dtype``): fp32
     weights stay fp32; 16-bit weights train in bf16 (fp16 has the same bytes and would need

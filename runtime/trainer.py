@@ -75,7 +75,7 @@ from headroom.runtime.model import (
     synthetic_batch,
 )
 from headroom.runtime.streams import CpuBackend, Event, carve, carved_bytes, make_backend
-from headroom.runtime.support import WORKING, Working, runtime_precision
+from headroom.runtime.support import WORKING, Working, check_recompute, runtime_precision
 
 
 @dataclass
@@ -164,7 +164,9 @@ def _accumulate(
 def recompute_every(train: TrainSpec) -> int | None:
     """Layers per recomputed block of a resident run, as the planner reads the spec (full
     recompute is 1; ``selective`` recomputes the attention scores, which scaled-dot-product
-    attention never stores, so it keeps what ``none`` keeps)."""
+    attention never stores, so it keeps what ``none`` keeps; torchtitan's ``selective_op`` is
+    refused, naming ``recompute``)."""
+    check_recompute(train)
     return planner_knobs(train).checkpoint_every
 
 

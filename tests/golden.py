@@ -47,6 +47,16 @@ TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
         "precision": {"grads": "fp32", "master": "fp32"},
         "parallel": {"dp": 32, "zero_stage": 3},
     },
+    "torchtitan-selective-op": {
+        "framework": "fsdp2",
+        "fsdp2": {"groups": "split"},
+        "activation_profile": "torchtitan",
+        "recompute": "selective_op",
+        "seq_len": 8192,
+        "precision": {"grads": "fp32", "master": "fp32"},
+        "parallel": {"dp": 64, "zero_stage": 3},
+    },
+    "selective-op": {"recompute": "selective_op", "micro_batch_size": 2},
     "fsdp2-keep": {
         "framework": "fsdp2",
         "fsdp2": {"reshard_after_forward": False},
@@ -89,8 +99,24 @@ LADDER_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3-8b-h100": ("llama-3-8b", {"micro_batch_size": 8, "seq_len": 8192}),
     "mixtral-a100": ("mixtral-8x7b", {"micro_batch_size": 4, "grad_accum_steps": 8}),
     "qwen3-30b-4090": ("qwen3-30b-a3b", {"micro_batch_size": 2, "activation_profile": "runtime"}),
+    "llama-3-8b-torchtitan-h100": (
+        "llama-3-8b",
+        {
+            "micro_batch_size": 4,
+            "seq_len": 8192,
+            "activation_profile": "torchtitan",
+            "framework": "fsdp2",
+            "fsdp2": {"groups": "split"},
+            "precision": {"grads": "fp32"},
+            "parallel": {"dp": 8, "zero_stage": 3},
+        },
+    ),
 }
-LADDER_GPUS = {"llama-3-8b-h100": "H100-80GB", "mixtral-a100": "A100-80GB"}
+LADDER_GPUS = {
+    "llama-3-8b-h100": "H100-80GB",
+    "mixtral-a100": "A100-80GB",
+    "llama-3-8b-torchtitan-h100": "H100-80GB",
+}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SLOW = '''
+SLOW = """
 import threading, time
 import pytest
 
@@ -23,9 +23,9 @@ def test_sleeps_past_its_limit():
 
 def test_after_it_runs():
     pass
-'''
+"""
 
-DEAF = '''
+DEAF = """
 import signal, time
 import pytest
 
@@ -33,7 +33,7 @@ import pytest
 def test_blocks_the_alarm():
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(60)
-'''
+"""
 
 
 def _pytest(tmp_path: Path, source: str) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -131,7 +131,7 @@ def trace_command(
         else:
             from headroom.calibration.tracing import check_traceable
 
-            check_traceable(train_spec)
+            check_traceable(train_spec, chosen.value)
         if chosen is Impl.hf:
             from headroom.calibration import hf
 

@@ -52,7 +52,9 @@ def render_budget(budget: Budget, console: Console) -> None:
     console.print(table)
     verdict = "[green]fits[/green]" if budget.fits else "[red]does not fit[/red]"
     console.print(
-        f"GPU peak {format_bytes(gpu.peak_bytes)} in {budget.peak_phase} "
+        f"GPU peak {format_bytes(gpu.peak_bytes)} in {budget.peak_phase}, as nvidia-smi shows "
+        f"it (allocated {format_bytes(gpu.allocated_peak_bytes)}, reserved "
+        f"{format_bytes(gpu.reserved_peak_bytes)}) "
         f"of {format_bytes(gpu.capacity_bytes)} (headroom {format_bytes(gpu.headroom_bytes)}, "
         f"margin {format_bytes(budget.margin_bytes)}); host {format_bytes(host.peak_bytes)} "
         f"of {_fmt(host.capacity_bytes)} for {host.ranks_sharing} rank(s): {verdict}"

@@ -42,6 +42,13 @@ def test_estimate_json_contract(tmp_path: Path) -> None:
     assert set(out["host"]["buckets"]) == set(planner.HOST_BUCKETS)
     for key in ("peak_bytes", "capacity_bytes"):
         assert isinstance(out["gpu"][key], int)
+    # the peak three ways, as a run reports it: allocated, reserved, what nvidia-smi shows
+    gpu = out["gpu"]
+    assert gpu["reserved_peak_bytes"] == gpu["peak_bytes"] - gpu["buckets"]["cuda_context"]
+    assert gpu["allocated_peak_bytes"] == (
+        gpu["reserved_peak_bytes"] - gpu["buckets"]["allocator_overhead"]
+    )
+    assert gpu["allocated_peak_bytes"] == sum(gpu["buckets"][b] for b in planner.GPU_BUCKETS[:9])
     assert out["host"]["capacity_bytes"] == int(1.5 * 2**40)
     assert isinstance(out["host"]["peak_bytes"], int)
     assert out["peak_phase"] in planner.PHASES
@@ -109,7 +116,8 @@ def test_explain_json_names_formula_inputs_source() -> None:
         ),
         (
             ["estimate", "llama-3-8b", "--set", "recompute=sometimes"],
-            "train.recompute: must be 'none', 'selective', 'full' or {\"every_k\": K}",
+            "train.recompute: must be 'none', 'selective', 'selective_op', 'full' or "
+            '{"every_k": K}',
         ),
         (["estimate", "llama-3-8b", "--set", "optimizer=lion"], "train.optimizer: Input should be"),
         (

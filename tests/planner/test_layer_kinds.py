@@ -63,7 +63,10 @@ def _per_layer(model: planner.ModelSpec, tp: int, pp: int, ep: int, stage: int) 
     chosen = [all_units[0]] if stage == 0 else []
     chosen += [all_units[1 + i] for i in layer_range]
     if stage == pp - 1:
-        chosen.append(all_units[-1])
+        head = all_units[-1]
+        if model.tied_embeddings and stage > 0:  # the last stage's own copy of the matrix
+            head = head._replace(tensors=(*head.tensors, *all_units[0].tensors))
+        chosen.append(head)
     dense = expert = matrix = largest = 0
     order: list[tuple[int, bool]] = []
     unit_sizes = []

@@ -132,6 +132,22 @@ def test_tied_embeddings_counted_once(extra: dict[str, object]) -> None:
     assert untied.head == 1000 * 64
 
 
+def test_a_pipelines_last_stage_holds_its_own_copy_of_a_tied_matrix() -> None:
+    """Counted once per model, but a pipeline's last stage keeps the tied matrix as its head
+    (Megatron-Core's output layer on the last stage, all-reduced with the first stage's
+    embedding; DeepSpeed's TiedLayerSpec): its stage holds what an untied head's holds."""
+    from headroom.planner.stage import stage_params
+
+    tied, untied = _small(True), _small(False)
+    last_tied, last_untied = stage_params(tied, 1, 2, 1, 1), stage_params(untied, 1, 2, 1, 1)
+    assert last_tied.dense_numel == last_untied.dense_numel
+    assert last_tied.head_unit_numel == last_untied.head_unit_numel == 64 + 1000 * 64
+    assert stage_params(tied, 1, 2, 1, 0).embedding_numel == 1000 * 64
+    one = stage_params(tied, 1, 1, 1, 0)  # one stage: the matrix once, embedding and head
+    assert one.dense_numel == planner.count_params(tied).total
+    assert one.head_unit_numel == 64 and one.tied_embeddings
+
+
 def test_small_dense_count_by_hand() -> None:
     # embed 1000x64, per layer: 2 norms, q 64x64, k/v 32x64 each, o 64x64, swiglu 3x 64x192;
     # final norm, head 1000x64.

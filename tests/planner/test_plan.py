@@ -174,7 +174,7 @@ def test_pricing_a_group_gives_each_candidates_step_terms(lay: Layout) -> None:
     for zero in (0, 1, 3):
         for mode, offloaded in (("none", 0), ("optimizer", 123_456_789)):
             out: list[tuple[float, int]] = []
-            p.price_group(lay, c, zero, mode, offloaded, mbs, (0, 1, 2), 0, out)
+            p.price_group(lay, c, zero, mode, offloaded, mbs, tuple(range(len(RECOMPUTE))), 0, out)
             for step, key in out:
                 mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
                 t = p.step_terms(lay, c, zero, mode, offloaded, mb, r)
