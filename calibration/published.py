@@ -215,6 +215,53 @@ def summaries(rows: Sequence[Replay]) -> list[Summary]:
     return out
 
 
+@dataclass(frozen=True)
+class MarginRow:
+    """The verdicts of a split at one margin."""
+
+    margin_pct: int
+    split: str
+    right: int
+    false_fits: int
+    false_ooms: int
+
+
+def margin_sweep(
+    margins: Iterable[int] = range(21), selected: Iterable[dict[str, Any]] | None = None
+) -> list[MarginRow]:
+    """The verdicts of each split at each margin (whole percent of the peak)."""
+    chosen = list(runs() if selected is None else selected)
+    out = []
+    for margin in margins:
+        rows = replay_all(chosen, float(margin))
+        for split in ("fit", "held_out"):
+            part = [r for r in rows if r.split == split]
+            out.append(
+                MarginRow(
+                    margin,
+                    split,
+                    sum(r.right for r in part),
+                    sum(r.false_fit for r in part),
+                    sum(r.false_oom for r in part),
+                )
+            )
+    return out
+
+
+def default_margin_pct(sweep: Sequence[MarginRow]) -> int:
+    """The margin the published runs support: the largest (on the sweep's grid) at which the
+    fitted split loses no verdict it has at margin 0 (a margin guards against an
+    under-prediction turning an OOM into a fit, at the price of runs near the capacity)."""
+    fitted = [row for row in sweep if row.split == "fit"]
+    best = max(row.right for row in fitted if row.margin_pct == 0)
+    margin = 0
+    for row in sorted(fitted, key=lambda r: r.margin_pct):
+        if row.right < best:
+            break
+        margin = row.margin_pct
+    return margin
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1f} %"
 
@@ -266,6 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--margin", type=float, default=None, help="margin %% (default: the estimate's own)"
     )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the verdicts of each split at margins 0-20 %% and the margin they support",
+    )
     args = parser.parse_args(argv)
     selected = [
         run
@@ -276,6 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not selected:
         print(f"no run matches --stack {args.stack} --split {args.split}", file=sys.stderr)
         return 2
+    if args.sweep:
+        sweep = margin_sweep(selected=selected)
+        print(f"{'margin':>6} {'split':8} {'right':>5} {'false fits':>10} {'false ooms':>10}")
+        for m in sweep:
+            print(
+                f"{m.margin_pct:>5}% {m.split:8} {m.right:>5} {m.false_fits:>10} {m.false_ooms:>10}"
+            )
+        print(f"supported default margin: {default_margin_pct(sweep)} %")
+        return 0
     rows = replay_all(selected, args.margin)
     if args.json:
         out = {

@@ -150,3 +150,21 @@ def test_the_table_prints_every_run_and_a_summary_per_stack() -> None:
         timeout=120,
     )
     assert wrong.returncode == 2 and "no run matches --stack jax" in wrong.stderr
+
+
+def test_the_runs_support_a_default_margin_of_six_percent() -> None:
+    """The largest whole-percent margin at which the fitted split keeps every verdict it has at
+    0 %: 6 %; at it the held-out split keeps every verdict too and has no false fit; at 7 %
+    the fitted split turns a run that fit into an OOM."""
+    sweep = published.margin_sweep(range(9))
+    assert published.default_margin_pct(sweep) == 6
+    at = {(m.margin_pct, m.split): m for m in sweep}
+    assert at[6, "held_out"].right == at[0, "held_out"].right
+    assert at[6, "held_out"].false_fits == at[6, "fit"].false_fits == 0
+    assert at[7, "fit"].false_ooms > at[0, "fit"].false_ooms
+    # a made-up sweep: the margin stops at the first one that loses a fitted verdict
+    made = [
+        published.MarginRow(m, "fit", right, 0, 10 - right)
+        for m, right in [(0, 10), (1, 10), (2, 9), (3, 10)]
+    ]
+    assert published.default_margin_pct(made) == 1
