@@ -54,7 +54,8 @@ def test_zero_3_at_scale_is_under_predicted_as_documented() -> None:
 
 def test_torchtitans_fsdp2_runs_are_within_the_reported_error() -> None:
     """FSDP2 over 64 A100s (Llama 3 8B with per-op selective checkpointing, 70B with full):
-    reported in docs/ESTIMATOR.md as -6.6 % and +7.7 %."""
+    reported in docs/ESTIMATOR.md as +2.3 % and +7.7 % (the 8B run priced as selective, which
+    recomputes only the attention core, was -6.6 %)."""
     errors = {r.id: r.error for r in replay_all(ids=TORCHTITAN)}
-    assert -0.08 <= errors["torchtitan-llama3-8b-sac-op"] <= -0.05
+    assert 0.01 <= errors["torchtitan-llama3-8b-sac-op"] <= 0.035
     assert 0.06 <= errors["torchtitan-llama3-70b-full"] <= 0.09

@@ -161,9 +161,9 @@ def test_the_trace_saves_the_compiled_attentions_inputs_as_a_gpu_would() -> None
 
 def test_torchtitans_published_8b_step_is_priced_within_a_few_percent_as_selective_op() -> None:
     """torchtitan's Llama 3 8B on 64 A100s under its per-op checkpointing
-    (``published-throughput.json``, which prices it as ``selective``: -6.6 %): priced as
-    ``selective_op`` the recompute of the matmuls the policy does not keep brings the step
-    within a few percent of the published one, between ``selective`` and ``full``."""
+    (``published-throughput.json``): priced as ``selective_op``, the recompute of the matmuls
+    the policy does not keep brings the step within a few percent of the published one,
+    between ``selective`` (-6.6 %) and ``full``."""
     from headroom.calibration import throughput
 
     case = next(
