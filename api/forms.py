@@ -34,6 +34,19 @@ GpuPreset = Literal[  # type: ignore[valid-type]
     )
 ]
 
+#: a cluster preset's name or alias (``headroom plan --cluster``; matched ignoring case)
+ClusterPreset = Literal[  # type: ignore[valid-type]
+    tuple(
+        sorted(
+            {
+                name
+                for cluster in map(planner.cluster.cluster_preset, planner.cluster_names())
+                for name in (cluster.name, *cluster.aliases)
+            }
+        )
+    )
+]
+
 # the bounds ModelSpec puts on what a config.json's keys become (a test holds them equal)
 _SIZE = Annotated[int, Field(ge=1, le=2**24)]
 _COUNT = Annotated[int, Field(ge=1, le=2**20)]
@@ -177,5 +190,8 @@ ModelInput = Annotated[
     str | dict[str, Any], documented_as(ModelPreset | planner.ModelSpec | HFConfig)
 ]
 GpuInput = Annotated[str | dict[str, Any], documented_as(GpuPreset | planner.Hardware)]
+ClusterInput = Annotated[
+    str | planner.Cluster | None, documented_as(ClusterPreset | planner.Cluster | None)
+]
 TrainInput = Annotated[dict[str, Any] | None, documented_as(planner.TrainSpec | None)]
 HostMemoryInput = Annotated[str | int | None, documented_as(SizeText | HostBytes | None)]

@@ -17,7 +17,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
-from headroom.api.forms import GpuInput, HostMemoryInput, ModelInput, TrainInput
+from headroom.api.forms import ClusterInput, GpuInput, HostMemoryInput, ModelInput, TrainInput
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
@@ -180,7 +180,7 @@ class PlanRequest(_In):
     gpu: GpuInput | None = Field(
         default=None, description=_GPU + " Default: the cluster's GPU preset."
     )
-    cluster: str | planner.Cluster | None = Field(
+    cluster: ClusterInput = Field(
         default=None,
         description="A cluster preset name (its nodes' GPU, GPUs per node, links, host RAM) or "
         "an object of cluster fields; default: the preset of the GPU's nodes.",

@@ -74,6 +74,16 @@ def test_gpu_is_a_preset_name_or_alias_or_hardware(openapi: dict[str, Any], body
     assert _refs(forms_) == {"Hardware"}
 
 
+def test_a_plans_cluster_is_a_preset_name_or_alias_or_cluster(openapi: dict[str, Any]) -> None:
+    """A fuzzer sends what the schema allows: a cluster named by any other string is refused
+    by the request model, so the schema names the presets (found by a generated request)."""
+    forms_ = _forms(openapi, "PlanRequest", "cluster")
+    names = set(forms_[0]["enum"])
+    for name in planner.cluster_names():
+        assert {name, *planner.cluster.cluster_preset(name).aliases} <= names
+    assert _refs(forms_) == {"Cluster"}
+
+
 @pytest.mark.parametrize("body", BODIES)
 def test_train_is_the_training_spec(openapi: dict[str, Any], body: str) -> None:
     assert _refs(_forms(openapi, body, "train")) == {"TrainSpec"}

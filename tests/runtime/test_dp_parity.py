@@ -9,13 +9,14 @@ with the same seed. Losses and the EMA agree within 1e-5 relative (the largest d
 a tensor's elements, relative to its largest element); so do the final weights, tensor by
 tensor, in norm.
 
-The weights' element-wise difference is bounded by 1e-4 instead, and no closer: a gradient
-element that is zero up to rounding (a few 1e-10 against 1e-3 elsewhere) takes AdamW's first
-step as ``lr * g / (|g| + eps)``, so any change of summation order (two half-batches summed,
-then averaged, against one batch) moves it by up to ``lr`` x a few percent (6.35e-5 relative at
-the worst element of tiny-dense at 2 ranks). So each run is also held, element by element,
-within 1e-5 of one process that sums in the ranks' order (``split_single``: each rank's rows
-through their own backward, the ranks' gradients averaged, then the same AdamW).
+The weights' element-wise difference is bounded by 1e-4 at 2 ranks and 2e-4 at 4 instead, and no
+closer: a gradient element that is zero up to rounding (a few 1e-10 against 1e-3 elsewhere)
+takes AdamW's first step as ``lr * g / (|g| + eps)``, so any change of summation order (two
+half-batches summed, then averaged, against one batch) moves it by up to ``lr`` x a few percent
+(6.35e-5 relative at the worst element of tiny-dense at 2 ranks; at 4 ranks, four partial sums,
+up to 1.12e-4 on this project's CI host). So each run is also held, element by element, within
+1e-5 of one process that sums in the ranks' order (``split_single``: each rank's rows through
+their own backward, the ranks' gradients averaged, then the same AdamW).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ STEPS = 2
 MICRO = 1  # sequences per rank and micro-batch
 SETTINGS = {"seq_len": 16, "grad_accum_steps": 2, "ema": "host"}
 TOL = 1e-5
-ELEMENT_TOL = 1e-4  # the weights' largest element-wise difference (see the module's docstring)
+#: the weights' largest element-wise difference by ranks (see the module's docstring): the more
+#: partial sums, the further a near-zero gradient element's AdamW step moves
+ELEMENT_TOL = {2: 1e-4, 4: 2e-4}
 
 
 def _sets(train: dict[str, object]) -> list[str]:
@@ -161,7 +164,7 @@ def test_dp_parity_with_one_process_on_the_global_batch(
     assert saved["state"].keys() == ref.state.keys()
     for name, want in ref.state.items():
         assert _norm_relative(saved["state"][name], want) <= TOL, name
-        assert _relative(saved["state"][name], want) <= ELEMENT_TOL, name
+        assert _relative(saved["state"][name], want) <= ELEMENT_TOL[ranks], name
     # element by element, the weights are those of one process summing in the ranks' order
     for name, want in split_single(ranks, clip).items():
         assert _relative(saved["state"][name], want) <= TOL, name
