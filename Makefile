@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml
 	# Megatron-Core's own model code, for the megatron activation profile (its dependencies,
 	# torch, numpy and packaging, are installed already; no Transformer Engine on a CPU)
 	$(BIN)/python -m pip install --quiet --no-deps "megatron-core==0.16.1"
+	# torchtune's chunked cross-entropy, read by the loss traces from its own file (importing the
+	# torchtune package needs torchao, which no trace uses)
+	$(BIN)/python -m pip install --quiet --no-deps "torchtune==0.6.1"
 	touch $(STAMP)
 
 run: install

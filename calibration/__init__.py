@@ -15,9 +15,10 @@ Import by module, because they need the ``calibration`` extra or torch:
 ``calibration.regression`` (the least-squares regression of the coefficients, numpy),
 ``calibration.shipped`` (the shipped sets; ``python -m headroom.calibration.shipped`` rewrites
 them), ``calibration.refit`` (``headroom calibrate fit``), ``calibration.report``,
-``calibration.tracing`` and ``calibration.collect`` (torch), ``calibration.hf`` (transformers),
-``calibration.frameworks.fsdp2`` (a step under FSDP2 on a fake process group: torch and
-transformers; ``calibration.frameworks`` names the frameworks without them).
+``calibration.tracing`` and ``calibration.collect`` (torch), ``calibration.loss_traces`` (the
+loss implementations that run on a CPU: torch, torchtitan, Megatron-Core), ``calibration.hf``
+(transformers), ``calibration.frameworks.fsdp2`` (a step under FSDP2 on a fake process group:
+torch and transformers; ``calibration.frameworks`` names the frameworks without them).
 """
 
 from headroom.calibration.attribution import attribute

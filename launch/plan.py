@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from headroom import planner, store
 from headroom.planner.trainable import (
+    check_loss,
     check_recompute,
     check_supported,
     runtime_precision,
@@ -136,6 +137,7 @@ def check_launchable(plan: RunPlan, *, gate: bool) -> Prediction:
         )
     runtime_precision(plan.train, working_precision(plan.train))  # what the trainer cannot keep
     check_recompute(plan.train)  # nor run
+    check_loss(plan.train)
     return predicted
 
 

@@ -32,6 +32,7 @@ from typing import NamedTuple
 from headroom.planner._memo import SMALL_ENTRY_BYTES, BoundedDict
 from headroom.planner.buckets import logits_bytes, moe_capacity, moe_dispatch_bytes, routing_slabs
 from headroom.planner.coefficients import Coefficients, coefficients_bytes
+from headroom.planner.losses import LossShape, loss_bytes
 from headroom.planner.model import ModelSpec, spec_bytes
 from headroom.planner.stage import PerKind, StageParams, stage_params
 
@@ -342,6 +343,9 @@ class ActivationInputs(NamedTuple):
     # (DTensor's tensor parallelism under FSDP2; loss parallelism's fp32 tensor beside it)
     edges: bool  # the stage's bottom and top layers are points of their own (FSDP2: no
     # prefetch under the bottom layer, no reduce-scatter above the top one)
+    loss_impl: str  # the loss's implementation: standard (the profile's) or a derived one
+    # (``planner.losses``)
+    loss_chunks: int  # chunks it splits the tokens into (0: none by count)
     # recompute last: the fields before them are ``layer_shape``'s key
     selective: bool  # selective recompute: each layer re-runs its attention scores
     selective_op: bool  # torchtitan's per-op selective checkpointing: every layer a block
@@ -610,12 +614,22 @@ def head_terms(
     model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
 ) -> tuple[int, int, int]:
     """What the stage holding the head adds for one micro-batch: (saved for the head's
-    backward, logits through forward, the loss's backward beside them)."""
+    backward, logits through forward, the loss's backward beside them). The loss's two terms
+    are the profile's coefficients under the standard loss, else derived from the loss's
+    implementation (``planner.losses``: what it holds from its forward into its backward, and
+    its largest moment beyond that, priced at the loss's point)."""
     act_bytes, tp = inputs.act_bytes, inputs.tp
-    tokens = inputs.micro_batch * -(-inputs.seq_len // inputs.cp)
+    seq_local = -(-inputs.seq_len // inputs.cp)
+    tokens = inputs.micro_batch * seq_local
     vocab_local = -(-model.vocab_size // tp)
-    logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
-    logits_backward = logits_bytes(tokens, vocab_local, coeffs.logits_backward_bytes_per_element)
+    standard = inputs.loss_impl == "standard"
+    if standard:
+        logits_forward = logits_bytes(tokens, vocab_local, coeffs.logits_bytes_per_element)
+        backward_bpe = coeffs.logits_backward_bytes_per_element
+        logits_backward = logits_bytes(tokens, vocab_local, backward_bpe)
+    else:
+        shape = LossShape(inputs.micro_batch, seq_local, model.hidden_size, vocab_local, act_bytes)
+        logits_forward, logits_backward = loss_bytes(inputs.loss_impl, inputs.loss_chunks, shape)
     saved = 0
     if coeffs.head_hidden_tensors:
         whole = tp if inputs.sequence_parallel else 1
@@ -627,7 +641,8 @@ def head_terms(
         # logit beside the others
         hidden = tokens * model.hidden_size * act_bytes
         saved += hidden - hidden // tp
-        logits_backward += logits_bytes(tokens, vocab_local, 4)
+        if standard:  # DTensor's loss parallelism (Megatron's fused loss is its own)
+            logits_backward += logits_bytes(tokens, vocab_local, 4)
     return saved, logits_forward, logits_backward
 
 

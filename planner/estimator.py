@@ -43,6 +43,7 @@ from headroom.planner.coefficients import (
 )
 from headroom.planner.errors import SpecError
 from headroom.planner.hardware import Hardware
+from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec, spec_bytes
 from headroom.planner.phases import (
     CONSTANTS_BYTES,
@@ -116,6 +117,8 @@ class Knobs(NamedTuple):
     vpp: int = 1  # virtual pipeline stages per rank (1: 1F1B; more: interleaved 1F1B)
     selective_op: bool = False  # torchtitan's per-op selective checkpointing (every layer a
     # block re-run in its backward; ``checkpoint_every`` stays None: no block checkpoints)
+    loss_impl: str = "standard"  # the loss's implementation (``planner.losses``)
+    loss_chunks: int = 0  # chunks it splits the tokens into (0: none by count)
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -173,6 +176,8 @@ def knobs(train: TrainSpec) -> Knobs:
         distributed_optimizer=train.megatron.use_distributed_optimizer,
         vpp=parallel.vpp,
         selective_op=train.recompute == "selective_op",
+        loss_impl=train.loss.impl,
+        loss_chunks=train.loss.num_chunks,
     )
 
 
@@ -260,12 +265,45 @@ def _check(train: TrainSpec) -> None:
             f"got cp={p.cp}",
             field="recompute",
         )
+    _check_loss(train)
     if p.sequence_parallel and train.seq_len % p.tp:
         # sequence parallelism splits each sequence across the TP ranks
         raise SpecError(
             f"train.seq_len: parallel.sequence_parallel needs a multiple of parallel.tp "
             f"({p.tp}), got {train.seq_len}",
             field="train.seq_len",
+        )
+
+
+def _check_loss(train: TrainSpec) -> None:
+    """Refuse a loss implementation where its code does not run as derived
+    (``planner.losses``), naming the field."""
+    loss, p = train.loss, train.parallel
+    if loss.impl in WHOLE_VOCAB_IMPLS and p.tp > 1:
+        raise SpecError(
+            f"loss.impl: {loss.impl} is priced on a whole vocabulary (its code is not "
+            "vocab-parallel, or under tensor parallelism runs a loss-parallel cross entropy "
+            f"that is not modelled); allowed with parallel.tp {p.tp}: standard, fused",
+            field="loss.impl",
+        )
+    if loss.impl == "fused" and train.precision.params != "bf16":
+        raise SpecError(
+            "loss.impl: Megatron's fused cross entropy casts its gradient to bf16; it is "
+            f"priced for precision.params bf16, got {train.precision.params}",
+            field="loss.impl",
+        )
+    if loss.impl == "cut" and train.precision.params == "fp32":
+        raise SpecError(
+            "loss.impl: Cut Cross-Entropy's backward takes 16-bit inputs only; allowed "
+            "precision.params: bf16, fp16, got fp32",
+            field="loss.impl",
+        )
+    seq_local = -(-train.seq_len // p.cp)
+    if loss.impl == "chunked_linear" and seq_local % loss.num_chunks:
+        raise SpecError(
+            f"loss.chunks: torchtitan's ChunkedLossWrapper needs the rank's sequence "
+            f"({seq_local} tokens) to divide into its chunks, got {loss.num_chunks}",
+            field="loss.chunks",
         )
 
 
@@ -373,6 +411,8 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         settings.imbalance,
         fsdp2,  # gathered_tp_inputs
         fsdp2,  # edges
+        settings.loss_impl,
+        settings.loss_chunks,
         settings.selective,
         settings.selective_op,
         settings.checkpoint_every,

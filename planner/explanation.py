@@ -284,15 +284,31 @@ def explain(
         },
         _KORTHIKANTI,
     )
-    rows["logits"] = (
-        "tokens x vocab/tp x bytes_per_element (forward) (+ loss backward)",
-        {
-            "vocab_size": model.vocab_size,
-            "bytes_per_element": coeffs.logits_bytes_per_element,
-            "backward_bytes_per_element": coeffs.logits_backward_bytes_per_element,
-        },
-        "coefficients." + coeffs.profile,
-    )
+    loss = train.loss
+    if loss.impl == "standard":
+        rows["logits"] = (
+            "tokens x vocab/tp x bytes_per_element (forward) (+ loss backward)",
+            {
+                "vocab_size": model.vocab_size,
+                "bytes_per_element": coeffs.logits_bytes_per_element,
+                "backward_bytes_per_element": coeffs.logits_backward_bytes_per_element,
+                "loss_impl": loss.impl,
+            },
+            "coefficients." + coeffs.profile,
+        )
+    else:
+        rows["logits"] = (
+            "held from the loss's forward into its backward (forward), + the loss's largest "
+            f"moment beyond them (loss backward), derived from the {loss.impl} loss's source",
+            {
+                "vocab_size": model.vocab_size,
+                "loss_impl": loss.impl,
+                "loss_chunks": loss.num_chunks or None,
+                "held_bytes": t.activations.logits_forward,
+                "beyond_bytes": t.activations.logits_backward,
+            },
+            "planner/losses.py",
+        )
     rows["moe_dispatch"] = (
         "per MoE layer: B·T·E·4 + 2·local_experts·C·D·bpe, C = ceil(CF·B·T·top_k/E)",
         {

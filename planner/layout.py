@@ -77,6 +77,7 @@ from headroom.planner.estimator import (
     stages_states,
 )
 from headroom.planner.hardware import Hardware
+from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
@@ -386,9 +387,13 @@ class Planner:
         out: list[Layout] = []
         worlds = [w for w in range(1, self.gpus + 1) if w < g or w % g == 0]
         experts = model.moe.num_experts if model.moe is not None else 1
+        loss = self.train.loss
         for world in worlds:
             for tp in _divisors(min(world, g)):
                 if world % tp or g % tp:
+                    continue
+                if tp > 1 and loss.impl in WHOLE_VOCAB_IMPLS:
+                    self._refuse(f"tp={tp}: loss.impl {loss.impl} runs on a whole vocabulary")
                     continue
                 for pp in _divisors(world // tp):
                     if pp > model.num_layers:
@@ -410,6 +415,8 @@ class Planner:
                             continue
                         if tp > 1 and self.seq % tp:
                             continue
+                        if loss.impl == "chunked_linear" and -(-self.seq // cp) % loss.num_chunks:
+                            continue  # its chunks must divide the rank's sequence
                         vpps = [1]
                         if pp > 1:
                             vpps += [

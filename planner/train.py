@@ -15,6 +15,7 @@ from pydantic.config import JsonDict, JsonValue
 from headroom.planner._keys import FewUnknownKeys
 from headroom.planner._numbers import INTEGER, NUMBER, Float, Int
 from headroom.planner.coefficients import profiles
+from headroom.planner.losses import CHUNKED_IMPLS, DEFAULT_LOSS_CHUNKS, LossImpl
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
@@ -197,6 +198,56 @@ class Megatron(_Frozen):
     )
 
 
+class Loss(_Frozen):
+    """How the loss is computed from the head's output: the implementation a stack runs, which
+    decides how much of the logits exists at once (``planner.losses`` derives each one's
+    bytes from its source)."""
+
+    impl: LossImpl = Field(
+        default="standard",
+        description="standard: the profile's own loss over the whole logits, as its traces "
+        "ran it (transformers' ForCausalLMLoss and torchtune's CrossEntropyLoss upcast all "
+        "the logits; torchtitan's cross_entropy_loss; Megatron's unfused "
+        "vocab_parallel_cross_entropy; Headroom's trainer). chunked: torchtune's "
+        "CEWithChunkedOutputLoss (its configs' default; loss._component_ "
+        "torchtune.modules.loss.CEWithChunkedOutputLoss, num_output_chunks: loss.chunks): the "
+        "model returns every chunk's logits, the loss upcasts one chunk at a time. "
+        "chunked_linear: torchtitan 0.3's ChunkedLossWrapper (the default of its Llama 3 "
+        "8B/70B/405B configs, num_chunks: loss.chunks): the head and the loss run a chunk at a "
+        "time, each chunk's backward inside the loss. fused: Megatron's "
+        "--cross-entropy-loss-fusion (cross_entropy_fusion_impl native, compiled; ms-swift's "
+        "--cross_entropy_loss_fusion true). fused_linear: Liger Kernel's fused linear cross "
+        "entropy (LigerFusedLinearCrossEntropyLoss; transformers' use_liger_kernel, "
+        "apply_liger_kernel_to_*(fused_linear_cross_entropy=True)): head and loss fused in "
+        "chunks, the gradients made in the forward. cut: Apple's Cut Cross-Entropy "
+        "(cut_cross_entropy.linear_cross_entropy, its cce_patch; axolotl's "
+        "cut_cross_entropy, ms-swift's --use_cce): blockwise, no logits held. chunked, "
+        "chunked_linear, fused_linear and cut run on a whole vocabulary (parallel.tp 1).",
+    )
+    chunks: Annotated[int, Field(ge=1, le=4096), INTEGER] | None = Field(
+        default=None,
+        description="Chunks of the sequence for chunked and chunked_linear (torchtune's "
+        "num_output_chunks, torchtitan's num_chunks); default 8. chunked_linear needs it to "
+        "divide the rank's sequence.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Loss:
+        if self.chunks is not None and self.impl not in CHUNKED_IMPLS:
+            raise ValueError(
+                f"loss.chunks: only {' and '.join(CHUNKED_IMPLS)} split the tokens into "
+                f"chunks; got chunks {self.chunks} with impl {self.impl}"
+            )
+        return self
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks the implementation splits the tokens into (0: it does not chunk by count)."""
+        if self.impl not in CHUNKED_IMPLS:
+            return 0
+        return self.chunks or DEFAULT_LOSS_CHUNKS
+
+
 #: the training frameworks the estimate models (``none``: plain data parallelism, ZeRO as
 #: ``parallel.zero_stage`` says)
 FRAMEWORKS = ("none", "fsdp2", "deepspeed", "megatron")
@@ -232,6 +283,7 @@ class TrainSpec(_Frozen):
         'checkpointed); or {"every_k": K} (one checkpoint per K layers).',
     )
     attention: Literal["flash", "eager"] = "flash"
+    loss: Loss = Loss()
     activation_profile: str = Field(
         default="textbook",
         min_length=1,

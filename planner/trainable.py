@@ -37,6 +37,18 @@ def check_recompute(train: TrainSpec) -> None:
         )
 
 
+def check_loss(train: TrainSpec) -> None:
+    """The trainer computes its own loss over the whole logits (``loss.impl: standard``); a
+    stack's chunked or fused loss is that stack's code: refused, naming ``loss.impl``, rather
+    than launched under an estimate of a loss the trainer does not run."""
+    if train.loss.impl != "standard":
+        raise SpecError(
+            f"loss.impl: {train.loss.impl} is another stack's loss, which the bundled trainer "
+            "does not run; allowed: standard",
+            field="loss.impl",
+        )
+
+
 def working_precision(train: TrainSpec) -> Working:
     """The working precision a launch trains ``train`` in (``headroom train --dtype``): fp32
     weights stay fp32; 16-bit weights train in bf16 (fp16 has the same bytes and would need

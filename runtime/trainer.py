@@ -55,6 +55,7 @@ from torch.func import functional_call
 from headroom.planner.estimator import knobs as planner_knobs
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
+from headroom.planner.trainable import check_loss
 from headroom.runtime.adam import (
     CHUNK,
     AdamWConfig,
@@ -165,8 +166,9 @@ def recompute_every(train: TrainSpec) -> int | None:
     """Layers per recomputed block of a resident run, as the planner reads the spec (full
     recompute is 1; ``selective`` recomputes the attention scores, which scaled-dot-product
     attention never stores, so it keeps what ``none`` keeps; torchtitan's ``selective_op`` is
-    refused, naming ``recompute``)."""
+    refused, naming ``recompute``, and so is another stack's loss, naming ``loss.impl``)."""
     check_recompute(train)
+    check_loss(train)
     return planner_knobs(train).checkpoint_every
 
 

@@ -89,6 +89,23 @@ def test_estimate_reads_hf_config_file_and_set_overrides() -> None:
     assert out["gpu"]["name"] == "H200-141GB"
 
 
+def test_estimate_takes_the_losss_implementation() -> None:
+    """``--set loss.impl=chunked`` (torchtune's chunked cross entropy) holds 4 bytes a logit
+    through forward where the textbook's standard loss holds 6, and the explanation says
+    where the terms come from."""
+    standard = json.loads(run("estimate", "llama-3-8b", "--format", "json").stdout)
+    proc = run(
+        "estimate", "llama-3-8b", "--set", "loss.impl=chunked", "--explain", "--format", "json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    chunked = json.loads(proc.stdout)
+    logits = 4096 * 128256
+    assert standard["gpu"]["phases"]["forward"]["buckets"]["logits"] == 6 * logits
+    assert chunked["gpu"]["phases"]["forward"]["buckets"]["logits"] == 4 * logits
+    assert chunked["explain"]["logits"]["inputs"]["loss_impl"] == "chunked"
+    assert chunked["explain"]["logits"]["source"] == "planner/losses.py"
+
+
 def test_estimate_text_and_explain() -> None:
     proc = run("estimate", "qwen1.5-moe-a2.7b", "--gpu", "A100-80GB", "--explain")
     assert proc.returncode == 0, proc.stderr
@@ -130,6 +147,15 @@ def test_explain_json_names_formula_inputs_source() -> None:
         ),
         (["estimate", "llama-3-8b", "--host-memory", "lots"], "--host-memory: cannot read 'lots'"),
         (["estimate", "llama-3-8b", "--set", "unknown_key=1"], "train.unknown_key: unknown field"),
+        (
+            ["estimate", "llama-3-8b", "--set", "loss.impl=liger"],
+            "train.loss.impl: Input should be 'standard', 'chunked', 'chunked_linear', 'fused', "
+            "'fused_linear' or 'cut'",
+        ),
+        (
+            ["estimate", "llama-3-8b", "--set", "loss.impl=cut", "--set", "parallel.tp=2"],
+            "loss.impl: cut is priced on a whole vocabulary",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(args: list[str], needle: str) -> None:
