@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
@@ -80,6 +81,13 @@ def _stop_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(child.pid, signal.SIGKILL)
 
 
+def _make_test(clone: Path, out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``make test`` in ``clone``, its output to ``out``, in a process group of its own."""
+    return subprocess.Popen(
+        ["make", "test"], cwd=clone, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def _round(
     clone: Path, number: int, rng: random.Random, args: argparse.Namespace
 ) -> dict[str, object]:
@@ -89,13 +97,7 @@ def _round(
     name = rng.choice(args.signals)
     delay = rng.uniform(1.0, args.max_delay)
     with killed_log.open("wb") as out:
-        child = subprocess.Popen(
-            ["make", "test"],
-            cwd=clone,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        child = _make_test(clone, out)
         try:
             child.wait(timeout=delay)
             stopped = False
@@ -115,13 +117,7 @@ def _round(
     next_log = logs / f"round-{number}-next.log"
     started = time.monotonic()
     with next_log.open("wb") as out:
-        nxt = subprocess.Popen(
-            ["make", "test"],
-            cwd=clone,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        nxt = _make_test(clone, out)
         try:
             nxt.wait(timeout=args.next_timeout)
         except subprocess.TimeoutExpired:

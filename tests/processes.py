@@ -94,6 +94,20 @@ def _environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """The pids still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 def environs() -> Iterator[tuple[int, dict[str, str]]]:
     """(pid, environment it started with) of every process but this one."""
     me = os.getpid()

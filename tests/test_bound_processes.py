@@ -30,20 +30,6 @@ ESCAPES = (
 )
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    stat = processes._stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    """The pids still running after up to ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
-
-
 def _line(proc: subprocess.Popen[bytes], timeout: float = 60) -> bytes:
     """The next line ``proc`` prints, within ``timeout``: a parent that hangs fails the test."""
     assert proc.stdout is not None
@@ -69,9 +55,9 @@ def test_a_child_dies_with_its_sigkilled_test_process() -> None:
     parent = _parent("print(processes.popen(['sleep', '600']).pid, flush=True)")
     try:
         child = int(_line(parent))
-        assert _running(child)
+        assert processes.running(child)
         _sigkill(parent)
-        assert _wait_gone([child], 5) == []
+        assert processes.wait_gone([child], 5) == []
     finally:
         processes.stop(parent)
 
@@ -89,10 +75,10 @@ def test_a_daemon_the_test_process_started_any_way_dies_with_it() -> None:
     """)
     try:
         daemon = int(_line(parent))
-        assert _running(daemon)
+        assert processes.running(daemon)
         assert processes._environ(daemon)[processes.OWNER_VAR] != os.environ[processes.OWNER_VAR]
         _sigkill(parent)
-        assert _wait_gone([daemon], 10) == []
+        assert processes.wait_gone([daemon], 10) == []
     finally:
         processes.stop(parent)
 
@@ -102,7 +88,7 @@ def test_stop_ends_what_the_child_started_outside_its_group() -> None:
         escaped = int(_line(child))
         assert os.getsid(escaped) != os.getsid(child.pid)
     assert child.returncode == -signal.SIGTERM
-    assert _wait_gone([escaped], 5) == []
+    assert processes.wait_gone([escaped], 5) == []
 
 
 def test_run_kills_the_whole_tree_at_its_timeout() -> None:
@@ -111,7 +97,7 @@ def test_run_kills_the_whole_tree_at_its_timeout() -> None:
         processes.run([sys.executable, "-c", ESCAPES], timeout=3)
     assert time.monotonic() - began < 3 + 5
     escaped = int(str(raised.value.stdout))  # what it printed before its timeout
-    assert _wait_gone([escaped], 5) == []
+    assert processes.wait_gone([escaped], 5) == []
 
 
 def test_run_is_subprocess_run_with_its_output() -> None:

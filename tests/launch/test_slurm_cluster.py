@@ -26,20 +26,6 @@ TESTS = Path(__file__).resolve().parents[1]
 WAIT_S = 60.0
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    stat = processes._stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    """The pids still running after up to ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
-
-
 def _sleeping_job(env: dict[str, str], root: Path) -> int:
     """Submit a job that sleeps for ten minutes; once it runs, the pid of its sleep."""
     pid_file = root / "job.pid"
@@ -88,10 +74,11 @@ def test_a_sigkilled_test_process_leaves_no_cluster_running(tmp_path: Path) -> N
         assert ready, "the cluster never ran the job"
         started = json.loads(parent.stdout.readline())
         cluster = [started["job"], *started["pids"]]
-        assert len(started["pids"]) >= 3 and all(_running(p) for p in cluster)  # ctld, d, step
+        # slurmctld, slurmd and the job's step
+        assert len(started["pids"]) >= 3 and all(processes.running(p) for p in cluster)
         parent.kill()  # SIGKILL: no cleanup runs in it
         parent.wait(timeout=10)
-        assert _wait_gone(cluster, 10) == []
+        assert processes.wait_gone(cluster, 10) == []
         assert str(root / "slurm.conf") not in slurm_cluster.stop_stale()  # nothing was left
     finally:
         processes.stop(parent)
@@ -117,12 +104,12 @@ def test_a_cluster_an_earlier_run_left_is_stopped_but_not_a_live_runs(
         left = processes.marked("SLURM_CONF", str(conf))
         assert job in left and len(left) >= 4  # slurmctld, slurmd, slurmstepd, the job
         assert str(conf) not in slurm_cluster.stop_stale()  # its pytest runs
-        assert all(_running(p) for p in left)
+        assert all(processes.running(p) for p in left)
         exited = subprocess.Popen(["true"])
         exited.wait(timeout=30)  # its pid now names no process: the pytest was killed
         (basetemp / ".lock").write_text(str(exited.pid))
         assert str(conf) in slurm_cluster.stop_stale()
-        assert _wait_gone(left, 10) == []
+        assert processes.wait_gone(left, 10) == []
         assert cluster["SLURM_CONF"] not in slurm_cluster.stop_stale()
         idle = subprocess.run(
             ["sinfo", "-h", "-o", "%T"], env=cluster, capture_output=True, text=True, timeout=30
