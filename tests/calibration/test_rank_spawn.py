@@ -54,22 +54,8 @@ def _finish(rank: int, out: str) -> None:
     Path(out, str(rank)).write_text("done")
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
-    stat = bound._stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
 def _pids(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in directory.iterdir()]
-
-
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    """The pids still running after up to ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive
 
 
 def test_ranks_that_finish_return(tmp_path: Path) -> None:
@@ -93,7 +79,7 @@ def test_a_hanging_rank_times_out_naming_what_and_none_is_left(
     # the deadline, then one grace for SIGTERM (ignored) before SIGKILL
     assert DEADLINE_S <= took < DEADLINE_S + GRACE_S + 10, took
     assert multiprocessing.active_children() == []  # every rank reaped
-    assert [p for p in _pids(tmp_path) if _running(p)] == []
+    assert [p for p in _pids(tmp_path) if bound.running(p)] == []
 
 
 def test_a_rank_that_raises_stops_the_others(tmp_path: Path) -> None:
@@ -104,7 +90,7 @@ def test_a_rank_that_raises_stops_the_others(tmp_path: Path) -> None:
         )
     assert time.monotonic() - began < 60  # not the deadline: the failure ends the wait
     assert multiprocessing.active_children() == []
-    assert [p for p in _pids(tmp_path) if _running(p)] == []
+    assert [p for p in _pids(tmp_path) if bound.running(p)] == []
 
 
 def test_ranks_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
@@ -124,10 +110,10 @@ def test_ranks_die_with_a_sigkilled_parent(tmp_path: Path) -> None:
             time.sleep(0.1)
         time.sleep(0.2)  # both pid files written in full
         ranks = _pids(tmp_path)
-        assert all(_running(p) for p in ranks)
+        assert all(bound.running(p) for p in ranks)
         parent.kill()
         parent.wait(timeout=10)
-        assert _wait_gone(ranks, 5) == []
+        assert bound.wait_gone(ranks, 5) == []
 
 
 def test_a_child_bound_with_die_with_parent_dies_with_its_sigkilled_parent() -> None:
@@ -143,10 +129,10 @@ def test_a_child_bound_with_die_with_parent_dies_with_its_sigkilled_parent() -> 
     with bound.started([sys.executable, "-c", code], stdout=subprocess.PIPE) as parent:
         line = parent.stdout.readline() if parent.stdout is not None else b""
         child = int(line)
-        assert _running(child)
+        assert bound.running(child)
         parent.kill()
         parent.wait(timeout=10)
-        assert _wait_gone([child], 5) == []
+        assert bound.wait_gone([child], 5) == []
 
 
 def test_a_process_whose_parent_is_already_gone_kills_itself() -> None:
