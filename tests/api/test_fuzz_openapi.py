@@ -398,6 +398,7 @@ def _run_all(
     sent: Counter[str],
     statuses: Counter[tuple[str, int]],
     failures: list[str],
+    slow: list[str],
 ) -> None:
     for operation in operations:
 
@@ -412,8 +413,11 @@ def _run_all(
             sent[label] += 1
             statuses[(label, response.status_code)] += 1
             case.validate_response(response, checks=CHECKS, headers=headers)
-            # no input may make the service compute for long (the estimator walks every layer)
-            assert elapsed < SLOW_S, f"{label} took {elapsed:.1f} s: {case.as_curl_command()}"
+            # no input may make the service compute for long (the estimator walks every layer):
+            # noted, and failed once the run is done, not raised here, where hypothesis would
+            # shrink a slow request by sending more of them, for minutes on a busy machine
+            if elapsed >= SLOW_S:
+                slow.append(f"{label} took {elapsed:.1f} s: {case.as_curl_command()}")
 
         kinds: dict[str, st.SearchStrategy[Any]] = {
             "positive": operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
@@ -439,19 +443,21 @@ def test_fuzz_openapi_no_server_errors_and_conforming_responses(schema: Any) -> 
     sent: Counter[str] = Counter()
     statuses: Counter[tuple[str, int]] = Counter()
     failures: list[str] = []
+    slow: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15, [op.label for op in operations]
 
     # a request that never returns would hang the suite: dump every thread's stack and exit
     faulthandler.dump_traceback_later(HANG_S, exit=True)
     try:
-        _run_all(operations, sent, statuses, failures)
+        _run_all(operations, sent, statuses, failures, slow)
     finally:
         faulthandler.cancel_dump_traceback_later()
 
     summary = "\n".join(f"{n:5d}  {op} -> {code}" for (op, code), n in sorted(statuses.items()))
     print(f"\n{sum(sent.values())} requests:\n{summary}")
     assert not failures, "\n\n".join(failures)
+    assert not slow, "\n".join(slow)
     total = sum(sent.values())
     assert total >= MIN_REQUESTS, f"only {total} requests were sent:\n{summary}"
     # the token opened the writes, and its absence closed them
