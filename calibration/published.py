@@ -34,19 +34,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from headroom import planner
 
 Figure = Literal["max_allocated", "max_reserved", "peak_active", "nvidia_smi_total", "oom", "none"]
-FIGURES: tuple[str, ...] = (
-    "max_allocated",
-    "max_reserved",
-    "peak_active",
-    "nvidia_smi_total",
-    "oom",
-    "none",
-)
+FIGURES: tuple[str, ...] = get_args(Figure)
 GIB = 2**30
 
 

@@ -634,12 +634,7 @@ def estimate(
     """Predict per-bucket GPU and host bytes on the heaviest rank, the peak and its phase."""
     settings = knobs(train)
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
-    if settings.vpp > 1:
-        check_interleaving(model, settings.pp, settings.vpp)
-    if model.moe is not None and not coeffs.moe_traced:
-        raise_untraced_moe(coeffs)
-    if settings.selective_op:
-        check_selective_op(model, coeffs)
+    check_priced(model, settings, coeffs)
     return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
@@ -651,13 +646,21 @@ def evaluate(
     Knobs made by ``_replace`` skip ``TrainSpec`` validation: the caller keeps them in range.
     """
     coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    check_priced(model, settings, coeffs)
+    return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
+
+
+def check_priced(model: ModelSpec, settings: Knobs, coeffs: Coefficients) -> None:
+    """A SpecError naming the field where ``model`` under ``settings`` is something the
+    estimate does not price: an interleaved schedule that does not split the layers, an MoE
+    model under a profile traced on dense layers only, ``selective_op`` where it is not
+    priced (``estimate`` and ``evaluate`` both ask)."""
     if settings.vpp > 1:
         check_interleaving(model, settings.pp, settings.vpp)
     if model.moe is not None and not coeffs.moe_traced:
         raise_untraced_moe(coeffs)
     if settings.selective_op:
         check_selective_op(model, coeffs)
-    return _budget(model, settings, hardware, coeffs, end_stages(model, settings, coeffs))
 
 
 def raise_untraced_moe(coeffs: Coefficients) -> NoReturn:

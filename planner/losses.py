@@ -56,18 +56,11 @@ a GPU, and their terms are the source's allocations (``tests/planner/test_loss_i
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 #: the loss implementations the estimate prices (``TrainSpec.loss.impl``)
 LossImpl = Literal["standard", "chunked", "chunked_linear", "fused", "fused_linear", "cut"]
-LOSS_IMPLS: tuple[str, ...] = (
-    "standard",
-    "chunked",
-    "chunked_linear",
-    "fused",
-    "fused_linear",
-    "cut",
-)
+LOSS_IMPLS: tuple[str, ...] = get_args(LossImpl)
 #: the implementations that split the tokens into ``loss.chunks`` chunks
 CHUNKED_IMPLS = ("chunked", "chunked_linear")
 #: torchtune's ``num_output_chunks`` and torchtitan's ``num_chunks`` default
