@@ -150,6 +150,10 @@ def main() -> int:
     clone = args.clone or Path(tempfile.mkdtemp(prefix="headroom-interrupt-")) / "headroom"
     if not (clone / "Makefile").exists():
         subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
+    # the commit each round ran (none when the clone is not a git checkout)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, check=False
+    ).stdout.strip() or None
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     print(f"clone {clone}, seed {seed}, {args.rounds} rounds", flush=True)
@@ -157,6 +161,7 @@ def main() -> int:
     for number in range(1, args.rounds + 1):
         entry = _round(clone, number, rng, args)
         entry["seed"] = seed
+        entry["commit"] = commit
         passed += bool(entry["passed"])
         print(json.dumps(entry), flush=True)
         if args.record:
