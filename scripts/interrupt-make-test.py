@@ -151,9 +151,12 @@ def main() -> int:
     if not (clone / "Makefile").exists():
         subprocess.run(["git", "clone", "-q", str(source), str(clone)], check=True)
     # the commit each round ran (none when the clone is not a git checkout)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, check=False
-    ).stdout.strip() or None
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or None
+    )
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     print(f"clone {clone}, seed {seed}, {args.rounds} rounds", flush=True)
