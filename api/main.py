@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
@@ -40,7 +40,8 @@ log = logging.getLogger("headroom.api")
 
 
 class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with a 413 problem, declared or streamed."""
+    """Refuse request bodies over ``limit`` bytes with a 413 problem: a declared length at
+    once, a streamed body once the app has read past the limit."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -62,39 +63,28 @@ class BodyLimit:
             else:
                 await self.app(scope, receive, send)
             return
-        # no declared length (chunked): read the body here, within the limit, and replay it
-        body = bytearray()
-        while True:
+        # no declared length (chunked): counted as the app reads it. Past the limit the read
+        # raises the 413 (as Starlette's RequestBodyLimitMiddleware does), so a body nobody
+        # reads (a write refused for its token) is never read here either
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
             message = await receive()
-            if message["type"] != "http.request":
-                await self.app(scope, _replay([message]), send)
-                return
-            body += message.get("body", b"")
-            if len(body) > self.limit:
-                await self._refuse(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
-        replay: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
-        await self.app(scope, _replay(replay, receive), send)
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise HTTPException(413, self._detail)
+            return message
+
+        await self.app(scope, counted, send)
+
+    @property
+    def _detail(self) -> str:
+        return f"request body is larger than {self.limit} bytes"
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problem(413, f"request body is larger than {self.limit} bytes")
-        await response(scope, receive, send)
-
-
-def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
-    """A ``receive`` that returns ``messages`` first, then defers to ``then``."""
-    pending = list(messages)
-
-    async def receive() -> Message:
-        if pending:
-            return pending.pop(0)
-        if then is None:
-            return {"type": "http.disconnect"}
-        return await then()
-
-    return receive
+        await problem(413, self._detail)(scope, receive, send)
 
 
 def _field(loc: tuple[Any, ...]) -> str:

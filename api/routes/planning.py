@@ -43,7 +43,7 @@ class _SmallBodies(APIRoute):
         async def limited(request: Request) -> Response:
             if request.method == "POST":
                 length = request.headers.get("content-length")
-                if length is None:  # streamed: the service's BodyLimit has read it already
+                if length is None:  # streamed: read here, within the service's BodyLimit
                     size = len(await request.body())
                 else:
                     size = int(length) if length.isdigit() else PLANNING_BODY_BYTES + 1

@@ -24,13 +24,16 @@ from headroom.api.schemas import (
     RunIn,
     RunOut,
 )
-from headroom.api.security import require_token
+from headroom.api.security import TokenFirst, require_token
 from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
 
-#: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable
-router = APIRouter(dependencies=[Depends(single_valued_query)], responses=responses(503))
+#: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable;
+#: a write's token is checked before its body is read (TokenFirst)
+router = APIRouter(
+    dependencies=[Depends(single_valued_query)], responses=responses(503), route_class=TokenFirst
+)
 
 
 class NotFound(Exception):
