@@ -19,6 +19,7 @@ _TITLES = {
     410: "Gone",
     413: "Content too large",
     415: "Unsupported media type",
+    416: "Range not satisfiable",
     422: "Invalid input",
     429: "Too many requests",
     503: "Service unavailable",

@@ -6,15 +6,17 @@ the launch layer and the store do the rest.
 
 from __future__ import annotations
 
+import os
 import uuid
-from typing import Annotated, Any
+from collections.abc import Iterator
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from headroom import launch, planner, store
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
-from headroom.api.problems import responses
+from headroom.api.problems import problem, responses
 from headroom.api.routing import single_valued_query
 from headroom.api.schemas import (
     CalibrationIn,
@@ -25,6 +27,7 @@ from headroom.api.schemas import (
     RunOut,
 )
 from headroom.api.security import TokenFirst, require_token
+from headroom.api.settings import Settings
 from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
 from headroom.store import Calibration, Run
@@ -205,35 +208,108 @@ def get_run(run_id: RowId, db: SessionDep) -> RunOut:
     return _run(row)
 
 
+#: most bytes of a run's log one request returns (a log grows to hundreds of MiB: it is read
+#: in pieces, never whole)
+MAX_LOG_PIECE_BYTES = 1 << 20
+#: bytes read from a log and sent at a time
+LOG_CHUNK_BYTES = 64 << 10
+LOG_MEDIA_TYPE = "text/plain; charset=utf-8"
+_LOG_HEADERS = {
+    "X-Log-Size": {
+        "description": "The log's size in bytes when it was read.",
+        "schema": {"type": "integer"},
+    },
+    "X-Next-Offset": {
+        "description": "Where the next piece starts: `offset` plus the bytes returned. Equal "
+        "to X-Log-Size: the log's end, for now (a running run's log grows).",
+        "schema": {"type": "integer"},
+    },
+}
+
+
+def _chunks(log: BinaryIO, size: int) -> Iterator[bytes]:
+    """``size`` bytes of ``log`` from where it stands, a chunk at a time; closes it (the
+    response owns the open log: retention may remove the file meanwhile)."""
+    with log:
+        while size > 0 and (chunk := log.read(min(size, LOG_CHUNK_BYTES))):
+            size -= len(chunk)
+            yield chunk
+
+
 @router.get(
     "/runs/{run_id}/logs",
     tags=["runs"],
     response_class=PlainTextResponse,
-    responses=responses(404, 410),
+    responses={
+        200: {"description": "A piece of the log: its bytes as written", "headers": _LOG_HEADERS},
+        **responses(404, 410, 416),
+    },
 )
-def run_logs(run_id: RowId, db: SessionDep, settings: SettingsDep) -> str:
-    """The run's captured output (empty until it starts; 410 once retention removed it)."""
+def run_logs(
+    run_id: RowId,
+    db: SessionDep,
+    settings: SettingsDep,
+    offset: int = Query(
+        default=0,
+        ge=0,
+        le=2**62,
+        description="The byte of the log the piece starts at. At the log's end the piece is "
+        "empty; past it, 416.",
+    ),
+    limit: int = Query(
+        default=MAX_LOG_PIECE_BYTES,
+        ge=1,
+        le=MAX_LOG_PIECE_BYTES,
+        description=f"Most bytes the piece holds (at most {MAX_LOG_PIECE_BYTES}).",
+    ),
+) -> Response:
+    """The run's captured output (empty until it starts; 410 once retention removed it), a
+    piece at a time: at most ``limit`` bytes from byte ``offset``, as written (UTF-8 text; a
+    piece may end inside a character, so join pieces as bytes). Read the rest from
+    ``X-Next-Offset``; ``X-Log-Size`` is the whole log's size."""
     row = store.get_row(session=db, table=Run, row_id=run_id)
     if row is None:
         raise NotFound("run", run_id)
+    log = _open_log(settings, row)
+    size = os.fstat(log.fileno()).st_size if log is not None else 0
+    length = max(0, min(limit, size - offset))
+    headers = {"X-Log-Size": str(size), "X-Next-Offset": str(offset + length)}
+    if log is None or length == 0:
+        if log is not None:
+            log.close()
+        if offset > size:
+            return problem(
+                416,
+                f"offset: {offset} is past the end of the log ({size} bytes); allowed: 0 to {size}",
+                field="offset",
+                headers={"Content-Range": f"bytes */{size}", "X-Log-Size": str(size)},
+            )
+        return Response(b"", media_type=LOG_MEDIA_TYPE, headers=headers)
+    log.seek(offset)
+    headers["Content-Length"] = str(length)
+    return StreamingResponse(_chunks(log, length), media_type=LOG_MEDIA_TYPE, headers=headers)
+
+
+def _open_log(settings: Settings, row: Run) -> BinaryIO | None:
+    """The run's log, open for reading (None: it has none yet); 404 for a stored path outside
+    RUN_DIR, 410 for a log that retention removed."""
     if not row.log_path:
-        return ""
+        return None
     try:  # the stored path is trusted only inside RUN_DIR (a row may predate the uid checks)
         log_path = launch.inside_run_dir(settings, row.log_path)
     except ValueError:
-        raise NotFound("run", run_id, "has no log inside the run directory") from None
+        raise NotFound("run", row.id, "has no log inside the run directory") from None
     try:
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        return open(log_path, "rb")
     except FileNotFoundError:
         if launch.removed_by_retention(settings, row):
             days = settings.run_retention_days
             raise HTTPException(
                 410,
-                f"the log of run {run_id} was removed: its directory is kept {days:g} day(s) "
+                f"the log of run {row.id} was removed: its directory is kept {days:g} day(s) "
                 "after the run ends (HEADROOM_RUN_RETENTION_DAYS)",
             ) from None
-        return ""
+        return None
 
 
 @router.post(
