@@ -21,6 +21,7 @@ the same path, as they must see this interpreter).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -181,7 +182,9 @@ def _run(argv: Sequence[str], env: Mapping[str, str] | None) -> str:
 
 
 def submit(script: Path, env: Mapping[str, str] | None = None) -> str:
-    """Submit ``script``; the job id."""
+    """Submit ``script``; the job id. Slurm creates the job's output file (the run's log)
+    before the script's ``umask 077`` runs, with ``SLURM_UMASK``: 077 here, so it is 0600."""
+    env = {**(os.environ if env is None else env), "SLURM_UMASK": "0077"}
     out = _run(["sbatch", "--parsable", str(script)], env).strip()
     job_id = out.split(";")[0]
     if not job_id.isdigit():
