@@ -7,6 +7,7 @@ the launch layer.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +38,30 @@ from headroom.launch import Supervisor
 
 PREFIX = "/api/v1"
 log = logging.getLogger("headroom.api")
+
+
+def log_config() -> dict[str, Any]:
+    """``headroom serve``'s logging: uvicorn's own configuration, and the project's loggers
+    (``headroom.*``) at INFO on stderr, each line naming its logger.
+
+    uvicorn configures only its own loggers, so the run supervisor's INFO lines (the database
+    reachable again, run directories removed) were dropped, and its warnings reached stderr
+    unformatted through logging's last-resort handler."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["headroom"] = {
+        "()": "uvicorn.logging.DefaultFormatter",
+        "fmt": "%(levelprefix)s %(name)s: %(message)s",
+        "use_colors": None,
+    }
+    config["handlers"]["headroom"] = {
+        "formatter": "headroom",
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+    }
+    config["loggers"]["headroom"] = {"handlers": ["headroom"], "level": "INFO", "propagate": False}
+    return config
 
 
 class BodyLimit:

@@ -431,8 +431,7 @@ class Supervisor:
         return True
 
     def _tick_step(self) -> bool:
-        self.tick()
-        return True
+        return self.tick()
 
     def _heartbeat_step(self) -> bool:
         with self.sessions() as session:
@@ -456,11 +455,16 @@ class Supervisor:
             )
         return True
 
-    def tick(self) -> None:
-        """Record children that ended, then start queued runs up to the limit."""
-        self.tick_children()
-        while len(self.children) < self.settings.max_running and self._start_next():
-            pass
+    def tick(self) -> bool:
+        """Record children that ended, then start queued runs up to the limit; whether the
+        store was asked. With every place taken and nothing to record it is not: such a tick
+        says nothing of whether the database is back (``_guarded``)."""
+        used = self.tick_children()
+        while len(self.children) < self.settings.max_running:
+            used = True
+            if not self._start_next():
+                break
+        return used
 
     def tick_children(self) -> bool:
         """Record each child's start and, once it ended, how it ended; a child is forgotten only

@@ -21,6 +21,7 @@ def serve_command(
 
     import uvicorn
 
+    from headroom.api.main import log_config
     from headroom.api.settings import Settings
     from headroom.store import upgrade
 
@@ -35,5 +36,6 @@ def serve_command(
         workers=workers,
         http="headroom.api.protocol:HeadLimitedProtocol",  # httptools with a bounded head
         log_level="info",
+        log_config=log_config(),  # the project's INFO lines too
         access_log=False,
     )

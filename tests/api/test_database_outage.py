@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
+from headroom_process import serve_headroom
 from sqlalchemy.engine import make_url
 from tcp_proxy import TcpProxy
 
@@ -263,6 +265,66 @@ def test_an_ending_seen_in_an_outage_survives_the_service_stopping(
         row = session.get(Run, run["id"])
         assert row is not None
         assert (row.status, row.reason, row.exit_code) == ("failed", "killed by SIGKILL", -9)
+
+
+def test_headroom_serve_logs_an_outage_once_when_it_begins_and_once_when_it_ends(
+    proxy: TcpProxy, postgres_url: str, tmp_path: Path
+) -> None:
+    """Under ``headroom serve``, with its one place taken by a trainer (a tick then asks the
+    database nothing) and many requests answered 503 meanwhile: one warning when the database
+    goes, one INFO line when it is back, each naming the supervisor's logger. A tick that asked
+    nothing used to count as the database reached: the outage "ended" and began again at every
+    reconciliation (75 warnings in 20 s), and uvicorn's logging dropped the INFO lines."""
+    log = tmp_path / "serve.log"
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "HEADROOM_DATABASE_URL": through(proxy, postgres_url),
+        "HEADROOM_TOKEN": TOKEN,
+        "HEADROOM_RUN_DIR": str(tmp_path / "runs"),
+        "HEADROOM_RUN_DEVICE": "cpu",
+        "HEADROOM_MAX_RUNNING": "1",
+        "HEADROOM_RECONCILE_EVERY_S": "0.5",  # the supervisor asks the database twice a second
+    }
+    with serve_headroom(env, log) as served:
+        base = f"{served.url}/api/v1"
+        run = httpx.post(f"{base}/runs", json={**TINY, "steps": 10**7}, headers=AUTH).json()
+        pid = wait_for(
+            lambda: httpx.get(f"{base}/runs/{run['id']}").json()["pid"], what="the trainer"
+        )
+        os.killpg(pid, signal.SIGSTOP)  # it keeps the place, not the CPU
+        try:
+            proxy.stop()
+            answered: Counter[int] = Counter()
+            paths = ["/runs", f"/runs/{run['id']}", "/calibrations", "/coefficients", "/readyz"]
+
+            def requests(rounds: int) -> None:
+                for _ in range(rounds):
+                    for path in paths:
+                        answered[httpx.get(base + path, timeout=10).status_code] += 1
+
+            def noticed() -> bool:
+                requests(1)
+                return "database unreachable" in log.read_text()
+
+            wait_for(noticed, what="the supervisor to notice the outage")
+            requests(10)  # seconds of them: many reconciliations more
+            assert set(answered) == {503} and answered[503] >= 50, answered
+            proxy.start()
+            wait_for(
+                lambda: "database reachable again" in log.read_text(),
+                what="the supervisor to notice the database is back",
+            )
+            assert httpx.get(f"{base}/runs/{run['id']}").status_code == 200
+            time.sleep(1)  # ticks and reconciliations on the database that is back
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+    lines = log.read_text().splitlines()
+    gone = [line for line in lines if "database unreachable" in line]
+    back = [line for line in lines if "database reachable again" in line]
+    assert len(gone) == 1 and len(back) == 1, "\n".join(lines)
+    assert gone[0].startswith("WARNING:") and " headroom.runs: " in gone[0], gone
+    assert back[0].startswith("INFO:") and " headroom.runs: " in back[0], back
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
 
 
 def _answers(url: str) -> bool:
