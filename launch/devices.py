@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from headroom.planner import format_bytes
+
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
@@ -56,4 +58,31 @@ def host_ram_available() -> int | None:
                 return int(line.split()[1]) * 1024
     except OSError:
         return None
+    return None
+
+
+#: the share of the host's available RAM a CPU run (or probe) may be predicted to take
+HOST_RAM_SHARE = 0.8
+
+
+def cpu_ram_refusal(
+    what: str,
+    *,
+    device: str,
+    gpu_peak_bytes: int,
+    host_peak_bytes: int,
+    cuda_context_bytes: int,
+) -> str | None:
+    """Why ``what`` (training, a probe) on ``device`` would exhaust this host's RAM (None: it
+    will not, or it trains on a GPU). On the CPU the simulated card is host RAM too: its
+    predicted peak (without the CUDA context a CPU has none of) adds to the host's own."""
+    if device != "cpu":
+        return None
+    needed = gpu_peak_bytes - cuda_context_bytes + host_peak_bytes
+    available = host_ram_available()
+    if available is not None and needed > HOST_RAM_SHARE * available:
+        return (
+            f"refused: {what} on the CPU needs about {format_bytes(needed)} of host RAM and "
+            f"{format_bytes(available)} is available"
+        )
     return None

@@ -7,12 +7,19 @@ hardware's memory (on CUDA the allocator's per-process cap, on a CPU the simulat
 ``runtime.cap``). If it runs out of memory the prediction was low by at least the cap over the
 predicted peak: the margin is widened past that ratio, the plan is excluded, and the ladder
 chooses again, up to ``max_probes`` times. Every probe can be recorded as a calibration.
+
+A probe on the CPU is started only if this host's RAM can hold what the ladder predicts of it,
+by the check a run on the CPU passes (``devices.cpu_ram_refusal``): wherever the ladder runs
+(``headroom fit --probe``, a served run's probe process, a Slurm job), the host it runs on is
+the one checked. A refused probe ends the ladder with the refusal as its reason.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,7 +32,10 @@ from pydantic import BaseModel, Field
 
 from headroom import planner
 from headroom.calibration.attribution import attribute
+from headroom.calibration.processes import die_with_parent
 from headroom.launch.backends import EXIT_OOM
+from headroom.launch.devices import cpu_ram_refusal
+from headroom.launch.plan import Prediction
 from headroom.planner.ladder import FitResult, candidate_key, changed_keys, ladder_keys
 from headroom.planner.report import OutOfMemoryAt, TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
@@ -85,11 +95,17 @@ class AutoFitResult(BaseModel):
     )
 
 
-Prober = Callable[[planner.TrainSpec], ProbeOutcome]
+#: runs one plan of the ladder, given the ladder's estimate of it
+Prober = Callable[[planner.TrainSpec, planner.Budget | planner.BudgetModel], ProbeOutcome]
 #: stores a probe of a plan with the ladder's estimate of it; the record's uid, if stored
 Recorder = Callable[
     [planner.TrainSpec, planner.Budget | planner.BudgetModel, ProbeOutcome], str | None
 ]
+
+
+class ProbeRefused(Exception):
+    """A probe that was not started: this host could not hold it (the message says why;
+    ``autofit`` ends the ladder with it)."""
 
 
 def probe_cap_bytes(hw: planner.Hardware) -> int:
@@ -105,9 +121,30 @@ def subprocess_prober(
     timeout_s: float = 3600,
     workdir: Path | None = None,
 ) -> Prober:
-    """A prober that runs ``headroom train`` (this interpreter, no shell) on each plan."""
+    """A prober that runs ``headroom train`` (this interpreter, no shell) on each plan, once
+    this host's RAM can hold it (``devices.cpu_ram_refusal``, as for a run on the CPU; else
+    ``ProbeRefused``). The trainer dies with this process (``die_with_parent``) and stays in
+    its process group, so ending the group ends the probe too. With ``workdir`` its files and
+    its temporary folder (``TMPDIR``) lie under it, nothing in the system's."""
 
-    def probe(plan: planner.TrainSpec) -> ProbeOutcome:
+    def probe(
+        plan: planner.TrainSpec, budget: planner.Budget | planner.BudgetModel
+    ) -> ProbeOutcome:
+        predicted = Prediction.of(budget)
+        refusal = cpu_ram_refusal(
+            "a probe",
+            device=device,
+            gpu_peak_bytes=predicted.gpu_peak_bytes,
+            host_peak_bytes=predicted.host_peak_bytes,
+            cuda_context_bytes=hw.cuda_context_bytes,
+        )
+        if refusal is not None:
+            raise ProbeRefused(refusal)
+        env = None
+        if workdir is not None:
+            scratch = workdir / "tmp"
+            scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+            env = {**os.environ, "TMPDIR": str(scratch)}
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             plan_file = Path(tmp) / "plan.json"
             report_file = Path(tmp) / "report.json"
@@ -132,9 +169,22 @@ def subprocess_prober(
                 str(report_file),
             ]
             start = time.perf_counter()
+            # started from this thread, which waits for it: the death signal follows the thread
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=workdir,
+                env=env,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+                _, stderr = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
                 return ProbeOutcome(
                     exit_code=-1,
                     ok=False,
@@ -144,7 +194,7 @@ def subprocess_prober(
                 )
             seconds = time.perf_counter() - start
             report = read_report(report_file)
-        return outcome_of(proc.returncode, report, seconds, proc.stderr)
+        return outcome_of(proc.returncode, report, seconds, stderr)
 
     return probe
 
@@ -228,8 +278,11 @@ def autofit(
                 else f"after {len(probes)} probe(s) out of memory, {result.reason}"
             )
         plan = planner.TrainSpec.model_validate(result.plan)
-        outcome = prober(plan)
         budget = result.budget  # the ladder's estimate of this plan, under ``coeffs``
+        try:
+            outcome = prober(plan, budget)
+        except ProbeRefused as exc:
+            return done(f"probe {attempt} not run: {exc}")
         uid = record(plan, budget, outcome) if record is not None else None
         probes.append(
             ProbeRecord(

@@ -13,10 +13,11 @@ The commands run with the caller's environment (``SLURM_CONF`` points at a clust
 goes through a shell but the batch script itself, whose every argument is quoted.
 
 ``headroom launch --backend slurm`` and ``POST /runs`` with ``backend: slurm`` submit through
-here (``launch.supervisor``): the run keeps its job id, the supervisor watches the job through
-the controller, a restarted supervisor takes the jobs of runs it finds running over, and the
-trainer's log is the job's output in the run directory (which the cluster's nodes must see at
-the same path, as they must see this interpreter).
+here (``launch.supervisor``): a run with ``probe`` is probed inside its job, on the node that
+trains it, before its trainer starts (``launch.probe_process``); the run keeps its job id, the
+supervisor watches the job through the controller, a restarted supervisor takes the jobs of
+runs it finds running over, and the trainer's log is the job's output in the run directory
+(which the cluster's nodes must see at the same path, as they must see this interpreter).
 """
 
 from __future__ import annotations
@@ -114,9 +115,12 @@ def batch_script(
     settings: SlurmSettings,
     python: str,
     chdir: Path | None = None,
+    first: Sequence[str] | None = None,
 ) -> str:
     """The batch script that runs ``headroom train trainer_args`` on ``nodes`` nodes of
-    ``settings.ranks_per_node`` ranks each (in ``chdir``, where given)."""
+    ``settings.ranks_per_node`` ranks each (in ``chdir``, where given); ``first``, a command
+    the job runs on its first node before the trainer (the run's probes), ends the job with
+    its exit code if it fails."""
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={shlex.quote(job_name)}",
@@ -158,6 +162,7 @@ def batch_script(
         "set -euo pipefail",
         "umask 077",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        *([shlex.join(first)] if first else []),
         # srun returns the largest exit code of its tasks: the job's
         f"exec srun --kill-on-bad-exit=1 {command}",
     ]

@@ -8,6 +8,13 @@ it ended (``transitions.finish``): the exit code and a reason read from the trai
 (which phase ran out of memory) or from the signal that killed it. Cancelling ends the whole
 process group.
 
+A run with ``probe`` is confirmed first where it will train (``launch.probe_process``): beside
+a local run, as the run's own child (a process group of its own, which a cancel ends; bound to
+the service, so it dies with it; its files and temporary folder in the run's directory), whose
+end the loop learns as a trainer's while it starts other runs; then its probes are recorded, if
+the run still runs, and its trainer starts on the plan they confirmed. A Slurm job runs them on
+its node before its trainer, and they are recorded once they end.
+
 A trainer stays the supervisor's (``Child``) until its ending is in the store: how it ended is
 kept in its run directory first (``rundirs.save_ending``), and a write the database refused is
 tried again each tick, so a database that is away for a while delays the record, never loses
@@ -40,6 +47,7 @@ ended the same way. The directories of runs that ended longer ago than
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -58,9 +66,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner, store
-from headroom.launch import slurm, transitions
+from headroom.calibration.processes import die_with_parent
+from headroom.launch import probe_process, slurm, transitions
 from headroom.launch.backends import (
     EXIT_OOM,
+    TRAINER_UMASK,
     describe_exit,
     end_process_group,
     end_process_groups,
@@ -68,7 +78,7 @@ from headroom.launch.backends import (
     process_cmdline,
     process_start_ticks,
 )
-from headroom.launch.devices import host_ram_available, resolve_device
+from headroom.launch.devices import cpu_ram_refusal, resolve_device
 from headroom.launch.plan import RunPlan
 from headroom.launch.rundirs import (
     Ending,
@@ -186,12 +196,20 @@ def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Endi
     completed or exited with a code), read as a process's (``ending``); else Slurm's reason
     (a signal, a time limit, a node failure, a cancellation from Slurm's side)."""
     if job.state in ("COMPLETED", "FAILED") and not job.signal and directory is not None:
+        probed = probe_process.read_outcome(directory)
+        if probed is not None and not probed.result.fits:
+            return probes_ending(probed, job.exit_code)
         return ending(job.exit_code, directory)
     status, reason = slurm.ending(job)
     if status == "cancelled":  # not through Headroom (that run is cancelled already)
         status, reason = "failed", "cancelled in Slurm (scancel, preemption or an administrator)"
     code = -job.signal if job.signal else job.exit_code
     return Ending(status, f"slurm job {job_id}: {reason}", code)
+
+
+def probes_ending(probed: probe_process.LadderOutcome, code: int | None) -> Ending:
+    """How a run ended whose probes confirmed no plan."""
+    return Ending("failed", f"no plan confirmed by probes: {probed.result.reason}", code)
 
 
 def spec_documents(plan: RunPlan) -> dict[str, dict[str, Any]]:
@@ -243,17 +261,14 @@ def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
 
 def cpu_refusal(plan: RunPlan, run: Run) -> str | None:
     """Why a CPU run would exhaust this host's RAM (None: it will not)."""
-    if (run.device or "cpu") != "cpu":
-        return None
     predicted = plan.predicted()
-    needed = predicted.gpu_peak_bytes - plan.hw.cuda_context_bytes + predicted.host_peak_bytes
-    available = host_ram_available()
-    if available is not None and needed > 0.8 * available:
-        return (
-            f"refused: training on the CPU needs about {planner.format_bytes(needed)} of host "
-            f"RAM and {planner.format_bytes(available)} is available"
-        )
-    return None
+    return cpu_ram_refusal(
+        "training",
+        device=run.device or "cpu",
+        gpu_peak_bytes=predicted.gpu_peak_bytes,
+        host_peak_bytes=predicted.host_peak_bytes,
+        cuda_context_bytes=plan.hw.cuda_context_bytes,
+    )
 
 
 @dataclass(eq=False)
@@ -271,19 +286,28 @@ class Child:
     job_id: str | None = None  # a Slurm job's (watched through the controller, not a process)
     next_poll: float = 0.0  # when the controller is asked about the job next (monotonic)
     unreachable: str | None = None  # why the controller did not answer last (logged once)
+    #: the run is confirmed by probes first: ``proc`` is its probe process (``probe_process``),
+    #: or its Slurm job runs that before the trainer
+    probing: bool = False
+    probes_exit: int | None = None  # how the probe process ended (its trainer is next)
+    probes_recorded: bool = False  # a probing job's probes are in the store
 
     def poll(self) -> None:
-        """Learn whether the trainer has ended, and how (kept in its directory at once)."""
+        """Learn whether the trainer (or the probe process) has ended, and how (a trainer's
+        ending is kept in its directory at once)."""
         if self.ending is None and self.job_id is not None:
             self._poll_job(self.job_id)
             return
-        if self.ending is not None or self.proc is None:
+        if self.ending is not None or self.proc is None or self.probes_exit is not None:
             return
         code = self.proc.poll()
         if code is None:
             return
         if self.logfile is not None:
             self.logfile.close()
+        if self.probing:
+            self.probes_exit = code  # what follows is the supervisor's (``_after_probes``)
+            return
         assert self.directory is not None  # a started trainer has its directory
         self.ending = ending(code, self.directory)
         save_ending(self.directory, self.ending)
@@ -362,6 +386,15 @@ class Supervisor:
                 "%d slurm job(s) keep running; the next supervisor to start watches them",
                 len(jobs),
             )
+        for child in self.children.values():
+            if child.probes_exit is not None and child.ending is None:
+                # probed, its trainer not started: it is not started now
+                child.ending = Ending(
+                    "failed",
+                    "stopped: the service shut down before its trainer started",
+                    child.probes_exit,
+                )
+                save_ending(child.directory, child.ending)
         running = [c for c in self.children.values() if c.proc is not None and c.ending is None]
         end_process_groups([c.proc for c in running if c.proc is not None], grace_s=5)
         for child in running:
@@ -369,8 +402,9 @@ class Supervisor:
             child.proc.wait()
             if child.logfile is not None:
                 child.logfile.close()
+            what = "probed" if child.probing else "ran"
             child.ending = Ending(
-                "failed", "stopped: the service shut down while it ran", child.proc.returncode
+                "failed", f"stopped: the service shut down while it {what}", child.proc.returncode
             )
             save_ending(child.directory, child.ending)
         if not self._guarded(self.tick_children, only_outages=True) and self.children:
@@ -478,6 +512,17 @@ class Supervisor:
                 with self.sessions() as session:
                     self._note_started(session, child)
                 wrote = True
+            if child.probes_exit is not None and child.ending is None:
+                with self.sessions() as session:
+                    self._after_probes(session, child)
+                wrote = True
+            elif child.job_id is not None and child.probing and not child.probes_recorded:
+                probed = probe_process.read_outcome(child.directory) if child.directory else None
+                if probed is not None:  # the job's probes ended; its trainer runs next
+                    with self.sessions() as session:
+                        self._record_probes(session, child.run_id, probed)
+                    child.probes_recorded = True
+                    wrote = True
             if child.ending is not None:
                 with self.sessions() as session:
                     self._record(session, child)
@@ -500,13 +545,18 @@ class Supervisor:
                 _scancel(child.job_id)  # cancelled between the claim and the submission
             return
         assert child.proc is not None
-        started = transitions.note_started(
-            session,
-            child.run_id,
-            pid=child.proc.pid,
-            log_path=str(child.directory / "log.txt"),
-            backend=child.backend,
-        )
+        if child.probing:
+            started = transitions.note_probing(
+                session, child.run_id, pid=child.proc.pid, log_path=str(child.directory / "log.txt")
+            )
+        else:
+            started = transitions.note_started(
+                session,
+                child.run_id,
+                pid=child.proc.pid,
+                log_path=str(child.directory / "log.txt"),
+                backend=child.backend,
+            )
         child.noted = True
         if not started and child.ending is None:
             end_process_group(child.proc)  # cancelled between the claim and the start
@@ -564,30 +614,42 @@ class Supervisor:
         self._record(session, child)
 
     def launch(self, session: Session, run: Run, plan: RunPlan | None = None) -> None:
-        """Start a claimed run's trainer (or end the run with the reason it cannot start);
-        ``plan`` is the run's, where the caller has it validated already."""
+        """Start a claimed run's trainer, or its probes where it asked for them (or end the
+        run with the reason it cannot start); ``plan`` is the run's, where the caller has it
+        validated already."""
         directory: Path | None = None
         try:
             plan = plan or plan_of(run)
-            # a job runs on the cluster's nodes, whose RAM this host cannot see
+            # a job runs on the cluster's nodes, whose RAM this host cannot see (its probes
+            # check the node's)
             refusal = cpu_refusal(plan, run) if run.backend != "slurm" else None
             if refusal is not None:
                 self._fail(session, run, refusal, directory)
                 return
             directory = run_dir(self.settings, run)
             args = write_specs(plan, run, directory)
-            if run.plan.get("probe") and not run.plan.get("probes"):
-                confirmed = self.probe(session, run, plan, directory)
-                if confirmed is None:
-                    return
-                plan = confirmed
-                args = write_specs(plan, run, directory)
+            probing = bool(run.plan.get("probe")) and not run.plan.get("probes")
+            if probing:
+                write_private(directory / probe_process.HARDWARE_FILE, plan.hw.model_dump_json())
             if run.backend == "slurm":
-                self._submit(session, run, plan, args, directory)
+                self._submit(session, run, plan, args, directory, probing=probing)
                 return
+            if probing:
+                self._start_probes(session, run, directory)
+                return
+        except (OSError, ValueError, planner.HeadroomError) as exc:
+            self._fail(session, run, f"could not start: {exc}", directory)
+            return
+        self._start_trainer(session, run, plan, args, directory)
+
+    def _start_trainer(
+        self, session: Session, run: Run, plan: RunPlan, args: list[str], directory: Path
+    ) -> None:
+        """Start the run's trainer through its launcher backend, output into its log."""
+        try:
             backend = launcher(run.backend, plan.train.parallel.dp)
             logfile = open_log(directory / "log.txt")  # closed when the child is reaped
-        except (OSError, ValueError, planner.HeadroomError) as exc:
+        except (OSError, ValueError) as exc:
             self._fail(session, run, f"could not start: {exc}", directory)
             return
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -603,12 +665,111 @@ class Supervisor:
         self.children[run.id] = child  # before any write: a failed one is tried again
         self._note_started(session, child)
 
+    def _start_probes(self, session: Session, run: Run, directory: Path) -> None:
+        """Start the run's probe process (``probe_process``): the run's child as its trainer
+        is (its own process group, which a cancel ends; output into the run's log), bound to
+        this process (``die_with_parent``: it and its probes die with the service, even a
+        SIGKILLed one), its temporary files inside the run's directory. Its end is learnt by
+        ``tick_children``; the loop goes on meanwhile."""
+        scratch = directory / probe_process.SCRATCH
+        make_private_dir(scratch)
+        logfile = open_log(directory / "log.txt")  # closed when the child is reaped
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)}
+        try:
+            # started from the thread that watches it (the death signal follows the thread)
+            proc = subprocess.Popen(
+                probe_process.argv(directory, run.device or "cpu"),
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                cwd=directory,
+                env=env,
+                start_new_session=True,
+                umask=TRAINER_UMASK,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        except OSError as exc:
+            logfile.close()
+            self._fail(session, run, f"could not start its probes: {exc}", directory)
+            return
+        child = Child(run.id, directory, proc, logfile, noted=False, probing=True)
+        self.children[run.id] = child  # before any write: a failed one is tried again
+        self._note_started(session, child)
+
+    def _after_probes(self, session: Session, child: Child) -> None:
+        """The run's probe process ended: record its probes while the run is still running
+        (a cancelled run keeps nothing of them), then start the trainer on the plan they
+        confirmed, or end the run saying why there is none."""
+        assert child.directory is not None and child.probes_exit is not None
+        code = child.probes_exit
+        run = session.get(Run, child.run_id)
+        assert run is not None
+        session.refresh(run)
+        probed = probe_process.read_outcome(child.directory)
+        if run.status != "running" or probed is None:
+            child.ending = Ending("failed", f"probes ended: {describe_exit(code)}", code)
+        elif not self._record_probes(session, run.id, probed):
+            child.ending = Ending("failed", "probes ended: the run was no longer running", code)
+        elif code != 0 or not probed.result.fits:
+            child.ending = probes_ending(probed, code)
+        else:
+            self._after_confirmed(session, child, run, probed)
+            return
+        save_ending(child.directory, child.ending)
+
+    def _after_confirmed(
+        self, session: Session, child: Child, run: Run, probed: probe_process.LadderOutcome
+    ) -> None:
+        """Start the trainer of a run whose probes confirmed a plan (now the run's)."""
+        assert child.directory is not None
+        del self.children[child.run_id]
+        session.refresh(run)
+        plan = plan_of(run)
+        try:
+            confirmed = RunPlan.of_fit(plan.model, probed.result.fit, plan.hw, plan.train)
+            args = write_specs(confirmed, run, child.directory)
+        except (OSError, ValueError) as exc:
+            self._fail(session, run, f"could not start: {exc}", child.directory)
+            return
+        self._start_trainer(session, run, confirmed, args, child.directory)
+
+    def _record_probes(
+        self, session: Session, run_id: int, probed: probe_process.LadderOutcome
+    ) -> bool:
+        """Store a running run's probes: each that measured something as a calibration, all
+        of them and the plan they confirmed in the run's plan; False if the run is no longer
+        running (nothing is stored then)."""
+        from headroom.launch.recording import probe_recorder
+
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.refresh(run)
+        if run.status != "running":
+            return False
+        plan = plan_of(run)
+        record = probe_recorder(self.sessions, plan.model, plan.hw)
+        result = probed.result
+        for made, train in zip(result.probes, probed.probed, strict=True):
+            budget = planner.estimate(plan.model, train, plan.hw)
+            made.calibration_uid = record(train, budget, made.outcome)
+        stored = {**run.plan, "probes": [p.model_dump(mode="json") for p in result.probes]}
+        if result.fits and result.plan is not None:
+            stored["train"] = result.plan
+        return transitions.record_probes(session, run, stored)
+
     def _submit(
-        self, session: Session, run: Run, plan: RunPlan, args: list[str], directory: Path
+        self,
+        session: Session,
+        run: Run,
+        plan: RunPlan,
+        args: list[str],
+        directory: Path,
+        probing: bool = False,
     ) -> None:
         """Submit a claimed run as a Slurm batch job (its allocation: ``HEADROOM_SLURM_*`` with
         the run's own over them; ``parallel.dp`` ranks over its nodes), output into the run's
-        log; watched from then on."""
+        log; watched from then on. With ``probing`` the job runs the run's probes on its node
+        first (``probe_process``), and its trainer on the plan they confirmed."""
         overrides = slurm.SlurmOverrides.model_validate(run.plan.get("slurm") or {})
         nodes = overrides.nodes
         try:
@@ -629,6 +790,11 @@ class Supervisor:
                 settings=settings,
                 python=sys.executable,
                 chdir=directory,
+                first=(
+                    probe_process.argv(directory, run.device or "cpu", python=sys.executable)
+                    if probing
+                    else None
+                ),
             ),
         )
         try:
@@ -636,33 +802,11 @@ class Supervisor:
         except slurm.SlurmError as exc:
             self._fail(session, run, f"could not submit: {exc}", directory)
             return
-        child = Child(run.id, directory, backend="slurm", noted=False, job_id=job_id)
+        child = Child(
+            run.id, directory, backend="slurm", noted=False, job_id=job_id, probing=probing
+        )
         self.children[run.id] = child  # before any write: a failed one is tried again
         self._note_started(session, child)
-
-    def probe(self, session: Session, run: Run, plan: RunPlan, directory: Path) -> RunPlan | None:
-        """Confirm the run's plan with probes (``launch.probing``), each recorded as a
-        calibration; the confirmed plan replaces the run's (None: none was confirmed, and the
-        run has failed saying why)."""
-        from headroom.launch.probing import autofit, subprocess_prober
-        from headroom.launch.recording import probe_recorder
-
-        transitions.note_probing(session, run.id)
-        result = autofit(
-            plan.model,
-            plan.train,
-            plan.hw,
-            subprocess_prober(str(directory / "model.json"), plan.hw, run.device or "cpu"),
-            record=probe_recorder(self.sessions, plan.model, plan.hw),
-        )
-        stored = {**run.plan, "probes": [p.model_dump(mode="json") for p in result.probes]}
-        if result.fits and result.plan is not None:
-            stored["train"] = result.plan
-        transitions.record_probes(session, run, stored)
-        if not result.fits:
-            self._fail(session, run, f"no plan confirmed by probes: {result.reason}", directory)
-            return None
-        return RunPlan.of_fit(plan.model, result.fit, plan.hw, result.confirmed)
 
     def run_now(self, run_id: int, plan: RunPlan | None = None, poll_s: float = 0.2) -> Run:
         """Claim, start and wait for one queued run in the foreground (``headroom launch``),
@@ -764,8 +908,10 @@ class Supervisor:
         except ValueError:
             directory = None
         kept = read_ending(directory) if directory is not None else None
+        # a job that probes first: its probes are recorded once they end, as by its submitter
+        probing = bool(run.plan.get("probe")) and not run.plan.get("probes")
         self.children[run.id] = Child(
-            run.id, directory, backend="slurm", job_id=run.job_id, ending=kept
+            run.id, directory, backend="slurm", job_id=run.job_id, ending=kept, probing=probing
         )
         log.info("run %d: watching slurm job %s, which its supervisor left", run.id, run.job_id)
 

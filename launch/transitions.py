@@ -71,9 +71,12 @@ def claim(
     return _changed(session, run_id, "queued", running < max_running, **values, reason="starting")
 
 
-def note_probing(session: Session, run_id: int) -> None:
-    """A running run is being probed before it starts."""
-    _changed(session, run_id, "running", reason="probing")
+def note_probing(session: Session, run_id: int, *, pid: int, log_path: str) -> bool:
+    """A running run is being probed before it starts, by its probe process ``pid`` (whose
+    group a cancel ends); False if it was cancelled meanwhile."""
+    return _changed(
+        session, run_id, "running", pid=pid, log_path=log_path, reason=f"probing: pid {pid}"
+    )
 
 
 def note_started(session: Session, run_id: int, *, pid: int, log_path: str, backend: str) -> bool:
@@ -156,8 +159,9 @@ def cancel(session: Session, run: Run) -> bool:
     return cancelled
 
 
-def record_probes(session: Session, run: Run, plan: dict[str, Any]) -> None:
-    """Keep the probes made of a run, and the plan they confirmed, as the run's plan."""
-    session.execute(update(Run).where(Run.id == run.id).values(plan=plan))
-    session.commit()
+def record_probes(session: Session, run: Run, plan: dict[str, Any]) -> bool:
+    """Keep the probes made of a running run, and the plan they confirmed, as the run's plan;
+    False if it is no longer running (a cancelled run keeps nothing of its probes)."""
+    recorded = _changed(session, run.id, "running", plan=plan)
     session.refresh(run)
+    return recorded

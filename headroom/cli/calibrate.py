@@ -286,7 +286,7 @@ def run_command(
     from headroom.store import open_store
 
     budget = planner.estimate(spec, run_spec, hw)
-    outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec)
+    outcome = subprocess_prober(model, hw, "cuda", steps)(run_spec, budget)
     uid = probe_recorder(open_store(), spec, hw, "runtime")(run_spec, budget, outcome)
     out = {
         "model": spec.name,

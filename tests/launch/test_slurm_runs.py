@@ -75,6 +75,11 @@ def _job_in(job_id: str, states: frozenset[str]) -> slurm.JobState:
     )
 
 
+def _run_dir(client: TestClient) -> Path:
+    """The served app's RUN_DIR."""
+    return Path(client.app.state.settings.run_dir)  # type: ignore[attr-defined]
+
+
 def _launch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``headroom launch``, bound: past ``WAIT_S`` it and what it started are killed."""
     return processes.run(
@@ -343,3 +348,53 @@ def test_a_slurm_job_of_a_silent_supervisor_on_another_host_is_taken_over(
     # the new owner beats for it from now on
     with sessions() as session:
         assert transitions.heartbeat(session, here.owner) == 1
+
+
+def test_a_probed_slurm_run_probes_inside_its_job_then_trains_the_confirmed_plan(
+    client: TestClient,
+) -> None:
+    """``probe: true`` on Slurm: the job runs the probe ladder on its node before the trainer
+    (not the service on its host); the probes are recorded as calibrations once they end."""
+    created = client.post(
+        "/api/v1/runs",
+        json={**TINY, "steps": 2, "backend": "slurm", "probe": True},
+        headers=AUTH,
+    )
+    assert created.status_code == 201, created.text
+    done = _ended(client, created.json()["id"])
+    assert done["status"] == "succeeded" and done["reason"] == "completed 2 step(s)", done
+    directory = _run_dir(client) / done["uid"]
+    script = (directory / "job.sbatch").read_text()
+    ladder = script.index("-m headroom.launch.probe_process")
+    assert ladder < script.index("exec srun") and "--device cpu" in script[ladder:]
+    log = client.get(f"/api/v1/runs/{done['id']}/logs").text
+    assert "probes: probe 1 ran the plan into step 2" in log
+    probes = done["plan"]["probes"]
+    assert probes and probes[-1]["outcome"]["ok"]
+    records = client.get("/api/v1/calibrations").json()["items"]
+    assert [r["uid"] for r in records] == [p["calibration_uid"] for p in probes]
+
+
+def test_a_slurm_runs_probe_the_node_cannot_hold_is_refused_there(client: TestClient) -> None:
+    """The host RAM check of a CPU run applies to a probe in a job too, on its node: the ladder's
+    plan for an 8B model on an H100 needs far more than this node's RAM, so the job ends
+    without starting it, and the run says why."""
+    created = client.post(
+        "/api/v1/runs",
+        json={
+            "model": "llama-3-8b",
+            "gpu": "H100-80GB",
+            "train": {"seq_len": 1024, "micro_batch_size": 1},
+            "backend": "slurm",
+            "probe": True,
+        },
+        headers=AUTH,
+    )
+    assert created.status_code == 201, created.text
+    done = _ended(client, created.json()["id"])
+    assert done["status"] == "failed" and done["job_id"], done
+    assert done["reason"].startswith(
+        "no plan confirmed by probes: probe 1 not run: refused: a probe on the CPU needs about "
+    ), done["reason"]
+    assert done["plan"]["probes"] == []
+    assert client.get("/api/v1/calibrations").json()["items"] == []
