@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headroom import planner, store
+from headroom.api.idempotency import UidConflict
 from headroom.api.latency import settle_for_serving
 from headroom.api.metrics import Metrics
 from headroom.api.problems import (
@@ -221,6 +222,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(records.NotFound)
     async def _not_found(request: Request, exc: records.NotFound) -> JSONResponse:
         return problem(404, str(exc))
+
+    @app.exception_handler(UidConflict)
+    async def _uid_conflict(request: Request, exc: UidConflict) -> JSONResponse:
+        return problem(409, str(exc), field="uid", uid=exc.uid, differs=exc.differs)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -217,7 +217,8 @@ class CalibrationIn(_In):
         min_length=1,
         max_length=64,
         pattern=r"^[A-Za-z0-9._:-]+$",
-        description="Client-chosen id: posting the same uid again returns the stored record.",
+        description="Client-chosen id: the same request posted under it again returns the "
+        "stored record (200); another request under it is a 409 naming the uid.",
     )
     model: ModelInput = Field(description=_MODEL)
     train: TrainInput = Field(default=None, description=_TRAIN)
@@ -262,8 +263,9 @@ class RunIn(_In):
         min_length=1,
         max_length=64,
         pattern=store.RUN_UID_PATTERN,
-        description="Client-chosen id (posting the same uid again returns the stored run); it "
-        f"names the run's directory, so: {store.RUN_UID_RULE}.",
+        description="Client-chosen id (the same request posted under it again returns the "
+        "stored run, another request under it is a 409); it names the run's directory, so: "
+        f"{store.RUN_UID_RULE}.",
     )
     model: ModelInput = Field(description=_MODEL)
     train: TrainInput = Field(default=None, description=_TRAIN)

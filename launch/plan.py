@@ -151,9 +151,10 @@ def queue_run(
     probe: bool = False,
     uid: str | None = None,
     slurm: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
 ) -> tuple[store.Run, bool]:
-    """Store ``plan`` as a queued run (idempotent on ``uid``); (run, created), once
-    ``check_launchable`` lets it through."""
+    """Store ``plan`` as a queued run (idempotent on ``uid``; ``request``: what the client
+    asked for, kept with it); (run, created), once ``check_launchable`` lets it through."""
     predicted = check_launchable(plan, gate=gate)
     return store.add_run(
         session=session,
@@ -168,4 +169,5 @@ def queue_run(
         probe=probe,
         fitted=plan.fitted,
         slurm=slurm,
+        request=request,
     )

@@ -51,9 +51,11 @@ def add_run(
     probe: bool,
     fitted: planner.FitResult | None = None,
     slurm: dict[str, Any] | None = None,
+    request: dict[str, Any] | None = None,
 ) -> tuple[Run, bool]:
     """Store a planned run as ``queued``: the specs it trains, what their estimate predicted
-    and, where the ladder chose the plan, what it weighed; (run, created): a uid stored
+    and, where the ladder chose the plan, what it weighed, and the ``request`` it was queued
+    from (JSON: what a retry under its uid is compared with); (run, created): a uid stored
     concurrently returns that run. A uid that could not name a run directory is a
     ``SpecError`` (``check_run_uid``)."""
     check_run_uid(uid)
@@ -79,6 +81,7 @@ def add_run(
         model_name=model.name,
         gpu_name=hw.name,
         plan=plan,
+        request=request,
         steps=steps,
         reason="queued",
     )

@@ -105,6 +105,12 @@ class Run(Base):
     model_name: Mapped[str] = mapped_column(String(200))
     gpu_name: Mapped[str] = mapped_column(String(100))
     plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    request: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON,
+        nullable=True,
+        doc="what the client asked for, canonical (POST /runs): a retry under the run's uid "
+        "is compared with it (None: queued otherwise, or before requests were kept)",
+    )
     steps: Mapped[int] = mapped_column(Integer)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     job_id: Mapped[str | None] = mapped_column(

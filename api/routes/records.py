@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from headroom import launch, planner, store
+from headroom.api import idempotency
 from headroom.api.deps import MetricsDep, SessionDep, SettingsDep
 from headroom.api.problems import problem, responses
 from headroom.api.routing import single_valued_query
@@ -30,6 +31,7 @@ from headroom.api.security import TokenFirst, require_token
 from headroom.api.settings import Settings
 from headroom.calibration.stored import record_measurement
 from headroom.planner.measurement import Measurement
+from headroom.planner.trainable import check_supported
 from headroom.store import Calibration, Run
 
 #: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable;
@@ -98,36 +100,51 @@ def list_calibrations(
     return {"items": [_calibration(r) for r in rows], "total": total}
 
 
+#: a write under a client's uid: created, the same request again, or another one (409)
+_WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Already stored under this uid from the same request"},
+    **responses(401, 409, 413, 422),
+}
+
+
 @router.post(
     "/calibrations",
     tags=["calibration"],
     status_code=201,
     response_model=CalibrationOut,
     dependencies=[Depends(require_token)],
-    responses={200: {"description": "Already stored under this uid"}, **responses(401, 413, 422)},
+    responses=_WRITE_RESPONSES,
 )
 def add_calibration(
     body: CalibrationIn, db: SessionDep, metrics: MetricsDep, response: Response
 ) -> CalibrationOut:
-    """Store a measurement with the estimate it is compared against (idempotent on ``uid``)."""
+    """Store a measurement with the estimate it is compared against. Idempotent on ``uid``:
+    the same request again returns the stored record (200), another one under it is a 409
+    (``api.idempotency``); an invalid body is a 422 whatever its uid names."""
+    model, train, hw = _specs(body)
+    measured = Measurement.model_validate(body.measured.model_dump())
     uid = body.uid or uuid.uuid4().hex
     row, created = store.calibration_by_uid(session=db, uid=uid), False
     if row is None:
-        model, train, hw = _specs(body)
         row, created = record_measurement(
             session=db,
             uid=uid,
             model=model,
             train=train,
             hw=hw,
-            measured=Measurement.model_validate(body.measured.model_dump()),
+            measured=measured,
             source=body.source,
             notes=body.notes,
         )
     if created:
         metrics.calibrations.inc()
-    else:
-        response.status_code = 200
+        return _calibration(row)
+    asked = idempotency.calibration_request(
+        model=model, train=train, hw=hw, measured=measured, source=body.source, notes=body.notes
+    )
+    stored = idempotency.stored_calibration_request(row)
+    idempotency.check_retry("calibration record", row, stored, asked)
+    response.status_code = 200
     return _calibration(row)
 
 
@@ -156,23 +173,36 @@ def coefficients(db: SessionDep) -> list[dict[str, Any]]:
     status_code=201,
     response_model=RunOut,
     dependencies=[Depends(require_token)],
-    responses={200: {"description": "Already stored under this uid"}, **responses(401, 413, 422)},
+    responses=_WRITE_RESPONSES,
 )
 def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
     """Queue a run of the bundled trainer (validated by the planner first).
 
     With ``fit`` (the default) the ladder chooses the plan; without it the given spec must be
     predicted to fit, as the CI gate would decide. Either way nothing that is predicted to run
-    out of memory is queued: the refusal is a 422 naming the field."""
+    out of memory is queued: the refusal is a 422 naming the field. Idempotent on ``uid``: the
+    same request again returns the stored run (200, planned as it was then), another one under
+    it is a 409 (``api.idempotency``); an invalid body is a 422 whatever its uid names."""
     if body.slurm is not None and body.backend != "slurm":
         raise planner.SpecError(
             f"slurm: an allocation is for backend slurm (got backend {body.backend})",
             field="slurm",
         )
+    model, train, hw = _specs(body)
+    check_supported(model)  # what the bundled trainer cannot build is no run at all
+    asked = idempotency.run_request(
+        model=model,
+        train=train,
+        hw=hw,
+        steps=body.steps,
+        backend=body.backend,
+        slurm=body.slurm,
+        fit=body.fit,
+        probe=body.probe,
+    )
     uid = body.uid or uuid.uuid4().hex
     row, created = store.run_by_uid(session=db, uid=uid), False
     if row is None:
-        model, train, hw = _specs(body)
         plan = launch.plan_run(model=model, train=train, hw=hw, fit=body.fit)
         row, created = launch.queue_run(
             session=db,
@@ -183,8 +213,10 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
             probe=body.probe,
             uid=uid,
             slurm=body.slurm.model_dump(exclude_none=True) if body.slurm is not None else None,
+            request=asked,
         )
     if not created:
+        idempotency.check_retry("run", row, idempotency.stored_run_request(row), asked)
         response.status_code = 200
     return _run(row)
 
