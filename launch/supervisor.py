@@ -102,6 +102,8 @@ log = logging.getLogger("headroom.runs")
 SWEEP_EVERY_S = 300.0
 #: seconds between two questions to the Slurm controller about one job
 JOB_POLL_S = 1.0
+#: how the reason of a run whose probes confirmed no plan starts
+NOT_CONFIRMED = "no plan confirmed by probes"
 
 
 class SupervisorSettings(RunDirSettings, Protocol):
@@ -208,8 +210,8 @@ def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Endi
 
 
 def probes_ending(probed: probe_process.LadderOutcome, code: int | None) -> Ending:
-    """How a run ended whose probes confirmed no plan."""
-    return Ending("failed", f"no plan confirmed by probes: {probed.result.reason}", code)
+    """How a run ended whose probes confirmed no plan (its reason starts ``NOT_CONFIRMED``)."""
+    return Ending("failed", f"{NOT_CONFIRMED}: {probed.result.reason}", code)
 
 
 def spec_documents(plan: RunPlan) -> dict[str, dict[str, Any]]:

@@ -216,9 +216,11 @@ def launch_command(
     store (HEADROOM_DATABASE_URL). Exit 0 succeeded, 1 nothing fits, 2 invalid input, 3 the
     trainer ran out of memory, 4 it failed otherwise, 130 cancelled. With --backend slurm the
     run is a batch job (HEADROOM_SLURM_* settings, --slurm-* over them), watched until it
-    ends. With --backend k8s --dry-run the run is printed as a Kubeflow PyTorchJob manifest
-    (HEADROOM_K8S_* settings, --k8s-* over them) for kubectl apply -f; nothing is stored."""
+    ends; with --probe it probes on its node before it trains. With --backend k8s --dry-run
+    the run is printed as a Kubeflow PyTorchJob manifest (HEADROOM_K8S_* settings, --k8s-*
+    over them) for kubectl apply -f; nothing is stored."""
     from headroom import launch as launching
+    from headroom.launch.supervisor import NOT_CONFIRMED
 
     with user_errors():
         _dry_run(backend, dry_run, probe)
@@ -265,7 +267,10 @@ def launch_command(
         else:
             where = resolve_device(device)
         probes: list[Any] = []
-        if probe:
+        # a Slurm job probes on its node, before its trainer, not here (the supervisor submits
+        # it so); other runs train here, where their probes run
+        in_job = probe and backend is Backend.slurm
+        if probe and not in_job:
             auto = run_autofit(model, spec, train_spec, hw, margin, where, max_probes, True)
             probes = [p.model_dump(mode="json") for p in auto.probes]
             if not auto.fits or auto.plan is None:
@@ -293,6 +298,7 @@ def launch_command(
                 steps=steps,
                 backend=backend.value,
                 gate=True,
+                probe=in_job,
                 slurm=slurm,
             )
         settings = launching.LaunchSettings(run_device=where)
@@ -310,7 +316,7 @@ def launch_command(
             "job_id": run.job_id,
         },
         "plan": run.plan["train"],
-        "probes": probes,
+        "probes": probes or run.plan.get("probes", []),
     }
     if format is TextOrJson.json:
         typer.echo(json.dumps(out, indent=2))
@@ -322,6 +328,8 @@ def launch_command(
         raise typer.Exit(ExitCode.OK)
     if run.status == "cancelled":
         raise typer.Exit(ExitCode.CANCELLED)
+    if run.reason.startswith(NOT_CONFIRMED):  # the job's probes confirmed no plan
+        raise typer.Exit(ExitCode.NOTHING_FITS)
     # the trainer's own exit code says whether the device ran out of memory
     if run.exit_code == ExitCode.OUT_OF_MEMORY:
         raise typer.Exit(ExitCode.OUT_OF_MEMORY)

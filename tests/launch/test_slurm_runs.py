@@ -115,6 +115,23 @@ def test_headroom_launch_backend_slurm_runs_a_two_rank_job_to_completion(
     assert len(report["losses"]) == 2 and report["placement"]["data_parallel"] == 2
 
 
+def test_headroom_launch_backend_slurm_probe_probes_inside_the_job(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """``--probe`` with ``--backend slurm``: the job probes on its node, not the command on
+    the host it was typed on."""
+    done = _launch(
+        tmp_path, cluster, "--steps", "2", "--backend", "slurm", "--probe", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["run"]["status"] == "succeeded", out["run"]
+    assert out["probes"] and out["probes"][-1]["outcome"]["ok"]
+    directory = Path(out["run"]["log_path"]).parent
+    assert "-m headroom.launch.probe_process" in (directory / "job.sbatch").read_text()
+    assert (directory / "probes.json").is_file()
+
+
 def test_a_slurm_allocation_without_the_slurm_backend_is_refused_naming_the_option(
     tmp_path: Path,
 ) -> None:
