@@ -390,11 +390,9 @@ class Supervisor:
             )
         for child in self.children.values():
             if child.probes_exit is not None and child.ending is None:
-                # probed, its trainer not started: it is not started now
+                # its probes ended (or died with the loop's thread); its trainer never starts
                 child.ending = Ending(
-                    "failed",
-                    "stopped: the service shut down before its trainer started",
-                    child.probes_exit,
+                    "failed", "stopped: the service shut down while it probed", child.probes_exit
                 )
                 save_ending(child.directory, child.ending)
         running = [c for c in self.children.values() if c.proc is not None and c.ending is None]
