@@ -1,7 +1,7 @@
 """A served run's probes are the run's children, not the service's: another run with a free
 place starts while one probes; a cancel ends the probes at once and keeps nothing of them; a
-SIGKILLed service leaves no probe running; a probe writes nothing outside its run directory;
-and no probe starts that this host's RAM could not hold."""
+SIGKILLed service leaves no probe running, nor does one that stops; a probe writes nothing
+outside its run directory; and no probe starts that this host's RAM could not hold."""
 
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
 from headroom_process import serve_headroom
-from run_rows import AUTH, TINY, TOKEN, run_settings
+from run_rows import AUTH, TINY, TOKEN, run_row, run_settings, sessions_of
 
 from headroom import planner
 from headroom.api.main import create_app
 from headroom.api.settings import Settings
+from headroom.launch import Supervisor
 from headroom.launch.devices import host_ram_available
 from headroom.launch.probing import ProbeRefused, autofit, subprocess_prober
+from headroom.store import Run
 
 PROBED = {**TINY, "steps": 2, "probe": True}
 WAIT_S = 120.0
@@ -150,6 +152,30 @@ def test_a_sigkilled_service_leaves_no_probe_running(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGSTOP)
         os.kill(service, signal.SIGKILL)
         assert processes.wait_gone([*probing, *trainers], 30) == []
+
+
+def test_a_service_that_stops_while_a_run_probes_ends_its_probes(settings: Settings) -> None:
+    """A supervisor that closes (the service shutting down) ends a run's probes with it, and the
+    run says so."""
+    sessions = sessions_of(settings)
+    with sessions() as session:
+        row = run_row("probed", planner.gpu("H100-80GB"), status="queued")
+        row.plan = {**row.plan, "probe": True}
+        session.add(row)
+        session.commit()
+    supervisor = Supervisor(sessions, settings)
+    supervisor.tick()
+    (child,) = supervisor.children.values()
+    assert child.probing and child.proc is not None
+    pid = child.proc.pid
+    wait_for(lambda: _probe_trainers(pid), timeout=WAIT_S, what="a probe to run")
+    group = [pid, *_descendants(pid)]
+    supervisor.close()
+    assert processes.wait_gone(group, 30) == []
+    with sessions() as session:
+        run = session.query(Run).filter_by(uid="probed").one()
+    assert run.status == "failed" and "probes" not in run.plan
+    assert run.reason == "stopped: the service shut down while it probed"
 
 
 def test_a_probe_writes_nothing_outside_its_run_directory(
