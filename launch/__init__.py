@@ -10,6 +10,7 @@
 - ``slurm``: a run as a Slurm batch job (``backend: slurm``), its state, its cancel, its end;
 - ``k8s``: a plan rendered as a Kubeflow PyTorchJob and its specs' ConfigMap, for kubectl;
 - ``probing``: the probe ladder (``autofit``): fit, probe into step 2, step down on OOM;
+- ``probe_process``: a run's probe ladder as a process of the run's own, where it trains;
 - ``recording``: each probe kept as a calibration record;
 - ``devices``: this host's GPUs and RAM;
 - ``settings``: ``LaunchSettings``, where runs go (``HEADROOM_RUN_DIR``, ``HEADROOM_RUN_DEVICE``,
