@@ -7,10 +7,11 @@ cancel ends it and its probes, and it dies with the service), and a Slurm job ru
 node before the trainer (``slurm.batch_script``). It reads the run's specs from RUN_DIR
 (``model.json``, ``train.json``, ``hardware.json``), runs the ladder (``probing.autofit``)
 with every file and temporary folder inside RUN_DIR, and writes what happened there:
-``probes.json`` (``LadderOutcome``: the ladder's result and the plan each probe ran, which the
-supervisor records as calibrations once the run is still its to record) and, once a probe
-confirmed a plan, that plan as ``train.json``, which the trainer reads next. Exit 0: a plan
-was confirmed; ``EXIT_NOT_CONFIRMED``: none was.
+``probes.json`` (``probing.LadderOutcome``: the ladder's result and the plan each probe ran,
+which the supervisor records as calibrations while the run is still running) and, once a
+probe confirmed a plan, that plan as ``train.json``, which the trainer reads next. Exit 0: a
+plan was confirmed; ``EXIT_NOT_CONFIRMED``: none was. Nothing imports this module: it is only
+run (the package reads what it writes through ``probing``).
 """
 
 from __future__ import annotations
@@ -22,41 +23,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from headroom import planner
-from headroom.launch.probing import AutoFitResult, ProbeOutcome, autofit, subprocess_prober
+from headroom.launch.probing import (
+    EXIT_NOT_CONFIRMED,
+    HARDWARE_FILE,
+    PROBES_FILE,
+    SCRATCH,
+    LadderOutcome,
+    ProbeOutcome,
+    autofit,
+    subprocess_prober,
+)
 from headroom.launch.rundirs import write_private
-
-#: what the ladder writes into the run's directory
-PROBES_FILE = "probes.json"
-#: the run's card, which the ladder fits and caps its probes to
-HARDWARE_FILE = "hardware.json"
-#: exit code when no probe confirmed a plan
-EXIT_NOT_CONFIRMED = 1
-#: the folder under the run's directory its probes' temporary files go to
-SCRATCH = "tmp"
-
-
-class LadderOutcome(BaseModel):
-    """What the ladder of one run did: its result, and the plan each of its probes ran (the
-    n-th probe of ``result.probes`` ran ``probed[n]``)."""
-
-    result: AutoFitResult
-    probed: list[planner.TrainSpec] = Field(default_factory=list)
-
-
-def argv(directory: Path, device: str, python: str = sys.executable) -> list[str]:
-    """The command that runs the ladder of the run in ``directory`` on ``device``."""
-    return [python, "-m", "headroom.launch.probe_process", str(directory), "--device", device]
-
-
-def read_outcome(directory: Path) -> LadderOutcome | None:
-    """What the ladder wrote into ``directory`` (None: nothing, or not readable as that)."""
-    try:
-        return LadderOutcome.model_validate_json((directory / PROBES_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _replace(path: Path, text: str) -> None:

@@ -8,6 +8,9 @@ hardware's memory (on CUDA the allocator's per-process cap, on a CPU the simulat
 predicted peak: the margin is widened past that ratio, the plan is excluded, and the ladder
 chooses again, up to ``max_probes`` times. Every probe can be recorded as a calibration.
 
+A run's ladder runs as a process of the run's own (``probe_process``), which writes what it
+did (``LadderOutcome``) into the run's directory for the supervisor to record.
+
 A probe on the CPU is started only if this host's RAM can hold what the ladder predicts of it,
 by the check a run on the CPU passes (``devices.cpu_ram_refusal``): wherever the ladder runs
 (``headroom fit --probe``, a served run's probe process, a Slurm job), the host it runs on is
@@ -142,7 +145,7 @@ def subprocess_prober(
             raise ProbeRefused(refusal)
         env = None
         if workdir is not None:
-            scratch = workdir / "tmp"
+            scratch = workdir / SCRATCH
             scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
             env = {**os.environ, "TMPDIR": str(scratch)}
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -314,3 +317,36 @@ def _with_context(outcome: ProbeOutcome, hw: planner.Hardware) -> int | None:
     if outcome.measured_peak_bytes is None:
         return None
     return outcome.measured_peak_bytes + hw.cuda_context_bytes
+
+
+#: what a run's probe process (``probe_process``) writes into the run's directory
+PROBES_FILE = "probes.json"
+#: the run's card, which the probe process fits and caps its probes to
+HARDWARE_FILE = "hardware.json"
+#: the folder under the run's directory its probes' temporary files go to
+SCRATCH = "tmp"
+#: the probe process's exit code when no probe confirmed a plan
+EXIT_NOT_CONFIRMED = 1
+
+
+class LadderOutcome(BaseModel):
+    """What the probe process of one run did: the ladder's result, and the plan each of its
+    probes ran (the n-th probe of ``result.probes`` ran ``probed[n]``)."""
+
+    result: AutoFitResult
+    probed: list[planner.TrainSpec] = Field(default_factory=list)
+
+
+def probe_process_argv(directory: Path, device: str, python: str = sys.executable) -> list[str]:
+    """The command that runs the probe ladder of the run in ``directory`` on ``device``
+    (``python -m headroom.launch.probe_process``)."""
+    return [python, "-m", "headroom.launch.probe_process", str(directory), "--device", device]
+
+
+def read_outcome(directory: Path) -> LadderOutcome | None:
+    """What the probe process wrote into ``directory`` (None: nothing, or not readable as
+    that: it is written whole, so a reader never sees half)."""
+    try:
+        return LadderOutcome.model_validate_json((directory / PROBES_FILE).read_text())
+    except (OSError, ValueError):
+        return None

@@ -67,7 +67,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner, store
 from headroom.calibration.processes import die_with_parent
-from headroom.launch import probe_process, slurm, transitions
+from headroom.launch import slurm, transitions
 from headroom.launch.backends import (
     EXIT_OOM,
     TRAINER_UMASK,
@@ -80,6 +80,13 @@ from headroom.launch.backends import (
 )
 from headroom.launch.devices import cpu_ram_refusal, resolve_device
 from headroom.launch.plan import RunPlan
+from headroom.launch.probing import (
+    HARDWARE_FILE,
+    SCRATCH,
+    LadderOutcome,
+    probe_process_argv,
+    read_outcome,
+)
 from headroom.launch.rundirs import (
     Ending,
     RunDirSettings,
@@ -198,7 +205,7 @@ def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Endi
     completed or exited with a code), read as a process's (``ending``); else Slurm's reason
     (a signal, a time limit, a node failure, a cancellation from Slurm's side)."""
     if job.state in ("COMPLETED", "FAILED") and not job.signal and directory is not None:
-        probed = probe_process.read_outcome(directory)
+        probed = read_outcome(directory)
         if probed is not None and not probed.result.fits:
             return probes_ending(probed, job.exit_code)
         return ending(job.exit_code, directory)
@@ -209,7 +216,7 @@ def job_ending(job_id: str, job: slurm.JobState, directory: Path | None) -> Endi
     return Ending(status, f"slurm job {job_id}: {reason}", code)
 
 
-def probes_ending(probed: probe_process.LadderOutcome, code: int | None) -> Ending:
+def probes_ending(probed: LadderOutcome, code: int | None) -> Ending:
     """How a run ended whose probes confirmed no plan (its reason starts ``NOT_CONFIRMED``)."""
     return Ending("failed", f"{NOT_CONFIRMED}: {probed.result.reason}", code)
 
@@ -517,7 +524,7 @@ class Supervisor:
                     self._after_probes(session, child)
                 wrote = True
             elif child.job_id is not None and child.probing and not child.probes_recorded:
-                probed = probe_process.read_outcome(child.directory) if child.directory else None
+                probed = read_outcome(child.directory) if child.directory else None
                 if probed is not None:  # the job's probes ended; its trainer runs next
                     with self.sessions() as session:
                         self._record_probes(session, child.run_id, probed)
@@ -630,7 +637,7 @@ class Supervisor:
             args = write_specs(plan, run, directory)
             probing = bool(run.plan.get("probe")) and not run.plan.get("probes")
             if probing:
-                write_private(directory / probe_process.HARDWARE_FILE, plan.hw.model_dump_json())
+                write_private(directory / HARDWARE_FILE, plan.hw.model_dump_json())
             if run.backend == "slurm":
                 self._submit(session, run, plan, args, directory, probing=probing)
                 return
@@ -671,14 +678,14 @@ class Supervisor:
         this process (``die_with_parent``: it and its probes die with the service, even a
         SIGKILLed one), its temporary files inside the run's directory. Its end is learnt by
         ``tick_children``; the loop goes on meanwhile."""
-        scratch = directory / probe_process.SCRATCH
+        scratch = directory / SCRATCH
         make_private_dir(scratch)
         logfile = open_log(directory / "log.txt")  # closed when the child is reaped
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)}
         try:
             # started from the thread that watches it (the death signal follows the thread)
             proc = subprocess.Popen(
-                probe_process.argv(directory, run.device or "cpu"),
+                probe_process_argv(directory, run.device or "cpu"),
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
@@ -705,7 +712,7 @@ class Supervisor:
         run = session.get(Run, child.run_id)
         assert run is not None
         session.refresh(run)
-        probed = probe_process.read_outcome(child.directory)
+        probed = read_outcome(child.directory)
         if run.status != "running" or probed is None:
             child.ending = Ending("failed", f"probes ended: {describe_exit(code)}", code)
         elif not self._record_probes(session, run.id, probed):
@@ -718,7 +725,7 @@ class Supervisor:
         save_ending(child.directory, child.ending)
 
     def _after_confirmed(
-        self, session: Session, child: Child, run: Run, probed: probe_process.LadderOutcome
+        self, session: Session, child: Child, run: Run, probed: LadderOutcome
     ) -> None:
         """Start the trainer of a run whose probes confirmed a plan (now the run's)."""
         assert child.directory is not None
@@ -733,9 +740,7 @@ class Supervisor:
             return
         self._start_trainer(session, run, confirmed, args, child.directory)
 
-    def _record_probes(
-        self, session: Session, run_id: int, probed: probe_process.LadderOutcome
-    ) -> bool:
+    def _record_probes(self, session: Session, run_id: int, probed: LadderOutcome) -> bool:
         """Store a running run's probes: each that measured something as a calibration, all
         of them and the plan they confirmed in the run's plan; False if the run is no longer
         running (nothing is stored then)."""
@@ -791,7 +796,7 @@ class Supervisor:
                 python=sys.executable,
                 chdir=directory,
                 first=(
-                    probe_process.argv(directory, run.device or "cpu", python=sys.executable)
+                    probe_process_argv(directory, run.device or "cpu", python=sys.executable)
                     if probing
                     else None
                 ),

@@ -201,6 +201,7 @@ def test_a_probe_writes_nothing_outside_its_run_directory(
     assert seen == set()
     directory = Path(settings.run_dir) / run["uid"]
     assert (directory / "probes.json").is_file()
+    assert "Warning" not in (directory / "log.txt").read_text()  # the probe process ran clean
 
 
 def test_no_probe_starts_that_this_hosts_ram_could_not_hold() -> None:
