@@ -7,12 +7,14 @@ the launch layer and the store do the rest.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BeforeValidator
 
 from headroom import launch, planner, store
 from headroom.api import idempotency
@@ -70,15 +72,28 @@ def _run(row: Run) -> RunOut:
     )
 
 
+def _decimal_id(value: Any) -> Any:
+    """A path's id as written: digits with no sign, space, fraction or leading zero (an int
+    parse read ``" 1"``, ``1.0``, ``+1`` and ``1_0`` as runs 1 and 10)."""
+    if isinstance(value, str) and not re.fullmatch(r"[1-9][0-9]{0,9}", value):
+        raise ValueError(
+            f"{value[:40]!r} is no row id; allowed: 1 to {store.MAX_ROW_ID} in decimal digits, "
+            "without a sign, spaces, a fraction or leading zeros"
+        )
+    return value
+
+
 #: a row id: bounded by the id columns' range, so an id no row can have is the same 422 on
-#: SQLite and PostgreSQL (whose 32-bit ``integer`` refused it with a 500)
+#: SQLite and PostgreSQL (whose 32-bit ``integer`` refused it with a 500), and written one way
 RowId = Annotated[
     int,
     Path(
         ge=1,
         le=store.MAX_ROW_ID,
-        description=f"The row's id, 1 to {store.MAX_ROW_ID} (beyond that: 422).",
+        description=f"The row's id, 1 to {store.MAX_ROW_ID} in decimal digits (any other "
+        "text, or beyond that: 422).",
     ),
+    BeforeValidator(_decimal_id),  # after the bounds, which the schema keeps (minimum, maximum)
 ]
 Limit = Query(default=100, ge=1, le=500)
 Offset = Query(default=0, ge=0, le=2**31)

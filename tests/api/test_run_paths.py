@@ -195,3 +195,32 @@ def test_openapi_states_the_id_range(any_client: TestClient) -> None:
     assert len(bounded) == len(ROW_ROUTES)
     for path, schema in bounded:
         assert (schema["minimum"], schema["maximum"]) == (1, MAX_ID), (path, schema)
+
+
+# --- ids written one way ---------------------------------------------------------------------
+
+#: texts an int parse read as a row id: runs 1, 1, 1, 1, 10 and 1
+NOT_DECIMAL = ["1.0", "%201", "1%20", "+1", "01", "1_0", "1e0", "0x1", "%EF%BC%91"]
+
+
+def test_a_path_id_is_decimal_digits_or_a_422_naming_it(any_client: TestClient) -> None:
+    """``POST /runs/1.0/cancel`` cancelled run 1: an id is 1 to MAX_ID in decimal digits
+    without a sign, spaces, a fraction or leading zeros; any other text is a 422 naming the
+    path parameter and the allowed form, and touches no row."""
+    run = any_client.post("/api/v1/runs", json={**TINY, "fit": False}, headers=AUTH).json()
+    record = {"model": "tiny-dense", "measured": {"allocated_bytes": 2**30}}
+    calibration = any_client.post("/api/v1/calibrations", json=record, headers=AUTH).json()
+    assert (run["id"], calibration["id"]) == (1, 1)
+    for method, route in ROW_ROUTES:
+        name = route.split("/")[3].removesuffix("s") + "_id"
+        for text in NOT_DECIMAL:
+            response = any_client.request(method, route.format(text), headers=AUTH)
+            assert response.status_code == 422, (method, route, text, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+            problem = response.json()
+            assert [e["field"] for e in problem["errors"]] == [f"path.{name}"], problem
+            assert f"allowed: 1 to {MAX_ID} in decimal digits" in problem["detail"], problem
+    assert any_client.get("/api/v1/runs/1").json()["status"] == "queued"  # not cancelled
+    for method, route in ROW_ROUTES:  # written as digits, the same ids are served
+        assert any_client.request(method, route.format(1), headers=AUTH).status_code == 200
+    assert any_client.get("/api/v1/runs/1").json()["status"] == "cancelled"
