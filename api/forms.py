@@ -1,20 +1,29 @@
-"""The forms a request may give a model, a GPU, a training spec and a host size in, as the
-OpenAPI document describes them.
+"""The forms a request may give a model, a GPU, a cluster, a training spec and a host size in,
+as the OpenAPI document describes them.
 
 The bodies keep taking what they took (a preset name or an object, checked by the planner);
 these types only say precisely what that is, so generated clients and fuzzers send requests the
 handlers work on instead of strings that name nothing: the bundled presets by name (an enum),
 our model spec, a Hugging Face ``config.json`` of a supported ``model_type``, a hardware object,
-the training spec, and a host size as bytes or text. What a JSON Schema cannot say (that
-``num_kv_heads`` divides ``num_heads``, that a layout splits the model evenly, that a run is
-predicted to fit) the planner still refuses with a 422 naming the field.
+a cluster object (its GPU a preset), the training spec, and a host size as bytes or text. What
+a JSON Schema cannot say (that ``num_kv_heads`` divides ``num_heads``, that a layout splits the
+model evenly, that a run is predicted to fit) the planner still refuses with a 422 naming the
+field.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+)
 
 from headroom import planner
 from headroom.planner.hardware import MAX_HOST_MEMORY_BYTES
@@ -185,13 +194,30 @@ def documented_as(schema_type: Any) -> BeforeValidator:
     return BeforeValidator(lambda value: value, json_schema_input_type=schema_type)
 
 
-#: how each body's ``model``, ``gpu``, ``train`` and ``host_memory`` are taken and described
+def _gpu_preset(name: str) -> str:
+    try:
+        planner.gpu(name)
+    except planner.UnknownPresetError:
+        allowed = ", ".join(planner.gpu_names())
+        raise ValueError(f"unknown GPU preset {name[:100]!r}; allowed: {allowed}") from None
+    return name
+
+
+class Cluster(planner.Cluster):
+    """Nodes of ``gpus_per_node`` GPUs and the links a parallel layout's collectives cross."""
+
+    # a request's cluster object: its GPU is one of the presets (any case), as its schema says
+    gpu: Annotated[
+        str, Field(max_length=100), documented_as(GpuPreset), AfterValidator(_gpu_preset)
+    ] = Field(description="The GPU preset of its nodes, by name or alias (GET /presets; any case).")
+
+
+#: how each body's ``model``, ``gpu``, ``cluster``, ``train`` and ``host_memory`` are taken and
+#: described
 ModelInput = Annotated[
     str | dict[str, Any], documented_as(ModelPreset | planner.ModelSpec | HFConfig)
 ]
 GpuInput = Annotated[str | dict[str, Any], documented_as(GpuPreset | planner.Hardware)]
-ClusterInput = Annotated[
-    str | planner.Cluster | None, documented_as(ClusterPreset | planner.Cluster | None)
-]
+ClusterInput = Annotated[str | Cluster | None, documented_as(ClusterPreset | Cluster | None)]
 TrainInput = Annotated[dict[str, Any] | None, documented_as(planner.TrainSpec | None)]
 HostMemoryInput = Annotated[str | int | None, documented_as(SizeText | HostBytes | None)]

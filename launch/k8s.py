@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from headroom.launch.plan import RunPlan
 from headroom.launch.settings import ClusterShape
 from headroom.launch.supervisor import spec_documents, trainer_args
+from headroom.planner._numbers import Int
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -77,8 +78,8 @@ class K8sSettings(BaseSettings):
         pattern=DNS_LABEL,
         description="metadata.namespace (unset: kubectl's current namespace).",
     )
-    gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs each pod is given.")
-    ranks_per_node: int = Field(
+    gpus_per_node: Int = Field(default=0, ge=0, le=64, description="GPUs each pod is given.")
+    ranks_per_node: Int = Field(
         default=1, ge=1, le=256, description="Trainer processes per pod (nprocPerNode)."
     )
 

@@ -33,7 +33,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from headroom.launch.backends import EXIT_OOM, describe_exit
-from headroom.launch.settings import ClusterShape
+from headroom.launch.settings import ClusterShape, SlurmTime
+from headroom.planner._numbers import Int
 
 #: seconds a Slurm command may take before the controller counts as unreachable
 COMMAND_TIMEOUT_S = 30.0
@@ -50,11 +51,11 @@ class SlurmSettings(BaseSettings):
 
     partition: str | None = Field(default=None, description="sbatch --partition.")
     account: str | None = Field(default=None, description="sbatch --account.")
-    time_limit: str = Field(
-        default="01:00:00", pattern=r"^[0-9:-]+$", description="sbatch --time (Slurm's format)."
+    time_limit: SlurmTime = Field(
+        default="01:00:00", description="sbatch --time (Slurm's format; at least a minute)."
     )
-    gpus_per_node: int = Field(default=0, ge=0, le=64, description="GPUs each node is given.")
-    ranks_per_node: int = Field(
+    gpus_per_node: Int = Field(default=0, ge=0, le=64, description="GPUs each node is given.")
+    ranks_per_node: Int = Field(
         default=1,
         ge=1,
         le=256,
@@ -72,8 +73,8 @@ class SlurmOverrides(ClusterShape):
     account: str | None = Field(
         default=None, min_length=1, max_length=200, pattern=SAFE, description="sbatch --account."
     )
-    time_limit: str | None = Field(
-        default=None, max_length=32, pattern=r"^[0-9:-]+$", description="sbatch --time."
+    time_limit: SlurmTime | None = Field(
+        default=None, description="sbatch --time (Slurm's format; at least a minute)."
     )
 
 

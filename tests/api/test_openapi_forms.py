@@ -258,3 +258,142 @@ def test_host_memory_is_at_most_one_pib(client: TestClient) -> None:
     over = client.post("/api/v1/estimate", json={"model": "tiny-dense", "host_memory": limit + 1})
     assert over.status_code == 422 and over.json()["field"] == "host_memory", over.text
     assert "1 PiB" in over.json()["detail"]
+
+
+def test_a_cluster_objects_gpu_is_a_gpu_preset(openapi: dict[str, Any], client: TestClient) -> None:
+    """Every field that takes a preset's name lists the names: the cluster object's GPU (a
+    plain string in the OpenAPI, and with a GPU of the body any string was taken) too."""
+    gpu = openapi["components"]["schemas"]["Cluster"]["properties"]["gpu"]
+    assert gpu["enum"] == _forms(openapi, "EstimateRequest", "gpu")[0]["enum"]
+    assert set(planner.gpu_names()) <= set(gpu["enum"])
+    cluster = {
+        "name": "mine",
+        "gpu": "not-a-gpu",
+        "gpus_per_node": 8,
+        "intra_node_bytes_per_s": 1e11,
+        "inter_node_bytes_per_s": 1e10,
+    }
+    body = {"model": "tiny-dense", "gpus": 8, "global_batch": 8, "seq_len": 128}
+    for gpu_of_the_body in ({}, {"gpu": "H100-80GB"}):
+        response = client.post(
+            "/api/v1/plan", json={**body, **gpu_of_the_body, "cluster": cluster}, headers=AUTH
+        )
+        assert response.status_code == 422, response.text
+        assert "cluster.Cluster.gpu" in {e["field"] for e in response.json()["errors"]}
+        assert "allowed: A100-40GB" in response.json()["detail"], response.text
+    # a preset by an alias in any case, as the body's gpu takes it
+    named = {**body, "cluster": {**cluster, "gpu": "H100-sxm"}}
+    assert client.post("/api/v1/plan", json=named, headers=AUTH).status_code == 200
+
+
+_TINY_SPEC = {
+    "vocab_size": 64,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "ffn_hidden_size": 128,
+}
+_HARDWARE = {**planner.gpu("H100-80GB").model_dump(mode="json"), "aliases": []}
+_CLUSTER = {
+    "name": "mine",
+    "gpu": "H100-80GB",
+    "gpus_per_node": 8,
+    "intra_node_bytes_per_s": 1e11,
+    "inter_node_bytes_per_s": 1e10,
+}
+#: a body each route accepts, with every object form given (so each nested count is reached)
+_ACCEPTED = {
+    "estimate": ("EstimateRequest", {"model": _TINY_SPEC, "gpu": _HARDWARE}),
+    "plan": (
+        "PlanRequest",
+        {"model": _TINY_SPEC, "gpus": 8, "global_batch": 8, "seq_len": 128, "cluster": _CLUSTER},
+    ),
+    "calibrations": (
+        "CalibrationIn",
+        {"model": _TINY_SPEC, "gpu": _HARDWARE, "measured": {"allocated_bytes": 10**8}},
+    ),
+    "runs": (
+        "RunIn",
+        {
+            "model": planner.load_model("tiny-dense").model_dump(mode="json"),
+            "gpu": _HARDWARE,
+            "backend": "slurm",
+            "slurm": {},
+        },
+    ),
+}
+
+
+def _integer_fields(
+    schemas: dict[str, Any], schema: dict[str, Any], path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
+    """The path of every integer field under ``schema`` (Hugging Face configs aside: the
+    bodies give our model spec)."""
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        if not name.startswith("HF"):
+            yield from _integer_fields(schemas, schemas[name], path)
+        return
+    if schema.get("type") == "integer":
+        yield path
+    for form in schema.get("anyOf", []):
+        yield from _integer_fields(schemas, form, path)
+    for key, field in schema.get("properties", {}).items():
+        yield from _integer_fields(schemas, field, (*path, key))
+
+
+@pytest.mark.parametrize("route", sorted(_ACCEPTED))
+def test_no_integer_field_of_a_body_takes_a_boolean(
+    openapi: dict[str, Any], client: TestClient, route: str
+) -> None:
+    """Each count a body takes, at any depth, refuses ``true`` with a 422 naming it (the
+    Slurm allocation of a run took ``nodes: true`` as one node); a whole number written as
+    ``2.0`` is that integer, as JSON Schema's ``integer`` says."""
+    name, accepted = _ACCEPTED[route]
+    assert client.post(f"/api/v1/{route}", json=accepted, headers=AUTH).status_code < 300
+    schemas = openapi["components"]["schemas"]
+    fields = sorted(set(_integer_fields(schemas, schemas[name])))
+    assert len(fields) >= 4, fields
+    for path in fields:
+        body = json.loads(json.dumps(accepted))
+        node = body
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):  # an object the body left out (or null)
+                node[key] = {}
+            node = node[key]
+        node[path[-1]] = True
+        response = client.post(f"/api/v1/{route}", json=body, headers=AUTH)
+        assert response.status_code == 422, (path, response.text)
+        named = f"{response.json()['detail']} {response.json().get('field')}"
+        assert path[-1] in named, (path, response.text)
+    if route == "runs":
+        for count in ("nodes", "gpus_per_node"):
+            body = {**accepted, "slurm": {count: 2.0}}
+            created = client.post(f"/api/v1/{route}", json=body, headers=AUTH)
+            assert created.status_code == 201, created.text
+            assert created.json()["plan"]["slurm"][count] == 2
+
+
+@pytest.mark.parametrize(
+    "time_limit", ["0", "-1", "00:00:00", "0-0", "0:30", "UNLIMITED", "INFINITE", "366-0", " 1"]
+)
+def test_a_runs_slurm_time_limit_is_a_minute_to_a_year(client: TestClient, time_limit: str) -> None:
+    """A time limit of 0 or -1 is none at all to Slurm (the run ran unlimited): refused with
+    the forms and range allowed."""
+    body = {"model": "tiny-dense", "backend": "slurm", "slurm": {"time_limit": time_limit}}
+    response = client.post("/api/v1/runs", json=body, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert [e["field"] for e in problem["errors"]] == ["slurm.time_limit"], problem
+    assert "allowed: 1 minute to 365 days as M, M:S, H:M:S, D-H" in problem["detail"], problem
+
+
+@pytest.mark.parametrize("time_limit", ["1", "0:60", "01:00:00", "2-0", "1-12:30", "365-0:0:0"])
+def test_a_slurm_time_limit_in_each_of_slurms_forms_is_taken(
+    client: TestClient, time_limit: str
+) -> None:
+    body = {"model": "tiny-dense", "backend": "slurm", "slurm": {"time_limit": time_limit}}
+    created = client.post("/api/v1/runs", json=body, headers=AUTH)
+    assert created.status_code == 201, created.text
+    assert created.json()["plan"]["slurm"]["time_limit"] == time_limit
