@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_fastapi_instrumentator import Instrumentator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from headroom import planner, store
@@ -218,6 +219,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> JSONResponse:
         return problem(401, exc.detail, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client went before its body was in (or its body's deadline passed: the protocol
+        # has answered 408): no one reads this, and it is no error of the service's
+        return problem(400, "the connection closed before the request body was in")
 
     @app.exception_handler(records.NotFound)
     async def _not_found(request: Request, exc: records.NotFound) -> JSONResponse:

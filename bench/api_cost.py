@@ -1,6 +1,6 @@
 """What a request may cost the service, against a real server (uvicorn in a subprocess).
 
-Sections (``--only memory,worst,junk,mixed``; all by default):
+Sections (``--only memory,worst,junk,mixed,flood``; all by default):
 
 - ``memory``: N distinct 4,096-layer MoE models (each with 256 layers forced dense at random,
   the heaviest the schema allows) posted to ``/estimate`` by a few client threads; the server
@@ -13,6 +13,13 @@ Sections (``--only memory,worst,junk,mixed``; all by default):
   posting bodies of 50,000 unknown keys (and the server CPU each of those costs).
 - ``mixed``: T threads posting ``/fit``, ``/gate`` and ``/estimate`` in turn (presets and custom
   models) for D seconds: the statuses, which must all be 200.
+- ``flood``: N connections that each send half a request head and stall, against ``headroom
+  serve`` (its own server: that protocol's deadlines and connection cap, an open-file limit of
+  ``--flood-nofile``); a preset ``/estimate``'s latency before, meanwhile (on a keep-alive
+  connection opened before the flood and on a new connection per request) and after, how many
+  connections the server refused as they opened and how long it held the others. The
+  keep-alive client and everyone after the flood must get 200s, and the server must close
+  every held connection within ``--flood-wait-s``.
 
 The server runs with one worker on a throwaway SQLite database (migrated first), from this
 checkout or from ``--root`` (another checkout, to measure before and after a change). The
@@ -31,6 +38,9 @@ import http.client
 import json
 import os
 import random
+import resource
+import selectors
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api_load  # machine, free_port, MIGRATE, process CPU from /proc
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("memory", "worst", "junk", "mixed")
+SECTIONS = ("memory", "worst", "junk", "mixed", "flood")
 
 
 # ------------------------------------------------------------------------------------- bodies
@@ -430,6 +440,168 @@ def mixed(server: Server, threads: int = 8, seconds: float = 10.0) -> dict[str, 
     }
 
 
+# ---------------------------------------------------------------------- partial connection flood
+
+#: what each connection of the flood sends: half a request head, and then nothing
+HALF_HEAD = b"POST /api/v1/estimate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty"
+
+
+@contextlib.contextmanager
+def headroom_serve(
+    root: Path, env: dict[str, str], nofile: int
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """``headroom serve`` from ``root`` (one worker, its own HTTP protocol: whatever deadlines
+    and connection cap that code has) on a throwaway SQLite database, ``env`` over the
+    environment, at most ``nofile`` open files: (port, process)."""
+    with tempfile.TemporaryDirectory(prefix="headroom-flood-") as tmp:
+        port = api_load.free_port()
+        full = {
+            **os.environ,
+            "PYTHONPATH": str(root),
+            "HEADROOM_DATABASE_URL": f"sqlite:///{tmp}/flood.db",
+            "HEADROOM_RUN_DIR": f"{tmp}/runs",
+            "HEADROOM_LAUNCH_RUNS": "false",
+            **env,
+        }
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+        def limit_files() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+
+        command = [sys.executable, "-m", "headroom", "serve", "--port", str(port)]
+        with open(Path(tmp) / "server.log", "wb") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=root,
+                env=full,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=limit_files,
+            )
+        try:
+            api_load.wait_ready(f"http://127.0.0.1:{port}", proc)
+            yield port, proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _estimates(port: int, stop_at: float, client: Client | None) -> dict[str, Any]:
+    """Preset /estimate requests until ``stop_at``, on ``client``'s keep-alive connection or
+    (None) each on a new one: statuses (0: no answer within 2 s) and the answered ones'
+    latency percentiles."""
+    body = json.dumps(PRESET_ESTIMATE).encode()
+    took: list[float] = []
+    statuses: Counter[int] = Counter()
+    one = client or Client(port, timeout=2.0)
+    while time.perf_counter() < stop_at:
+        start = time.perf_counter()
+        status, _ = one.post("/api/v1/estimate", body)
+        statuses[status] += 1
+        if status:
+            took.append((time.perf_counter() - start) * 1000)
+        if client is None:
+            one.close()
+    return {
+        "statuses": dict(statuses),
+        "p50_ms": round(_pct(took, 50), 2),
+        "p99_ms": round(_pct(took, 99), 2),
+    }
+
+
+def _side_by_side(port: int, old: Client, seconds: float) -> dict[str, Any]:
+    """``_estimates`` for ``seconds`` on ``old``'s connection and on new ones at once."""
+    stop_at = time.perf_counter() + seconds
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(keep_alive=_estimates(port, stop_at, old)))
+    thread.start()
+    out["new_connections"] = _estimates(port, stop_at, None)
+    thread.join()
+    return out
+
+
+def flood(
+    root: Path,
+    held: int,
+    seconds: float,
+    wait_s: float,
+    nofile: int,
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """``held`` connections that each send half a request head and stall, against ``headroom
+    serve``: a preset /estimate's latency before and meanwhile (on a keep-alive connection
+    opened before the flood and on a new connection per request, side by side, ``seconds``
+    each) and after (new connections); how many the server refused as they opened and how long
+    it held the others."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < held + 100:  # this process holds them all
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, held + 100), hard))
+    out: dict[str, Any] = {"held": held, "server_open_files": nofile, "env": env}
+    with headroom_serve(root, env, nofile) as (port, proc):
+        old = Client(port, timeout=2.0)  # an old client: connected before the flood
+        out["before"] = _side_by_side(port, old, seconds)
+
+        selector = selectors.DefaultSelector()
+        opened = failed = 0
+        start = time.perf_counter()
+        for _ in range(held):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=2.0)
+                sock.sendall(HALF_HEAD)
+            except OSError:  # refused, reset, or the backlog full: it never got a connection
+                failed += 1
+                continue
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ, time.perf_counter())
+            opened += 1
+        out["opened"], out["failed_to_open"] = opened, failed
+        out["open_s"] = round(time.perf_counter() - start, 2)
+
+        out["during"] = _side_by_side(port, old, seconds)
+        old.close()
+
+        # how the held connections end: refused as they opened (503 at once), or closed by
+        # the server after a while (a 408, or nothing)
+        answers: Counter[str] = Counter()
+        held_s: list[float] = []
+        deadline = time.perf_counter() + wait_s
+        while selector.get_map() and time.perf_counter() < deadline:
+            for key, _ in selector.select(timeout=0.5):
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                try:
+                    answer = conn.recv(200)
+                except OSError:
+                    answer = b""
+                status = answer[9:12].decode(errors="replace") or "closed"
+                answers[status] += 1
+                if status == "408":  # held to its deadline (a 503 came as it opened)
+                    held_s.append(time.perf_counter() - key.data)
+                selector.unregister(conn)
+                conn.close()
+        out["ended"] = dict(answers)  # the status each was answered, or "closed"
+        out["still_open_after_s"] = {
+            "count": len(selector.get_map()),
+            "after_s": round(wait_s, 1),
+        }
+        out["held_to_408_s"] = {
+            "min": round(min(held_s, default=0.0), 2),
+            "max": round(max(held_s, default=0.0), 2),
+        }
+        for key in list(selector.get_map().values()):
+            selector.unregister(key.fileobj)
+            key.fileobj.close()  # type: ignore[union-attr]
+        selector.close()
+
+        out["after"] = _estimates(port, time.perf_counter() + seconds, None)
+        out["server_alive"] = proc.poll() is None
+    return out
+
+
 # ---------------------------------------------------------------------------------------- main
 
 
@@ -460,6 +632,13 @@ def failures(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     if "mixed" in results:
         for path, statuses in results["mixed"]["statuses"].items():
             not_200(f"mixed {path}", statuses)
+    for f in results.get("flood", []):
+        # an old client is served throughout, and everyone once the flood has been shed
+        name = f"flood of {f['held']}"
+        not_200(f"{name}: the keep-alive client", f["during"]["keep_alive"]["statuses"])
+        not_200(f"{name}: after it", f["after"]["statuses"])
+        if f["still_open_after_s"]["count"]:
+            found.append(f"{name}: {f['still_open_after_s']} held by the server")
     return found
 
 
@@ -477,6 +656,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "mixed" in args.only:
             results["mixed"] = mixed(server, args.threads, args.mixed_seconds)
         results["rss_end_mib"] = round(server.rss_mib(), 1)
+    if "flood" in args.only:  # its own server: headroom serve's protocol, a file limit
+        env = {}
+        if args.flood_head_timeout_s is not None:
+            env["HEADROOM_HEAD_TIMEOUT_S"] = str(args.flood_head_timeout_s)
+        results["flood"] = [
+            flood(args.root, held, args.flood_seconds, args.flood_wait_s, args.flood_nofile, env)
+            for held in args.flood_held
+        ]
     return results
 
 
@@ -492,6 +679,22 @@ def main() -> int:
     parser.add_argument("--max-rss-mib", type=float, default=320.0, help="memory: bound")
     parser.add_argument("--worst-budget-s", type=float, default=10.0, help="worst: bound")
     parser.add_argument("--health-budget-ms", type=float, default=100.0, help="worst: bound")
+    parser.add_argument(
+        "--flood-held",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[500, 10_000],
+        help="flood: partial connections held, one run each (comma-separated)",
+    )
+    parser.add_argument("--flood-seconds", type=float, default=3.0, help="flood: per phase")
+    parser.add_argument(
+        "--flood-wait-s", type=float, default=30.0, help="flood: most the server may hold them"
+    )
+    parser.add_argument(
+        "--flood-nofile", type=int, default=8192, help="flood: the server's open-file limit"
+    )
+    parser.add_argument(
+        "--flood-head-timeout-s", type=float, default=None, help="flood: the server's setting"
+    )
     args = parser.parse_args()
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.only) - set(SECTIONS)
