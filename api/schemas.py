@@ -17,7 +17,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from headroom import planner, store
-from headroom.api.forms import ClusterInput, GpuInput, HostMemoryInput, ModelInput, TrainInput
+from headroom.api.forms import (
+    ClusterInput,
+    GpuInput,
+    HostMemoryInput,
+    ModelInput,
+    TrainInput,
+    documented_as,
+)
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
@@ -257,6 +264,11 @@ class CoefficientSetOut(BaseModel):
     active: bool = Field(default=True, description="The set calibrated estimates use.")
 
 
+#: a run's own Slurm allocation: read by the route (``SlurmOverrides``), so that what its schema
+#: cannot state (a time limit of at least a minute) is refused as the planner's rules are
+SlurmInput = Annotated[dict[str, Any] | None, documented_as(SlurmOverrides | None)]
+
+
 class RunIn(_In):
     uid: str | None = Field(
         default=None,
@@ -276,7 +288,7 @@ class RunIn(_In):
         description="How the trainer starts: a process beside the service (local, torchrun) or "
         "a Slurm batch job (slurm; the allocation from HEADROOM_SLURM_* and `slurm`).",
     )
-    slurm: SlurmOverrides | None = Field(
+    slurm: SlurmInput = Field(
         default=None,
         description="backend slurm: this run's allocation over the service's HEADROOM_SLURM_* "
         "settings (partition, account, time_limit, gpus_per_node, nodes).",

@@ -14,7 +14,7 @@ from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, ValidationError
 
 from headroom import launch, planner, store
 from headroom.api import idempotency
@@ -32,6 +32,7 @@ from headroom.api.schemas import (
 from headroom.api.security import TokenFirst, require_token
 from headroom.api.settings import Settings
 from headroom.calibration.stored import record_measurement
+from headroom.launch.slurm import SlurmOverrides
 from headroom.planner.measurement import Measurement
 from headroom.planner.trainable import check_supported
 from headroom.store import Calibration, Run
@@ -55,6 +56,24 @@ def _specs(
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     return model, train, planner.load_hardware(body.gpu)
+
+
+def _allocation(body: RunIn) -> SlurmOverrides | None:
+    """The run's own Slurm allocation (None: the settings'); a ``SpecError`` naming its field
+    where it is invalid, or given for another backend."""
+    if body.slurm is None:
+        return None
+    if body.backend != "slurm":
+        raise planner.SpecError(
+            f"slurm: an allocation is for backend slurm (got backend {body.backend})",
+            field="slurm",
+        )
+    try:
+        return SlurmOverrides.model_validate(body.slurm)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(["slurm", *(str(part) for part in first["loc"])])
+        raise planner.SpecError(f"{name}: {first['msg']}", field=name) from None
 
 
 def _calibration(row: Calibration) -> CalibrationOut:
@@ -198,11 +217,7 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
     out of memory is queued: the refusal is a 422 naming the field. Idempotent on ``uid``: the
     same request again returns the stored run (200, planned as it was then), another one under
     it is a 409 (``api.idempotency``); an invalid body is a 422 whatever its uid names."""
-    if body.slurm is not None and body.backend != "slurm":
-        raise planner.SpecError(
-            f"slurm: an allocation is for backend slurm (got backend {body.backend})",
-            field="slurm",
-        )
+    allocation = _allocation(body)
     model, train, hw = _specs(body)
     check_supported(model)  # what the bundled trainer cannot build is no run at all
     asked = idempotency.run_request(
@@ -211,7 +226,7 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
         hw=hw,
         steps=body.steps,
         backend=body.backend,
-        slurm=body.slurm,
+        slurm=allocation,
         fit=body.fit,
         probe=body.probe,
     )
@@ -227,7 +242,7 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
             gate=not body.fit,
             probe=body.probe,
             uid=uid,
-            slurm=body.slurm.model_dump(exclude_none=True) if body.slurm is not None else None,
+            slurm=allocation.model_dump(exclude_none=True) if allocation is not None else None,
             request=asked,
         )
     if not created:

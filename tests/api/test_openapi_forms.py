@@ -385,7 +385,8 @@ def test_a_runs_slurm_time_limit_is_a_minute_to_a_year(client: TestClient, time_
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
     problem = response.json()
-    assert [e["field"] for e in problem["errors"]] == ["slurm.time_limit"], problem
+    assert problem["field"] == "slurm.time_limit", problem
+    assert problem["detail"].startswith("slurm.time_limit: "), problem
     assert "allowed: 1 minute to 365 days as M, M:S, H:M:S, D-H" in problem["detail"], problem
 
 
