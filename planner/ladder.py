@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
@@ -272,13 +272,16 @@ def fit(
     margin_pct: float | None = None,
     max_listed: int = 20,
     exclude: Collection[str] = (),
+    check: Callable[[], None] | None = None,
 ) -> FitResult:
     """The fastest ladder candidate that fits (see module docstring).
 
     ``exclude`` holds ``candidate_key``s of candidates not to choose again (a probe ran them out
     of memory). The search walks the grid with the placement and ZeRO choices outside and the
     batch shape and recompute inside, so each half of the estimate is looked up once per value
-    and a candidate costs the phase arithmetic and, if it fits, its step time.
+    and a candidate costs the phase arithmetic and, if it fits, its step time. ``check`` is
+    called before each placement, ZeRO stage and allocator mode's candidates; what it raises
+    stops the search (a deadline, a client that went away).
     """
     coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
     cap, host_cap = hardware.memory_bytes, hardware.host_memory_bytes
@@ -309,6 +312,8 @@ def fit(
         inner = inner_streaming if streaming else inner_all
         for z in g.zeros:
             for es in g.segments:
+                if check is not None:
+                    check()
                 over = overheads_of[es[0]["expandable_segments"]]
                 outer = {**z[0], **es[0], **pl[0]}
                 outer_changed = z[2] + es[2] + pl[2]

@@ -51,12 +51,20 @@ least floor is slower than the last runner-up, no later layout can place and non
 (layout, ZeRO stage, placement) whose optimizer phase alone (persistent state, gradients and
 the step's temporaries: a lower bound of its peak) exceeds the GPU is rejected without pricing
 its candidates.
+
+**Budget** (``PlanBudget``): before any layout is made, the layouts and candidates are counted
+from the degrees' divisor sets (``Planner.size``), and a search over more than the budget's is
+refused naming what narrows it; the walk counts each batch's groups of candidates before
+pricing them and stops (``truncated``) before it would pass the budget's, or at its estimates.
+A search's ``check`` (a deadline, a client that went away) is called between its steps.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
@@ -90,6 +98,35 @@ PLAN_LAYOUTS_PER_BATCH = 64
 #: most candidates one plan estimates (each ~10-40 µs): bounds a search where so many of the
 #: fastest candidates do not fit
 PLAN_MAX_ESTIMATES = 100_000
+#: why layouts were refused: the first few reasons a plan lists
+MAX_LAYOUT_REJECTIONS = 10
+#: layouts priced or estimated between two calls of a search's ``check``
+CHECK_EVERY = 1024
+
+
+class PlanBudget(NamedTuple):
+    """What one plan's search may cost. The first two are counted from the divisor sets before
+    any layout is made, and a search over them is refused (a ``SpecError`` naming what narrows
+    it); the walk stops at the last two (``PlanResult.truncated``)."""
+
+    layouts: int
+    """Most layouts (each's costs and floor are worked out, ~25 µs)."""
+    candidates: int
+    """Most candidates of all the layouts together (what the walk prices if no floor skips
+    a layout)."""
+    groups: int
+    """Most groups of candidates the walk prices (a layout's candidates of one ZeRO stage,
+    placement and accumulation share their model states: ~50 µs a group, a few µs a
+    candidate); it stops before a batch of layouts that would pass it."""
+    estimates: int
+    """Most candidates the walk estimates (~10-40 µs each)."""
+
+
+#: ``headroom plan``'s budget: room for the largest clusters it plans (Llama 3.1 405B or
+#: Qwen3 235B on 16,384 GPUs: 20,556 and 67,110 layouts)
+PLAN_BUDGET = PlanBudget(
+    layouts=100_000, candidates=50_000_000, groups=10**9, estimates=PLAN_MAX_ESTIMATES
+)
 #: optimizer-offload fractions the plan tries (the ladder refines within a layout)
 PLAN_OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 #: streaming: layers per checkpointed block
@@ -225,6 +262,40 @@ class _LayoutCosts(NamedTuple):
     edp_ar: tuple[float, float]  # expert gradients' group
 
 
+class _Shape(NamedTuple):
+    """Layouts sharing their world, TP, PP, CP and DP degrees: one per (vpp, ep) pair."""
+
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vpps: tuple[int, ...]
+    eps: tuple[int, ...]
+
+
+class SearchSize(NamedTuple):
+    """How many layouts and candidates a plan's search considers (``Planner.size``)."""
+
+    layouts: int
+    groups: int
+    candidates: int
+
+
+class _FloorCosts(NamedTuple):
+    """``_LayoutCosts``' communication terms and the first stage's layers: what a layout's
+    ``floor`` reads, without its parameters."""
+
+    tp_b: float
+    tp_c: float
+    ep_b: float
+    ep_c: float
+    pp_b: float
+    pp_c: float
+    layers: int
+    moe_layers: int
+
+
 class Candidate(NamedTuple):
     """One priced candidate: its layout and per-rank choices."""
 
@@ -286,8 +357,10 @@ class PlanResult(BaseModel):
     layouts_considered: int
     truncated: bool = Field(
         default=False,
-        description="The walk stopped after PLAN_MAX_ESTIMATES estimates (so many fast "
-        "candidates did not fit): what it found is reported, faster fitting layouts may exist.",
+        description="The walk stopped at its budget (the groups of candidates it may price, or "
+        "the estimates: so many fast candidates did not fit) before it could rule out the "
+        "layouts left: what it found is reported (the reason says where it stopped), faster "
+        "fitting layouts may exist.",
     )
     layouts_skipped: int = Field(
         description="Layouts left unpriced: their floor (FLOPs, memory-bound traffic and the "
@@ -311,8 +384,21 @@ class PlanResult(BaseModel):
     reason: str
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """``n``'s divisors, ascending (pairs up to its square root; kept: the search asks of the
+    same world sizes, up to ``MAX_PLAN_GPUS``, thousands of times)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return (*low, *(n // d for d in reversed(low) if d * d != n))
+
+
+def _micro_batches(per_rank: int) -> list[int]:
+    """The micro-batches a rank of ``per_rank`` sequences per step tries."""
+    return [mb for mb in _powers_of_two(min(per_rank, PLAN_MAX_MICRO_BATCH)) if per_rank % mb == 0]
+
+
+def _unchecked() -> None:
+    """A search's ``check`` when nothing may stop it."""
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -337,7 +423,11 @@ class Planner:
         seq_len: int,
         coefficients: Coefficients | None = None,
         margin_pct: float | None = None,
+        budget: PlanBudget = PLAN_BUDGET,
+        check: Callable[[], None] | None = None,
     ) -> None:
+        """``budget`` bounds the search (``run``); ``check``, called between its steps, may
+        raise to stop it (a deadline, a client that went away)."""
         if not 1 <= gpus <= MAX_PLAN_GPUS:
             raise SpecError(
                 f"gpus: must be between 1 and {MAX_PLAN_GPUS}, got {gpus}", field="gpus"
@@ -374,44 +464,59 @@ class Planner:
         self.layout_rejections: list[str] = []
         self.layouts_refused = 0
         self._costs: dict[Layout, _LayoutCosts] = {}
+        self._shapes: list[_Shape] | None = None
+        self._work: dict[tuple[bool, bool, int], tuple[int, int]] = {}
+        self.budget = budget
+        self.check = check or _unchecked
         self.over = {e: overheads(self.coeffs, hardware, e) for e in (False, True)}
         self.offers_selective_op = selective_op_offered(model, self.coeffs)
 
     # -- layouts ---------------------------------------------------------------------------
 
-    def layouts(self) -> list[Layout]:
-        """Every layout of at most ``gpus`` GPUs (whole nodes, or part of one node) that the
-        model and the global batch divide into."""
+    def shapes(self) -> list[_Shape]:
+        """Every (world, TP, PP, CP, DP) of at most ``gpus`` GPUs (whole nodes, or part of one
+        node) that the model and the global batch divide into, with the interleavings and EP
+        degrees each takes: what ``layouts`` makes layouts of (worked out once; a few
+        thousand at most where the layouts are hundreds of thousands)."""
+        if self._shapes is not None:
+            return self._shapes
         g = self.hw.gpus_per_node
         model = self.model
-        out: list[Layout] = []
+        out: list[_Shape] = []
         worlds = [w for w in range(1, self.gpus + 1) if w < g or w % g == 0]
         experts = model.moe.num_experts if model.moe is not None else 1
         loss = self.train.loss
+        # check_layout's verdict on (tp, pp), for every world they divide
+        refusals: dict[tuple[int, int], str | None] = {}
         for world in worlds:
-            for tp in _divisors(min(world, g)):
-                if world % tp or g % tp:
-                    continue
+            for tp in _divisors(math.gcd(world, g)):
                 if tp > 1 and loss.impl in WHOLE_VOCAB_IMPLS:
                     self._refuse(f"tp={tp}: loss.impl {loss.impl} runs on a whole vocabulary")
                     continue
                 for pp in _divisors(world // tp):
                     if pp > model.num_layers:
                         continue
-                    try:
-                        check_layout(model, tp, pp, 1)
-                    except SpecError as exc:
-                        self._refuse(str(exc))
+                    if (tp, pp) not in refusals:
+                        try:
+                            check_layout(model, tp, pp, 1)
+                            refusals[tp, pp] = None
+                        except SpecError as exc:
+                            refusals[tp, pp] = str(exc)
+                    refused = refusals[tp, pp]
+                    if refused is not None:
+                        self._refuse(refused)
                         continue
                     for cp in _divisors(world // (tp * pp)):
                         dp = world // (tp * pp * cp)
                         if cp > 1 and (self.seq % (2 * cp) or model.mla is not None):
                             continue
                         if self.batch % dp:
-                            self._refuse(
-                                f"dp={dp} (world {world} = tp {tp} x pp {pp} x cp {cp} x dp): "
-                                f"the global batch ({self.batch}) is not divisible by dp"
-                            )
+                            self.layouts_refused += 1
+                            if len(self.layout_rejections) < MAX_LAYOUT_REJECTIONS:
+                                self._note(
+                                    f"dp={dp} (world {world} = tp {tp} x pp {pp} x cp {cp} x "
+                                    f"dp): the global batch ({self.batch}) is not divisible by dp"
+                                )
                             continue
                         if tp > 1 and self.seq % tp:
                             continue
@@ -424,11 +529,95 @@ class Planner:
                                 for v in range(2, PLAN_MAX_VPP + 1)
                                 if model.num_layers % (pp * v) == 0
                             ]
-                        eps = [e for e in _divisors(dp * cp) if experts % e == 0]
-                        for vpp in vpps:
-                            for ep in eps:
-                                out.append(Layout(world, tp, pp, vpp, cp, dp, ep))
+                        # the EP degrees dividing both dp x cp and the experts
+                        eps = _divisors(math.gcd(dp * cp, experts))
+                        out.append(_Shape(world, tp, pp, cp, dp, tuple(vpps), tuple(eps)))
+        self._shapes = out
         return out
+
+    def layouts(self) -> list[Layout]:
+        """Every layout of at most ``gpus`` GPUs (whole nodes, or part of one node) that the
+        model and the global batch divide into."""
+        return [
+            Layout(s.world, s.tp, s.pp, vpp, s.cp, s.dp, ep)
+            for s in self.shapes()
+            for vpp in s.vpps
+            for ep in s.eps
+        ]
+
+    def layout_work(self, tp: int, pp: int, cp: int, dp: int) -> tuple[int, int]:
+        """(groups, candidates) ``candidates`` considers for a layout of these degrees (any
+        ``vpp`` and ``ep``): a group per ZeRO stage, placement and micro-batches with or
+        without accumulation, each with its micro-batches x recomputes."""
+        zeros = len(self.zero_stages) if dp * cp > 1 else 1
+        # what the placements and recomputes depend on, and the micro-batches
+        key = (tp == 1 and pp == 1, cp == 1, dp)
+        work = self._work.get(key)
+        if work is None:
+            lay = Layout(tp * pp * cp * dp, tp, pp, 1, cp, dp, 1)
+            per_rank = self.batch // dp
+            micro = _micro_batches(per_rank)
+            # the micro-batch of the whole per-rank batch is the one without accumulation
+            whole = int(micro[-1] == per_rank)
+            splits = whole + int(len(micro) > whole)
+            recomputes = len(self.recomputes(lay))
+            placements = self.placements(lay)
+            per_placement = sum(1 if p[0] == "streaming" else recomputes for p in placements)
+            work = self._work[key] = (len(placements) * splits, len(micro) * per_placement)
+        return zeros * work[0], zeros * work[1]
+
+    def size(self) -> SearchSize:
+        """The layouts, groups and candidates the search would consider, counted from the
+        degrees' divisor sets without making any layout."""
+        layouts = groups = candidates = 0
+        for s in self.shapes():
+            n = len(s.vpps) * len(s.eps)
+            g, c = self.layout_work(s.tp, s.pp, s.cp, s.dp)
+            layouts += n
+            groups += n * g
+            candidates += n * c
+        return SearchSize(layouts, groups, candidates)
+
+    def count(self, lays: list[Layout]) -> tuple[int, int]:
+        """(groups, candidates) ``candidates`` considers for ``lays``, before pricing any."""
+        groups = candidates = 0
+        for lay in lays:
+            layout_groups, layout_candidates = self.layout_work(lay.tp, lay.pp, lay.cp, lay.dp)
+            groups += layout_groups
+            candidates += layout_candidates
+        return groups, candidates
+
+    def check_size(self, budget: PlanBudget) -> SearchSize:
+        """The search's size, refused (a ``SpecError`` naming what narrows it and the limits)
+        over ``budget``'s layouts or candidates, before any layout is made."""
+        size = self.size()
+        if size.layouts <= budget.layouts and size.candidates <= budget.candidates:
+            return size
+        g = self.hw.gpus_per_node
+        worlds = min(self.gpus, g - 1) + self.gpus // g
+        model = self.model
+        narrower = [
+            f"fewer gpus ({worlds:,} world sizes) or a gpus_per_node with fewer divisors ({g} "
+            f"has {len(_divisors(g))}: the TP degrees)",
+            f"a global_batch with fewer divisors ({self.batch} has {len(_divisors(self.batch))}: "
+            "the DP degrees and micro-batches)",
+            f"a seq_len with fewer divisors ({self.seq} has {len(_divisors(self.seq))}: the CP "
+            "degrees)",
+        ]
+        parts = (
+            f"layers ({model.num_layers} has {len(_divisors(model.num_layers))}: the PP degrees)"
+        )
+        if model.moe is not None and model.moe.num_experts > 1:
+            experts = model.moe.num_experts
+            parts += f" or experts ({experts} has {len(_divisors(experts))}: the EP degrees)"
+        narrower.append(f"a model whose {parts} have fewer divisors")
+        raise SpecError(
+            f"gpus: planning at most {self.gpus} GPUs would consider {size.layouts:,} layouts and "
+            f"{size.candidates:,} candidates; a plan may consider at most {budget.layouts:,} "
+            f"layouts and {budget.candidates:,} candidates. Narrow the search: "
+            + "; ".join(narrower),
+            field="gpus",
+        )
 
     def recomputes(self, lay: Layout) -> tuple[int, ...]:
         """``RECOMPUTE`` indices a non-streaming candidate of ``lay`` tries: torchtitan's
@@ -440,11 +629,18 @@ class Planner:
 
     def _refuse(self, why: str) -> None:
         self.layouts_refused += 1
-        if len(self.layout_rejections) < 10 and why not in self.layout_rejections:
+        self._note(why)
+
+    def _note(self, why: str) -> None:
+        if (
+            len(self.layout_rejections) < MAX_LAYOUT_REJECTIONS
+            and why not in self.layout_rejections
+        ):
             self.layout_rejections.append(why)
 
-    def costs(self, lay: Layout) -> _LayoutCosts:
-        """A layout's per-byte communication costs, resolved once."""
+    def floor_costs(self, lay: Layout) -> _FloorCosts:
+        """What ``floor`` reads of a layout's costs, without its stages' parameters (which
+        ``costs`` works out for the layouts the walk prices only)."""
         model, ln = self.model, self.links
         tp, pp, cp, dp, ep = lay.tp, lay.pp, lay.cp, lay.dp, lay.ep
         sp = tp > 1
@@ -459,6 +655,23 @@ class Planner:
             routed = (tokens // tp if sp else tokens) * self.top_k * model.hidden_size * pb
             a_b, a_c = all_to_all_cost(ep, tp, ln)
             ep_b, ep_c = 2 * a_b * routed, 2 * a_c  # dispatch and combine
+        pp_b = pp_c = 0.0
+        if pp > 1:
+            per_b, lat = p2p_cost(tp * cp * dp, ln)
+            pp_b, pp_c = (hidden_bytes // tp if sp else hidden_bytes) * per_b, lat
+        # the first stage's layers (``stage_layer_ranges``: the earlier stages take the rest)
+        layers = -(-model.num_layers // pp)
+        return _FloorCosts(
+            tp_b, tp_c, ep_b, ep_c, pp_b, pp_c, layers, model.moe_layers_between(0, layers)
+        )
+
+    def costs(self, lay: Layout) -> _LayoutCosts:
+        """A layout's per-byte communication costs, resolved once."""
+        model, ln = self.model, self.links
+        tp, pp, cp, dp, ep = lay.tp, lay.pp, lay.cp, lay.dp, lay.ep
+        f = self.floor_costs(lay)
+        pb = self.base.param_bytes
+        tokens = self.seq // cp  # a sequence's tokens on this rank
         cp_b = cp_c = 0.0
         if cp > 1:
             per_b, lat = p2p_cost(tp, ln)
@@ -467,21 +680,17 @@ class Planner:
             # the forward attention of a sequence's shard: 2 x d_attn x seq FLOPs per token
             attention = 2 * self.d_attn * self.seq * tokens / tp / self.rate
             cp_b, cp_c = comm - attention, (cp - 1) * lat
-        pp_b = pp_c = 0.0
-        if pp > 1:
-            per_b, lat = p2p_cost(tp * cp * dp, ln)
-            pp_b, pp_c = (hidden_bytes // tp if sp else hidden_bytes) * per_b, lat
         sp0 = stage_params(model, tp, pp, ep, 0)
         dp_group = dp * cp
         return _LayoutCosts(
-            tp_b,
-            tp_c,
-            ep_b,
-            ep_c,
+            f.tp_b,
+            f.tp_c,
+            f.ep_b,
+            f.ep_c,
             cp_b,
             cp_c,
-            pp_b,
-            pp_c,
+            f.pp_b,
+            f.pp_c,
             sp0.num_layers,
             sp0.num_moe_layers,
             sp0.dense_numel,
@@ -793,13 +1002,11 @@ class Planner:
         least = min(o.allocator_overhead_fraction for o in self.over.values())
         priced: list[tuple[float, int]] = []
         for lay in lays:
-            c = self._costs[lay] if lay in self._costs else self.costs(lay)
+            c = self._costs.get(lay)
+            if c is None:
+                c = self._costs[lay] = self.costs(lay)
             per_rank = self.batch // lay.dp
-            micro = [
-                mb
-                for mb in _powers_of_two(min(per_rank, PLAN_MAX_MICRO_BATCH))
-                if per_rank % mb == 0
-            ]
+            micro = _micro_batches(per_rank)
             stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
             zeros = [z for z in self.zero_stages if lay.dp * lay.cp > 1 or z == self.zero_stages[0]]
             placements = self.placements(lay)
@@ -834,7 +1041,7 @@ class Planner:
                         )
         return priced
 
-    def floor(self, lay: Layout, c: _LayoutCosts) -> float:
+    def floor(self, lay: Layout, c: _LayoutCosts | _FloorCosts) -> float:
         """No candidate of ``lay`` steps faster than this: its tokens' FLOPs without recompute
         and memory-bound traffic over its GPUs, and the communication every token pays
         whatever the micro-batch (two passes of its TP, EP and pipeline sends), without the
@@ -852,20 +1059,26 @@ class Planner:
             comm += 2 * lay.vpp * c.pp_b
         return compute + per_rank * comm
 
-    def run(self, max_listed: int = 10, max_estimates: int = PLAN_MAX_ESTIMATES) -> PlanResult:
+    def run(self, max_listed: int = 10, budget: PlanBudget | None = None) -> PlanResult:
         """The fastest candidate that fits, the runners-up and the rejections.
 
-        Layouts are taken in batches in the order of their ``floor``; once a batch's least
-        floor is slower than the last runner-up found, it and every later one are skipped
-        unpriced (``layouts_skipped``). Each batch's candidates are walked fastest first,
-        estimated until they are slower than the last runner-up."""
+        The search's size is counted first and refused over ``budget``'s layouts or candidates
+        (``check_size``). Layouts are taken in batches in the order of their ``floor``; once a
+        batch's least floor is slower than the last runner-up found, it and every later one are
+        skipped unpriced (``layouts_skipped``). Each batch's candidates are walked fastest
+        first, estimated until they are slower than the last runner-up; the walk stops
+        (``truncated``) before a batch that would take it past ``budget.priced`` candidates, or
+        at ``budget.estimates`` estimates. ``self.check`` is called between steps."""
+        budget = budget or self.budget
         model, coeffs, hw = self.model, self.coeffs, self.hw
+        self.check_size(budget)
         lays = self.layouts()
         # layouts by their floor, fastest first (the larger world first on a tie)
         floors = []
         for i, lay in enumerate(lays):
-            c = self._costs[lay] = self.costs(lay)
-            floors.append((self.floor(lay, c), -lay.world, i))
+            if not i % CHECK_EVERY:
+                self.check()
+            floors.append((self.floor(lay, self.floor_costs(lay)), -lay.world, i))
         floors.sort()
         cap, host_cap, over = hw.memory_bytes, hw.host_memory_bytes, self.over
         segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
@@ -874,22 +1087,35 @@ class Planner:
         # (step, peak, order, candidate, host peak): the fastest found, at most max_listed + 1
         fitting: list[tuple[float, int, int, Candidate, int]] = []
         groups: list[Any] = []
-        estimated = priced_total = skipped = 0
-        truncated = False
+        estimated = priced_total = skipped = walked_groups = 0
+        truncated = ""
         for start in range(0, len(floors), PLAN_LAYOUTS_PER_BATCH):
+            self.check()
             batch = floors[start : start + PLAN_LAYOUTS_PER_BATCH]
+            batch_lays = [lays[i] for _, _, i in batch]
             if truncated or (len(fitting) > max_listed and batch[0][0] > fitting[-1][0]):
                 skipped = len(floors) - start
                 break
-            priced = self.candidates([lays[i] for _, _, i in batch], groups, rejected_by)
+            batch_groups = self.count(batch_lays)[0]
+            if walked_groups + batch_groups > budget.groups:
+                truncated = (
+                    f"the search stopped after {walked_groups} groups of candidates (at most "
+                    f"{budget.groups})"
+                )
+                skipped = len(floors) - start
+                break
+            walked_groups += batch_groups
+            priced = self.candidates(batch_lays, groups, rejected_by)
             priced_total += len(priced)
             priced.sort()
             for step, key in priced:
                 if len(fitting) > max_listed and step > fitting[-1][0]:
                     break
-                if estimated >= max_estimates:
-                    truncated = True
+                if estimated >= budget.estimates:
+                    truncated = f"the search stopped after {estimated} estimates"
                     break
+                if not estimated % CHECK_EVERY:
+                    self.check()
                 lay, zero, p_i, placement, mbs = groups[key >> 12]
                 mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
                 for e in segments:
@@ -927,7 +1153,7 @@ class Planner:
             "seq_len": self.seq,
             "layouts_considered": layouts_considered,
             "layouts_skipped": skipped,
-            "truncated": truncated,
+            "truncated": bool(truncated),
             "candidates_considered": considered,
             "candidates_estimated": estimated,
             "rejected": rejected,
@@ -946,7 +1172,7 @@ class Planner:
                 gpus_used=None,
                 runners_up=[],
                 reason=(
-                    f"the search stopped after {estimated} estimates, none of which fit"
+                    f"{truncated}, none of which fit"
                     if truncated
                     else f"no layout of at most {self.gpus} GPUs fits: every candidate's "
                     "heaviest rank exceeds the GPU or its node's host RAM"
@@ -955,7 +1181,7 @@ class Planner:
             )
         best = fitting[0][3]
         plan = self.spec(best)
-        budget = estimate(model, plan, hw, coeffs)
+        chosen = estimate(model, plan, hw, coeffs)
         tokens = self.batch * self.seq
         runners_up = [
             self._listed(c, peak, host_peak, plan=self.spec(c).model_dump(mode="json"))
@@ -964,15 +1190,14 @@ class Planner:
         return PlanResult(
             fits=True,
             plan=plan.model_dump(mode="json"),
-            budget=BudgetModel.model_validate(budget.model_dump()),
+            budget=BudgetModel.model_validate(chosen.model_dump()),
             predicted_step_seconds=best.step,
             predicted_tokens_per_second=tokens / best.step,
             step=explain_step(self, best),
             gpus_used=best.layout.world,
             runners_up=runners_up,
             reason=f"fastest of {considered} candidates over {layouts_considered} layouts by "
-            "predicted step time"
-            + (f" (the search stopped after {estimated} estimates)" if truncated else ""),
+            "predicted step time" + (f" ({truncated})" if truncated else ""),
             **common,
         )
 
@@ -1147,9 +1372,22 @@ def plan(
     coefficients: Coefficients | None = None,
     margin_pct: float | None = None,
     max_listed: int = 10,
+    budget: PlanBudget = PLAN_BUDGET,
+    check: Callable[[], None] | None = None,
 ) -> PlanResult:
-    """The fastest layout of at most ``gpus`` GPUs that fits (see the module docstring)."""
+    """The fastest layout of at most ``gpus`` GPUs that fits (see the module docstring), within
+    ``budget``; ``check`` is called between the search's steps and may raise to stop it."""
     planner = Planner(
-        model, train, cluster, hardware, gpus, global_batch, seq_len, coefficients, margin_pct
+        model,
+        train,
+        cluster,
+        hardware,
+        gpus,
+        global_batch,
+        seq_len,
+        coefficients,
+        margin_pct,
+        budget,
+        check,
     )
     return planner.run(max_listed)

@@ -20,7 +20,7 @@ from headroom.planner.cluster import (
     load_cluster,
 )
 from headroom.planner.estimator import end_stages, gpu_peak, in_flight, overheads, stage_parts
-from headroom.planner.layout import RECOMPUTE, Layout, Planner, group_shape
+from headroom.planner.layout import PLAN_BUDGET, RECOMPUTE, Layout, Planner, group_shape
 
 SETTINGS = settings(max_examples=20, deadline=None)
 #: (model, GPU) pairs a handful of GPUs can hold in some layout, dense and MoE
@@ -261,7 +261,8 @@ def test_a_bounded_walk_says_it_stopped() -> None:
     p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
     full = p.run(max_listed=3)
     assert not full.truncated and full.candidates_estimated > 20
-    short = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096).run(max_listed=3, max_estimates=5)
+    few = PLAN_BUDGET._replace(estimates=5)
+    short = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096).run(max_listed=3, budget=few)
     # a candidate's two allocator modes are estimated together
     assert short.truncated and short.candidates_estimated in (5, 6)
     assert f"stopped after {short.candidates_estimated} estimates" in short.reason
