@@ -10,7 +10,8 @@ such stop into a hang or a failure of every later run costs a whole CI slot. Eac
 2. after a random delay (up to ``--max-delay``, about the suite's length, so the stop falls
    anywhere: in ``make install``, the apt installs, a build, a gloo run, the Slurm tests, the
    browser) sends the group a random one of SIGINT, SIGTERM or SIGKILL, and SIGKILL a minute
-   later if anything is still there;
+   (``--grace``) later if anything is still there, naming what was (``lingering``: a Ctrl-C
+   that does not stop the suite is a defect too, though not the one this script holds);
 3. lists the processes the stopped run left behind (their command lines name the clone);
 4. runs ``make test`` again, bounded by ``--next-timeout``: it must exit 0.
 
@@ -64,21 +65,42 @@ def _left_behind(clone: Path) -> list[str]:
     return found
 
 
-def _stop_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    """Send ``sig`` to ``child``'s process group; SIGKILL it a minute later if still there."""
+def _group(pgid: int) -> list[str]:
+    """Live members of process group ``pgid``: pid and command line."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found.append(f"{proc.name}: {cmd.strip()[:160]}")
+    return found
+
+
+def _stop_group(
+    child: subprocess.Popen[bytes], sig: signal.Signals, grace_s: float = 60.0
+) -> list[str]:
+    """Send ``sig`` to ``child``'s process group and wait up to ``grace_s`` for the whole group
+    to end; SIGKILL whatever is left. What was left then (empty: the signal ended it in time)."""
     try:
         os.killpg(child.pid, sig)
     except ProcessLookupError:
-        return
-    try:
-        child.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait(timeout=60)
-    # the group's other members (a child the stop did not end) go too, as at a machine's stop
-    time.sleep(1.0)
+        return []
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        child.poll()
+        if child.returncode is not None and not _group(child.pid):
+            return []
+        time.sleep(0.2)
+    lingering = _group(child.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=60)
+    return lingering
 
 
 def _make_test(clone: Path, out: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -96,6 +118,7 @@ def _round(
     killed_log = logs / f"round-{number}-killed.log"
     name = rng.choice(args.signals)
     delay = rng.uniform(1.0, args.max_delay)
+    lingering: list[str] = []
     with killed_log.open("wb") as out:
         child = _make_test(clone, out)
         try:
@@ -104,13 +127,15 @@ def _round(
         except subprocess.TimeoutExpired:
             stopped = True
             running = _tail(killed_log)
-            _stop_group(child, SIGNALS[name])
+            lingering = _stop_group(child, SIGNALS[name], args.grace)
     entry: dict[str, object] = {
         "round": number,
         "signal": name if stopped else None,
         "after_s": round(delay, 1),
         "running": running if stopped else "(ended by itself first)",
         "killed_exit": child.returncode,
+        # what the signal had not ended a minute later (then SIGKILLed)
+        "lingering": lingering,
     }
     time.sleep(2.0)
     entry["left_behind"] = _left_behind(clone)
@@ -136,6 +161,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--clone", type=Path, help="run in this clone (made if missing)")
     parser.add_argument("--max-delay", type=float, default=720.0, help="latest stop, seconds")
+    parser.add_argument(
+        "--grace", type=float, default=60.0, help="seconds a stopped run has to end by itself"
+    )
     parser.add_argument("--next-timeout", type=float, default=2700.0, help="seconds")
     parser.add_argument("--signals", type=lambda s: s.split(","), default=list(SIGNALS))
     parser.add_argument("--seed", type=int, default=None)

@@ -83,3 +83,19 @@ def _kill_inside(clone: Path) -> None:
         with contextlib.suppress(OSError, ValueError):
             if proc.name.isdigit() and os.readlink(proc / "cwd").startswith(str(clone)):
                 os.kill(int(proc.name), signal.SIGKILL)
+
+
+def test_what_a_signal_did_not_end_is_named_before_it_is_killed(tmp_path: Path) -> None:
+    """A run that ignores Ctrl-C is SIGKILLed after the grace; the round names what lingered."""
+    deaf = """test:
+\tsh -c 'trap "" INT TERM; exec sleep 7' & sleep 5
+"""
+    _, rows, _ = _run(
+        tmp_path / "clone",
+        deaf,
+        *("--rounds", "1", "--max-delay", "1.5", "--signals", "INT", "--grace", "1"),
+        *("--next-timeout", "1"),
+    )
+    (row,) = rows
+    assert row["signal"] == "INT"
+    assert any("sleep 7" in p for p in row["lingering"])  # type: ignore[attr-defined]
