@@ -39,6 +39,7 @@ from headroom.calibration.processes import die_with_parent
 from headroom.launch.backends import EXIT_OOM
 from headroom.launch.devices import cpu_ram_refusal
 from headroom.launch.plan import Prediction
+from headroom.launch.rundirs import write_private
 from headroom.planner.ladder import FitResult, candidate_key, changed_keys, ladder_keys
 from headroom.planner.report import OutOfMemoryAt, TrainerReport, read_report
 from headroom.planner.trainable import TORCH_DTYPE, working_precision
@@ -151,7 +152,7 @@ def subprocess_prober(
         with tempfile.TemporaryDirectory(dir=workdir) as tmp:
             plan_file = Path(tmp) / "plan.json"
             report_file = Path(tmp) / "report.json"
-            plan_file.write_text(json.dumps(plan.model_dump(mode="json")))
+            write_private(plan_file, json.dumps(plan.model_dump(mode="json")))
             argv = [
                 sys.executable,
                 "-m",
