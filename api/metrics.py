@@ -5,7 +5,7 @@ Each application gets its own registry, so tests can build many apps in one proc
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class Metrics:
@@ -27,4 +27,20 @@ class Metrics:
         )
         self.ooms = Counter(
             "headroom_ooms", "Runs or probes that ran out of memory", registry=self.registry
+        )
+        self.searches = Counter(
+            "headroom_searches",
+            "Plan and fit searches by outcome: done, invalid (422), queue_full (503, not "
+            "queued), client_gone (its client left while it waited: never started), cancelled "
+            "(its client left while it ran: stopped), deadline (stopped at its deadline: 503)",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.searches_waiting = Gauge(
+            "headroom_searches_waiting",
+            "Plan and fit searches waiting for the search thread",
+            registry=self.registry,
+        )
+        self.searches_running = Gauge(
+            "headroom_searches_running", "Plan and fit searches running", registry=self.registry
         )

@@ -1,10 +1,14 @@
-"""Planning routes: presets, this host's GPUs, estimate and gate. The planner does the work."""
+"""Planning routes: presets, this host's GPUs, estimate, gate, fit and plan. The planner does
+the work; the searches (fit, plan) queue for their thread (``Searches``)."""
 
 from __future__ import annotations
 
 import json
+import math
+import threading
+import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -22,8 +26,10 @@ from headroom.api.schemas import (
     PlanningRequest,
     PlanRequest,
 )
+from headroom.api.settings import Settings
 from headroom.launch.devices import local_gpus
 from headroom.planner.cluster import cluster_and_gpu, cluster_preset
+from headroom.planner.layout import PlanBudget
 
 T = TypeVar("T")
 
@@ -65,13 +71,144 @@ router = APIRouter(tags=["planning"], route_class=_SmallBodies)
 # loop (and every other thread) wait longer for its turn (docs/PERFORMANCE.md).
 SEARCH_THREADS = 1
 ESTIMATE_THREADS = 1
-_search_threads = anyio.CapacityLimiter(SEARCH_THREADS)
 _estimate_threads = anyio.CapacityLimiter(ESTIMATE_THREADS)
+#: seconds between two looks at whether a search's client is still there
+CLIENT_POLL_S = 0.05
+#: what a /plan may cost the service (each counted before the work it stands for): its layouts
+#: (the bundled models on 1,024 GPUs, the most the service plans, have up to 13,653; a body of
+#: highly divisible sizes had 844,928) and candidates, refused (422) above these; the groups of
+#: candidates its walk prices (~50-90 µs each: GPT-3 175B on 1,024 A100s finds its plan and
+#: runners-up within 12,000 and walks 15,220 to rule out the rest) and its estimates, where the
+#: walk stops (``truncated``). About a second of CPU at most (docs/PERFORMANCE.md);
+#: ``headroom plan`` has ``planner.layout.PLAN_BUDGET``'s room.
+SERVED_PLAN_BUDGET = PlanBudget(
+    layouts=16_000, candidates=8_000_000, groups=12_000, estimates=5_000
+)
 
 
 async def _in_thread(limiter: anyio.CapacityLimiter, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a thread of ``limiter``'s (the others wait their turn)."""
     return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+
+
+class _Stopped(Exception):
+    """A search stopped before its end (``outcome``: cancelled or deadline)."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+class Searches:
+    """The service's /plan and /fit searches: ``SEARCH_THREADS`` at a time in threads of
+    their own, at most ``waiting`` more queued (503 with Retry-After past them). A queued
+    search whose client has gone is dropped unstarted; a running one stops (its ``check``,
+    polled by the planner's loops, raises) when its client goes or after ``deadline_s``."""
+
+    def __init__(self, *, waiting: int, deadline_s: float) -> None:
+        self.threads = anyio.CapacityLimiter(SEARCH_THREADS)
+        self.waiting = waiting
+        self.deadline_s = deadline_s
+
+    @property
+    def retry_after_s(self) -> int:
+        """When to ask again: the running search is done by then, at the latest."""
+        return math.ceil(self.deadline_s)
+
+    def _busy(self, detail: str) -> Response:
+        retry = self.retry_after_s
+        return problem(503, f"{detail}; retry in {retry} s", headers={"Retry-After": str(retry)})
+
+    async def run(
+        self, request: Request, endpoint: str, fn: Callable[[Callable[[], None]], T]
+    ) -> T | Response:
+        """``fn(check)`` in the search thread once its turn comes, or the problem that stopped
+        it: the queue full (503), its client gone (499: no one reads it) or its deadline
+        passed (503)."""
+        metrics: Metrics = request.app.state.metrics
+        outcomes = metrics.searches
+        queued = self.threads.statistics()
+        if queued.borrowed_tokens >= queued.total_tokens and queued.tasks_waiting >= self.waiting:
+            outcomes.labels(endpoint, "queue_full").inc()
+            return self._busy(f"{self.waiting} plan and fit searches wait already (search_queue)")
+        metrics.searches_waiting.inc()
+        try:
+            await self.threads.acquire()
+        finally:
+            metrics.searches_waiting.dec()
+        try:
+            if await request.is_disconnected():
+                outcomes.labels(endpoint, "client_gone").inc()
+                return _client_left("before its search started")
+            metrics.searches_running.inc()
+            try:
+                result, failure = await self._watched(request, fn)
+            finally:
+                metrics.searches_running.dec()
+        finally:
+            self.threads.release()
+        if isinstance(failure, _Stopped):
+            outcomes.labels(endpoint, failure.outcome).inc()
+            if failure.outcome == "cancelled":
+                return _client_left("while its search ran")
+            return self._busy(
+                f"the search ran past its deadline of {self.deadline_s:g} s (search_deadline_s): "
+                "the service is busy"
+            )
+        if failure is not None:
+            if isinstance(failure, planner.HeadroomError):
+                outcomes.labels(endpoint, "invalid").inc()
+            raise failure
+        outcomes.labels(endpoint, "done").inc()
+        return cast(T, result)
+
+    async def _watched(
+        self, request: Request, fn: Callable[[Callable[[], None]], T]
+    ) -> tuple[T | None, Exception | None]:
+        """``fn(check)`` in a thread while its client is watched: ``check`` raises ``_Stopped``
+        once the client has gone or the deadline has passed. (its result, what it raised)."""
+        gone = threading.Event()
+        deadline = time.monotonic() + self.deadline_s
+
+        def check() -> None:
+            if gone.is_set():
+                raise _Stopped("cancelled")
+            if time.monotonic() > deadline:
+                raise _Stopped("deadline")
+
+        async def watch() -> None:
+            while not await request.is_disconnected():
+                await anyio.sleep(CLIENT_POLL_S)
+            gone.set()
+
+        result: T | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            try:
+                # a thread of the default pool: the search limiter is this search's already
+                result = await anyio.to_thread.run_sync(fn, check)
+            except Exception as exc:  # returned: the group would wrap it in an ExceptionGroup
+                failure = exc
+            finally:
+                tasks.cancel_scope.cancel()
+        return result, failure
+
+
+def _client_left(when: str) -> Response:
+    # nginx's 499: no one reads it, but the request metrics and logs tell it apart
+    return problem(499, f"the client left {when}", title="Client closed request")
+
+
+def _searches(request: Request) -> Searches:
+    """The app's searches (made on first use, from its settings)."""
+    found: Searches | None = getattr(request.app.state, "searches", None)
+    if found is None:
+        settings: Settings = request.app.state.settings
+        found = request.app.state.searches = Searches(
+            waiting=settings.search_queue, deadline_s=settings.search_deadline_s
+        )
+    return found
 
 
 def _budget(body: PlanningRequest) -> planner.Budget:
@@ -151,30 +288,36 @@ async def gate(body: GateRequest, request: Request) -> planner.Verdict:
     return verdict
 
 
-def _fit(body: FitRequest) -> tuple[planner.FitResult, str]:
+def _fit(body: FitRequest, check: Callable[[], None]) -> tuple[planner.FitResult, str]:
     """The search and its JSON (both in the search thread: the loop only sends it)."""
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(
         body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
     )
-    result = planner.fit(model, train, hw, margin_pct=body.margin_pct)
+    result = planner.fit(model, train, hw, margin_pct=body.margin_pct, check=check)
     return result, result.model_dump_json()
 
 
-@router.post("/fit", response_model=planner.FitResult, responses=responses(413, 422))
+@router.post("/fit", response_model=planner.FitResult, responses=responses(413, 422, 503))
 async def fit(body: FitRequest, request: Request) -> Response:
     """The fastest ladder candidate (offload, micro-batch, recompute, ZeRO) that fits, the
-    runners-up, and why others were rejected. Nothing fitting is a 200 with ``fits: false``."""
-    result, content = await _in_thread(_search_threads, _fit, body)
+    runners-up, and why others were rejected. Nothing fitting is a 200 with ``fits: false``.
+    A 503 with Retry-After when too many searches wait already or this one ran past its
+    deadline (the service's ``search_queue`` and ``search_deadline_s``)."""
+    answer = await _searches(request).run(request, "fit", lambda check: _fit(body, check))
+    if isinstance(answer, Response):
+        return answer
+    result, content = answer
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("fit").inc(result.candidates_considered)
     metrics.verdicts.labels(str(result.fits).lower()).inc()
     return Response(content, media_type="application/json")
 
 
-def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
-    """The layout search and its JSON (in the search thread, as ``_fit``)."""
+def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanResult, str]:
+    """The layout search within ``SERVED_PLAN_BUDGET`` and its JSON (in the search thread, as
+    ``_fit``)."""
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
@@ -189,17 +332,24 @@ def _plan(body: PlanRequest) -> tuple[planner.PlanResult, str]:
         body.global_batch,
         body.seq_len,
         margin_pct=body.margin_pct,
+        budget=SERVED_PLAN_BUDGET,
+        check=check,
     )
     return result, result.model_dump_json()
 
 
-@router.post("/plan", response_model=planner.PlanResult, responses=responses(413, 422))
+@router.post("/plan", response_model=planner.PlanResult, responses=responses(413, 422, 503))
 async def plan(body: PlanRequest, request: Request) -> Response:
     """The fastest parallel layout (TP, PP with its schedule, CP, DP, EP, ZeRO, micro-batch,
     recompute, offload) of at most ``gpus`` GPUs whose heaviest rank fits, ranked by predicted
     step time, with the runners-up and why the rest were rejected. Nothing fitting is a 200 with
-    ``fits: false``."""
-    result, content = await _in_thread(_search_threads, _plan, body)
+    ``fits: false``. A search larger than the service plans (its layouts and candidates,
+    counted before any is made) is a 422 naming what narrows it; a 503 with Retry-After when
+    too many searches wait already or this one ran past its deadline."""
+    answer = await _searches(request).run(request, "plan", lambda check: _plan(body, check))
+    if isinstance(answer, Response):
+        return answer
+    result, content = answer
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("plan").inc(result.candidates_estimated)
     metrics.verdicts.labels(str(result.fits).lower()).inc()

@@ -81,3 +81,34 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
         assert len(lines) == 1 and field in lines[0] and "Traceback" not in proc.stderr
     proc = run("plan", "llama-3-8b", "--gpus", "0", "--global-batch", "8", "--seq", "8")
     assert proc.returncode == 2 and "--gpus" in proc.stderr
+
+
+def test_a_search_over_its_budget_exits_2_naming_what_narrows_it(tmp_path: Path) -> None:
+    """The report's body of highly divisible sizes (844,928 layouts: 87 s of CPU and 860 MiB)
+    is refused before any layout is made."""
+    model = tmp_path / "divisible.json"
+    model.write_text(
+        json.dumps(
+            {
+                "name": "divisible",
+                "vocab_size": 50400,
+                "hidden_size": 5040,
+                "num_layers": 2520,
+                "num_heads": 720,
+                "ffn_hidden_size": 20160,
+                "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
+            }
+        )
+    )
+    proc = run_headroom(
+        "plan",
+        str(model),
+        *("--gpus", "1024", "--gpus-per-node", "1008", "--global-batch", "720720"),
+        *("--seq", "5040"),
+        timeout=60,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("error: gpus: planning at most 1024 GPUs would consider 844,928")
+    assert "global_batch" in lines[0] and "100,000 layouts" in lines[0]
