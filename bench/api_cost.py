@@ -1,6 +1,6 @@
 """What a request may cost the service, against a real server (uvicorn in a subprocess).
 
-Sections (``--only memory,worst,junk,mixed,flood``; all by default):
+Sections (``--only memory,worst,junk,mixed,flood,plan``; all by default):
 
 - ``memory``: N distinct 4,096-layer MoE models (each with 256 layers forced dense at random,
   the heaviest the schema allows) posted to ``/estimate`` by a few client threads; the server
@@ -20,6 +20,13 @@ Sections (``--only memory,worst,junk,mixed,flood``; all by default):
   connections the server refused as they opened and how long it held the others. The
   keep-alive client and everyone after the flood must get 200s, and the server must close
   every held connection within ``--flood-wait-s``.
+- ``plan``: the worst ``/plan`` we know of (the report's body: every size highly divisible) and
+  the longest plan of a bundled model (GPT-3 175B on 1,024 A100s), each posted
+  ``--plan-repeats`` times: its status, time, the server's CPU and the growth of its peak
+  resident memory (``VmHWM``). Then ``--plan-dropped`` of the long plans at once, whose clients
+  close 0.2 s later, and a small ``/fit``'s latency after them; the searches' outcomes
+  as ``/metrics`` counts them. The worst plan must be refused (422) within
+  ``--plan-budget-s`` of server CPU, the long one answered (200).
 
 The server runs with one worker on a throwaway SQLite database (migrated first), from this
 checkout or from ``--root`` (another checkout, to measure before and after a change). The
@@ -38,6 +45,7 @@ import http.client
 import json
 import os
 import random
+import re
 import resource
 import selectors
 import socket
@@ -56,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import api_load  # machine, free_port, MIGRATE, process CPU from /proc
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("memory", "worst", "junk", "mixed", "flood")
+SECTIONS = ("memory", "worst", "junk", "mixed", "flood", "plan")
 
 
 # ------------------------------------------------------------------------------------- bodies
@@ -101,6 +109,30 @@ SMALL_MODEL = {
     "num_layers": 16,
     "num_heads": 16,
     "ffn_hidden_size": 4096,
+}
+#: the report's /plan (302 bytes as it was sent): every size highly divisible, 844,928 layouts
+WORST_PLAN = {
+    "model": {
+        "name": "divisible",
+        "vocab_size": 50400,
+        "hidden_size": 5040,
+        "num_layers": 2520,
+        "num_heads": 720,
+        "ffn_hidden_size": 20160,
+        "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
+    },
+    "gpus": 1024,
+    "global_batch": 720720,
+    "seq_len": 5040,
+    "gpus_per_node": 1008,
+}
+#: the longest plan of a bundled model the service makes (9,867 layouts)
+LONG_PLAN = {
+    "model": "gpt3-175b",
+    "cluster": "DGX-A100",
+    "gpus": 1024,
+    "global_batch": 1536,
+    "seq_len": 2048,
 }
 #: the mixed load's requests: (path, body)
 MIXED = [
@@ -187,6 +219,14 @@ class Server:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise RuntimeError("no VmRSS")
+
+    def peak_rss_mib(self) -> float:
+        """The server process's peak resident memory so far (Linux ``/proc``: ``VmHWM``)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmHWM")
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
@@ -602,6 +642,87 @@ def flood(
     return out
 
 
+def _sent(port: int, path: str, body: Any) -> socket.socket:
+    """A connection that has sent ``POST path`` with ``body``, its answer unread."""
+    raw = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+    sock.sendall(head.encode() + raw)
+    return sock
+
+
+def _searches(server: Server) -> dict[str, float]:
+    """``/metrics``' search outcomes, ``endpoint/outcome`` -> count (none where they are not
+    counted)."""
+    status, raw = Client(server.port).call("GET", "/metrics")
+    found = re.findall(
+        r'^headroom_searches_total\{endpoint="(\w+)",outcome="(\w+)"\} (\S+)$',
+        raw.decode() if status == 200 else "",
+        re.M,
+    )
+    return {f"{endpoint}/{outcome}": float(n) for endpoint, outcome, n in found}
+
+
+def plan(server: Server, repeats: int = 3, dropped: int = 20) -> dict[str, Any]:
+    """The worst /plan and the longest bundled one, ``repeats`` times each; then ``dropped``
+    long plans whose clients close after 0.2 s, and a small /fit after them (asked
+    again every 100 ms while the search queue is full)."""
+    out: dict[str, Any] = {"worst_body_bytes": len(json.dumps(WORST_PLAN))}
+    client = Client(server.port, timeout=600)
+    for name, body in (("worst", WORST_PLAN), ("long", LONG_PLAN)):
+        runs = []
+        for _ in range(repeats):
+            peak, cpu, start = server.peak_rss_mib(), server.cpu_seconds(), time.perf_counter()
+            status, raw = client.post("/api/v1/plan", body)
+            seconds = time.perf_counter() - start
+            answer = json.loads(raw) if raw else {}
+            runs.append(
+                {
+                    "status": status,
+                    "seconds": round(seconds, 3),
+                    "server_cpu_s": round(server.cpu_seconds() - cpu, 3),
+                    "peak_rss_growth_mib": round(server.peak_rss_mib() - peak, 1),
+                    "answer": (answer.get("detail") or "")[:160]
+                    or {k: answer.get(k) for k in ("layouts_considered", "truncated", "fits")},
+                }
+            )
+        out[name] = runs
+    client.close()
+    before = _searches(server)
+    socks = [_sent(server.port, "/api/v1/plan", LONG_PLAN) for _ in range(dropped)]
+    time.sleep(0.2)
+    for sock in socks:
+        sock.close()
+    # a small /fit after them, asked again every 100 ms while the queue is full
+    fit = Client(server.port, timeout=600)
+    start = time.perf_counter()
+    statuses: Counter[int] = Counter()
+    first = 0
+    while True:
+        status, _ = fit.post("/api/v1/fit", MIXED[5][1])
+        statuses[status] += 1
+        first = first or status
+        if status != 503:
+            break
+        time.sleep(0.1)
+    out["dropped"] = dropped
+    out["fit_after_dropped"] = {
+        "first_status": first,
+        "statuses": dict(statuses),
+        "answered_after_s": round(time.perf_counter() - start, 3),
+    }
+    fit.close()
+    time.sleep(1.0)  # the searches still in the queue have looked at their clients by now
+    after = _searches(server)
+    out["dropped_outcomes"] = {
+        k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)
+    }
+    return out
+
+
 # ---------------------------------------------------------------------------------------- main
 
 
@@ -632,6 +753,13 @@ def failures(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     if "mixed" in results:
         for path, statuses in results["mixed"]["statuses"].items():
             not_200(f"mixed {path}", statuses)
+    if "plan" in results:
+        for run in results["plan"]["worst"]:
+            if run["status"] != 422 or run["server_cpu_s"] > args.plan_budget_s:
+                found.append(f"plan: the worst plan got {run}, not a 422 in budget")
+        for run in results["plan"]["long"]:
+            if run["status"] != 200:
+                found.append(f"plan: the long plan got {run}")
     for f in results.get("flood", []):
         # an old client is served throughout, and everyone once the flood has been shed
         name = f"flood of {f['held']}"
@@ -655,6 +783,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["junk"] = [junk(server, args.seconds, keys_count=n) for n in JUNK_KEYS]
         if "mixed" in args.only:
             results["mixed"] = mixed(server, args.threads, args.mixed_seconds)
+        if "plan" in args.only:
+            results["plan"] = plan(server, args.plan_repeats, args.plan_dropped)
         results["rss_end_mib"] = round(server.rss_mib(), 1)
     if "flood" in args.only:  # its own server: headroom serve's protocol, a file limit
         env = {}
@@ -694,6 +824,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--flood-head-timeout-s", type=float, default=None, help="flood: the server's setting"
+    )
+    parser.add_argument("--plan-repeats", type=int, default=3, help="plan: posts of each")
+    parser.add_argument("--plan-dropped", type=int, default=20, help="plan: dropped clients")
+    parser.add_argument(
+        "--plan-budget-s", type=float, default=2.0, help="plan: the worst plan's server CPU"
     )
     args = parser.parse_args()
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -54,10 +54,12 @@ def test_the_service_cost_bench_runs_every_section() -> None:
         *("--models", "20", "--at-once", "2", "--seconds", "0.3"),
         *("--threads", "2", "--mixed-seconds", "1"),
         *("--flood-held", "50", "--flood-seconds", "0.3", "--flood-head-timeout-s", "1"),
+        *("--plan-repeats", "1", "--plan-dropped", "3"),
         # the figures mean nothing on a busy test machine: only that every section runs
         *("--max-rss-mib", "100000", "--worst-budget-s", "1000", "--health-budget-ms", "1e6"),
+        *("--plan-budget-s", "1000"),
     )
-    for section in ("memory:", "worst:", "junk:", "mixed:", "flood:"):
+    for section in ("memory:", "worst:", "junk:", "mixed:", "flood:", "plan:"):
         assert section in out, out
     assert "FAILED" not in out
 
