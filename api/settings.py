@@ -26,11 +26,12 @@ class Settings(LaunchSettings):
     )
     max_list: int = Field(default=500, ge=1, description="Most rows one list request returns.")
     search_queue: int = Field(
-        default=4,
+        default=8,
         ge=0,
         le=1000,
         description="Plan and fit searches that may wait for the search thread (one runs at a "
-        "time); one more is refused with a 503 and Retry-After.",
+        "time; a client waits at most about this many searches' time); one more is refused "
+        "with a 503 and Retry-After.",
     )
     search_deadline_s: float = Field(
         default=5.0,
