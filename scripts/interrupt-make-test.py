@@ -103,10 +103,24 @@ def _stop_group(
     return lingering
 
 
+def _hear_ctrl_c() -> None:
+    """Let ``make test`` hear SIGINT and SIGQUIT as from a terminal. A command started in the
+    background of a shell without job control (``script &``, nohup, many CI steps) has both
+    ignored, and an ignored signal stays ignored across exec: the suite would never hear the
+    Ctrl-C this script sends, and every SIGINT round would end in the grace's SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _make_test(clone: Path, out: IO[bytes]) -> subprocess.Popen[bytes]:
     """``make test`` in ``clone``, its output to ``out``, in a process group of its own."""
     return subprocess.Popen(
-        ["make", "test"], cwd=clone, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        ["make", "test"],
+        cwd=clone,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_hear_ctrl_c,
     )
 
 

@@ -99,3 +99,28 @@ def test_what_a_signal_did_not_end_is_named_before_it_is_killed(tmp_path: Path) 
     (row,) = rows
     assert row["signal"] == "INT"
     assert any("sleep 7" in p for p in row["lingering"])  # type: ignore[attr-defined]
+
+
+def test_a_ctrl_c_reaches_the_run_when_the_script_was_started_with_it_ignored(
+    tmp_path: Path,
+) -> None:
+    """Started in the background of a shell without job control, the script has SIGINT
+    ignored; the run it stops must still hear the Ctrl-C (it ends at once, nothing lingers)."""
+    makefile = """test:
+\tsleep 20
+"""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "Makefile").write_text(makefile)
+    record = tmp_path / "record.jsonl"
+    argv = [sys.executable, str(SCRIPT), "--clone", str(clone), "--record", str(record)]
+    argv += ["--rounds", "1", "--max-delay", "1.5", "--signals", "INT", "--grace", "10"]
+    argv += ["--next-timeout", "1"]
+
+    def deaf() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    subprocess.run(argv, capture_output=True, timeout=120, preexec_fn=deaf)
+    (row,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert row["signal"] == "INT"
+    assert row["lingering"] == [] and row["killed_exit"] != -signal.SIGKILL, row
