@@ -171,8 +171,12 @@ class PlanRequest(_In):
     model: ModelInput = Field(description=_MODEL)
     train: TrainInput = Field(
         default=None,
-        description=_TRAIN + " Its parallel degrees, batch shape, recompute and offload are the "
-        "plan's to choose; the rest (precision, optimizer, framework, ...) is kept.",
+        description=_TRAIN + " Its precision, optimizer, framework, model code and the rest "
+        "are kept. The layout keys it names (parallel.tp, pp, vpp, cp, ep, dp, zero_stage, "
+        "sequence_parallel; micro_batch_size, grad_accum_steps, recompute, offload.mode, "
+        "offload.fraction, offload.checkpoint_every, expandable_segments) are constraints the "
+        "search keeps to, each alone (a 422 names one no layout can meet); the ones it leaves "
+        "out are the plan's to choose.",
     )
     gpus: Annotated[int, NUMBER] = Field(
         ge=1,

@@ -41,16 +41,33 @@ bandwidth, the inter-node part on ``1/m`` of the bytes at each GPU's network sha
 its achieved efficiency, plus a latency per step.
 
 **Search**: every layout of at most N GPUs (whole nodes, or part of one node) whose degrees
-divide the model and the global batch, every per-rank choice inside it. Each candidate is priced
-(a few arithmetic operations: a layout's per-byte costs are resolved once). Layouts are taken in
-the order of their ``floor`` (what every candidate of the layout pays at least: its FLOPs and
-memory-bound traffic over its GPUs, and the communication every token pays), in batches: a
-batch's candidates are walked fastest first and estimated (``planner.estimate``'s own terms,
-memoised by their inputs) until they are slower than the runners-up found, and once a batch's
-least floor is slower than the last runner-up, no later layout can place and none is priced. A
-(layout, ZeRO stage, placement) whose optimizer phase alone (persistent state, gradients and
-the step's temporaries: a lower bound of its peak) exceeds the GPU is rejected without pricing
-its candidates.
+divide the model and the global batch, valid for the framework that runs it (below), every
+per-rank choice inside it. The layout keys the training spec names (``PlanConstraints``:
+``parallel.tp`` ... ``expandable_segments``) narrow it to their values; a constraint no layout
+can meet is refused naming its key. The ZeRO stages are the framework's (``FRAMEWORK_RULES``:
+fsdp2 3, deepspeed 1-3, megatron 0, none 0-3) unless ``parallel.zero_stage`` is given. Each
+candidate is priced (a few arithmetic operations: a layout's per-byte costs are resolved once).
+Layouts are taken in the order of their ``floor`` (what every candidate of the layout pays at
+least: its FLOPs and memory-bound traffic over its GPUs, and the communication every token
+pays), in batches: a batch's candidates are walked fastest first and estimated
+(``planner.estimate``'s own terms, memoised by their inputs) until they are slower than the
+runners-up found, and once a batch's least floor is slower than the last runner-up, no later
+layout can place and none is priced. A (layout, ZeRO stage, placement) whose optimizer phase
+alone (persistent state, gradients and the step's temporaries: a lower bound of its peak)
+exceeds the GPU is rejected without pricing its candidates.
+
+The runners-up are the fastest candidate of each other layout (its degrees and ZeRO stage): a
+candidate of a layout listed already (another offload fraction, micro-batch or recompute) is
+skipped unestimated.
+
+**Rules** (what each stack runs): TP inside a node, dividing the attention and KV heads and
+the FFN widths it shards, and with sequence parallelism each CP rank's sequence; PP of at least
+a layer per stage, the earlier stages taking the remainder, except under Megatron, which
+divides the layers evenly without first/last stage sizes; ``vpp`` dividing each stage's layers
+into equal chunks, and only with a micro-batch count the pipeline divides (Megatron-Core's
+interleaved schedule refuses others), none under DeepSpeed (1F1B only); CP cutting each
+sequence into 2 x cp chunks (load-balanced ring attention), none under MLA; EP dividing the
+experts and dp x cp; DeepSpeed's pipeline at ZeRO stage 1 at most.
 
 **Budget** (``PlanBudget``): before any layout is made, the layouts and candidates are counted
 from the degrees' divisor sets (``Planner.size``), and a search over more than the budget's is
@@ -65,17 +82,20 @@ import bisect
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from pydantic import BaseModel, Field
 
 from headroom.planner.budget import BudgetModel
 from headroom.planner.cluster import Cluster
 from headroom.planner.coefficients import Coefficients, default_coefficients
+from headroom.planner.constraints import PlanConstraints
 from headroom.planner.errors import SpecError
 from headroom.planner.estimator import (
     FRAMEWORK_RULES,
     Knobs,
+    check_interleaving,
+    check_selective_op,
     end_stages,
     estimate,
     gpu_peak,
@@ -89,7 +109,7 @@ from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
-from headroom.planner.train import TrainSpec
+from headroom.planner.train import Recompute, RecomputePolicy, TrainSpec
 
 #: most GPUs a plan is asked about (the search walks every world size up to it)
 MAX_PLAN_GPUS = 16384
@@ -139,7 +159,7 @@ PLAN_MAX_VPP = 8
 #: recompute policies, cheapest in memory last: (spec value, selective, layers per block);
 #: torchtitan's per-op policy is proposed to its profile only, without context parallelism
 #: (``Planner.recomputes``)
-RECOMPUTE = (
+RECOMPUTE: tuple[tuple[RecomputePolicy, bool, int | None], ...] = (
     ("none", False, None),
     ("selective", True, None),
     ("selective_op", False, None),
@@ -383,6 +403,21 @@ class PlanResult(BaseModel):
     layout_rejections: list[str] = Field(description="Why layouts were refused (the first few).")
     margin_pct: float | None
     reason: str
+    constraints: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The layout keys the training spec named (parallel.tp, parallel.pp, "
+        "parallel.vpp, parallel.cp, parallel.ep, parallel.dp, parallel.zero_stage, "
+        "parallel.sequence_parallel, micro_batch_size, grad_accum_steps, recompute, "
+        "offload.mode, offload.fraction, offload.checkpoint_every, expandable_segments): the "
+        "search kept to their values and chose the rest.",
+    )
+    zero_stages: list[int] = Field(
+        default_factory=list,
+        description="The ZeRO stages searched: parallel.zero_stage if given, else the "
+        "framework's (none: 0-3; fsdp2: 3, its full shard; deepspeed: 1-3, 1 under a "
+        "pipeline; megatron: 0 with its distributed optimizer).",
+    )
+    zero_stages_reason: str = Field(default="", description="Why those ZeRO stages.")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -410,6 +445,59 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def _offload_mode(want: PlanConstraints) -> str | None:
+    """The offload mode the constraints ask for: ``offload.mode``, or the mode whose key they
+    name (``offload.fraction``: optimizer, ``offload.checkpoint_every``: streaming)."""
+    implied = {
+        "offload.fraction": "optimizer" if want.offload_fraction is not None else None,
+        "offload.checkpoint_every": (
+            "streaming" if want.offload_checkpoint_every is not None else None
+        ),
+    }
+    mode = want.offload_mode
+    for key, needs in implied.items():
+        if needs is None:
+            continue
+        if mode is not None and mode != needs:
+            _refuse_key(key, f"applies to offload.mode {needs} only; got offload.mode {mode}")
+        mode = needs
+    return mode
+
+
+def _refuse_key(key: str, why: str) -> NoReturn:
+    """A constraint's refusal, naming its key as the training spec spells it."""
+    raise SpecError(f"train.{key}: {why}", field=f"train.{key}")
+
+
+def _some(values: list[int] | tuple[int, ...], limit: int = 16) -> str:
+    """The first ``limit`` of ``values``, for a message."""
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", ..." if len(values) > limit else "")
+
+
+def _wanted(degrees: tuple[int, ...], wanted: int | None) -> tuple[int, ...]:
+    """``degrees``, or the constraint's degree alone if it is one of them (else none)."""
+    if wanted is None:
+        return degrees
+    return (wanted,) if wanted in degrees else ()
+
+
+def _spec_value(policy: RecomputePolicy) -> Any:
+    """A recompute policy as the training spec spells it."""
+    return policy.model_dump() if isinstance(policy, Recompute) else policy
+
+
+#: why Megatron refuses a pipeline that does not divide the layers: megatron/training/
+#: arguments.py (NVIDIA/Megatron-LM d98e8a64), when neither --decoder-first-pipeline-num-layers
+#: nor --decoder-last-pipeline-num-layers is given (a training spec names neither):
+#: ``assert num_layers % args.transformer_pipeline_model_parallel_size == 0, 'Number of layers
+#: should be divisible by the pipeline-model-parallel size'``
+_MEGATRON_PP = (
+    "pp={pp}: Megatron splits num_layers ({layers}) evenly over the pipeline stages (without "
+    "--decoder-first/last-pipeline-num-layers): pp must divide it"
+)
+
+
 class Planner:
     """One plan search: the model, training spec, cluster and coefficients resolved once."""
 
@@ -426,9 +514,12 @@ class Planner:
         margin_pct: float | None = None,
         budget: PlanBudget = PLAN_BUDGET,
         check: Callable[[], None] | None = None,
+        constraints: PlanConstraints | None = None,
     ) -> None:
         """``budget`` bounds the search (``run``); ``check``, called between its steps, may
-        raise to stop it (a deadline, a client that went away)."""
+        raise to stop it (a deadline, a client that went away); ``constraints`` (the layout keys
+        the training spec named) narrow it to the layouts and choices with their values, each
+        refused up front (a ``SpecError`` naming its key) where no layout can meet it."""
         if not 1 <= gpus <= MAX_PLAN_GPUS:
             raise SpecError(
                 f"gpus: must be between 1 and {MAX_PLAN_GPUS}, got {gpus}", field="gpus"
@@ -440,7 +531,44 @@ class Planner:
             )
         self.model, self.cluster, self.hw = model, cluster, hardware
         self.gpus, self.batch, self.seq = gpus, global_batch, seq_len
-        self.train = train.model_copy(update={"seq_len": seq_len})
+        want = self.want = constraints or PlanConstraints()
+        rules = FRAMEWORK_RULES.get(train.framework)
+        self.zero_stages = rules.zero_stages if rules is not None else (0, 1, 2, 3)
+        self.zero_why = (
+            rules.zero_why
+            if rules is not None
+            else "framework none runs ZeRO as parallel.zero_stage says (0-3)"
+        )
+        modes = rules.offload_modes if rules is not None else ("none", "optimizer", "streaming")
+        if want.zero_stage is not None:
+            self.zero_stages, self.zero_why = (want.zero_stage,), "parallel.zero_stage is given"
+        mode = _offload_mode(want)
+        if mode is not None:
+            modes = (mode,)
+        self.modes = modes
+        # DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py) asserts
+        # ``zero_optimization_stage() < ZeroStageEnum.gradients``: "ZeRO-2 and ZeRO-3 are
+        # incompatible with pipeline parallelism"
+        self.pipeline_zero_stages = tuple(
+            z for z in self.zero_stages if train.framework != "deepspeed" or z < 2
+        )
+        # the spec each candidate's knobs are made from: the framework's first ZeRO stage (the
+        # input's zero_stage is the plan's to choose, and fsdp2 or deepspeed refuse its default
+        # 0) and the constraints' placement and recompute, so ``knobs`` refuses what the
+        # framework does not run, naming the key
+        update: dict[str, Any] = {
+            "seq_len": seq_len,
+            "parallel": train.parallel.model_copy(update={"zero_stage": self.zero_stages[0]}),
+        }
+        if mode is not None:
+            update["offload"] = train.offload.model_copy(update={"mode": mode})
+        if want.recompute is not None:
+            update["recompute"] = want.recompute
+        self.train = train.model_copy(update=update)
+        # recompute policies by index: ``RECOMPUTE``, and a constraint's every-K block
+        self.recompute_table: tuple[tuple[RecomputePolicy, bool, int | None], ...] = RECOMPUTE
+        if isinstance(want.recompute, Recompute):
+            self.recompute_table += ((want.recompute, False, want.recompute.every_k),)
         self.coeffs = coefficients or default_coefficients(train.activation_profile, hardware.name)
         self.margin_pct = margin_pct
         self.margin_fraction = (
@@ -457,44 +585,173 @@ class Planner:
         self.d_attn = model.num_heads * model.dim_per_head
         self.kv_dim = 2 * model.kv_heads * model.dim_per_head  # K and V
         self.top_k = model.moe.top_k if model.moe is not None else 0
-        rules = FRAMEWORK_RULES.get(self.train.framework)
-        self.zero_stages = rules.zero_stages if rules is not None else (0, 1, 2, 3)
-        self.modes = (
-            rules.offload_modes if rules is not None else ("none", "optimizer", "streaming")
-        )
         self.layout_rejections: list[str] = []
         self.layouts_refused = 0
         self._costs: dict[Layout, _LayoutCosts] = {}
         self._shapes: list[_Shape] | None = None
-        self._work: dict[tuple[bool, bool, int], tuple[int, int]] = {}
+        self._work: dict[tuple[bool, bool, int, int], tuple[int, int]] = {}
         self.budget = budget
         self.check = check or _unchecked
         self.over = {e: overheads(self.coeffs, hardware, e) for e in (False, True)}
         self.offers_selective_op = selective_op_offered(model, self.coeffs)
+        self.segments = (
+            (want.expandable_segments,)
+            if want.expandable_segments is not None
+            else tuple(dict.fromkeys((self.train.expandable_segments, True)))
+        )
+        self._check_constraints()
+
+    def _check_constraints(self) -> None:
+        """Refuse a constraint no layout can meet whatever the others are, naming its key and
+        why (``_unmet`` refuses constraints no layout meets together)."""
+        want, model, g, seq = self.want, self.model, self.hw.gpus_per_node, self.seq
+        layers, framework = model.num_layers, self.train.framework
+        if want.tp is not None:
+            check_layout(model, want.tp, 1, 1)  # the heads, KV heads and FFN widths
+            if g % want.tp:
+                _refuse_key(
+                    "parallel.tp",
+                    f"tensor parallelism stays inside a node of {g} GPUs; allowed: "
+                    f"{_some(_divisors(g))}; got {want.tp}",
+                )
+            if want.tp > 1 and self.train.loss.impl in WHOLE_VOCAB_IMPLS:
+                _refuse_key(
+                    "parallel.tp",
+                    f"loss.impl {self.train.loss.impl} runs on a whole vocabulary; allowed: 1, "
+                    f"got {want.tp}",
+                )
+            if self.sequence_parallel(want.tp) and want.tp > 1 and seq % want.tp:
+                _refuse_key(
+                    "parallel.tp",
+                    f"sequence parallelism splits each sequence over TP: seq_len ({seq}) must "
+                    f"divide by it; got {want.tp}",
+                )
+        if want.pp is not None:
+            check_layout(model, 1, want.pp, 1)  # a layer per stage
+            if framework == "megatron" and layers % want.pp:
+                _refuse_key(
+                    "parallel.pp",
+                    _MEGATRON_PP.format(pp=want.pp, layers=layers)
+                    + f"; allowed: {_some(_divisors(layers))}",
+                )
+            if want.pp > 1 and not self.pipeline_zero_stages:
+                _refuse_key(
+                    "parallel.pp",
+                    "DeepSpeed's pipeline engine runs ZeRO stage 1 at most (ZeRO-2 and ZeRO-3 "
+                    f"are incompatible with pipeline parallelism); allowed with zero_stage "
+                    f"{self.zero_stages[0]}: 1, got {want.pp}",
+                )
+        if want.vpp is not None and want.vpp > 1:
+            if framework == "deepspeed":
+                _refuse_key(
+                    "parallel.vpp",
+                    f"DeepSpeed's pipeline engine runs 1F1B only; allowed: 1, got {want.vpp}",
+                )
+            if want.pp == 1:
+                _refuse_key(
+                    "parallel.vpp",
+                    f"the interleaved schedule needs parallel.pp > 1; allowed with pp=1: 1, got "
+                    f"{want.vpp}",
+                )
+            if want.pp is not None:
+                check_interleaving(model, want.pp, want.vpp)
+            elif layers % want.vpp or layers // want.vpp < 2:
+                _refuse_key(
+                    "parallel.vpp",
+                    f"num_layers ({layers}) must divide into pp x vpp equal chunks with pp > 1; "
+                    f"got {want.vpp}",
+                )
+        if want.cp is not None and want.cp > 1:
+            if model.mla is not None:
+                _refuse_key(
+                    "parallel.cp",
+                    "context parallelism is not planned for MLA attention; allowed: 1, got "
+                    f"{want.cp}",
+                )
+            if seq % (2 * want.cp):
+                allowed = [
+                    c for c in _divisors(seq) if c <= self.gpus and (c == 1 or seq % (2 * c) == 0)
+                ]
+                _refuse_key(
+                    "parallel.cp",
+                    "load-balanced ring attention (Megatron's, torchtitan's) cuts each sequence "
+                    f"into 2 x cp equal chunks: seq_len ({seq}) must divide by 2 x cp; allowed: "
+                    f"{_some(allowed)}; got {want.cp}",
+                )
+        if want.ep is not None:
+            check_layout(model, 1, 1, want.ep)  # whole experts per rank
+        for key, degree in (
+            ("parallel.tp", want.tp),
+            ("parallel.pp", want.pp),
+            ("parallel.cp", want.cp),
+            ("parallel.ep", want.ep),
+            ("parallel.dp", want.dp),
+        ):
+            if degree is not None and degree > self.gpus:
+                _refuse_key(key, f"the plan has at most {self.gpus} GPUs; got {degree}")
+        for key, n in (
+            ("parallel.dp", want.dp),
+            ("micro_batch_size", want.micro_batch_size),
+            ("grad_accum_steps", want.grad_accum_steps),
+        ):
+            if n is not None and self.batch % n:
+                _refuse_key(
+                    key,
+                    f"must divide the global batch ({self.batch} = dp x micro_batch_size x "
+                    f"grad_accum_steps); allowed: {_some(_divisors(self.batch))}; got {n}",
+                )
+        if want.recompute == "selective_op":
+            check_selective_op(model, self.coeffs)
+            if want.cp is not None and want.cp > 1:
+                _refuse_key(
+                    "recompute",
+                    f"selective_op is priced for parallel.cp 1; got cp={want.cp}",
+                )
+        if self.modes == ("streaming",):
+            if (want.tp or 1) > 1 or (want.pp or 1) > 1:
+                _refuse_key(
+                    "offload.mode",
+                    "streaming runs one layer stream per GPU; it needs parallel.tp=1 and "
+                    f"parallel.pp=1, got tp={want.tp or 1} pp={want.pp or 1}",
+                )
+            if want.recompute not in (None, "none"):
+                _refuse_key(
+                    "recompute",
+                    "offload.mode streaming checkpoints its own blocks "
+                    "(offload.checkpoint_every); allowed with streaming: none",
+                )
+        every = want.offload_checkpoint_every
+        if every is not None and every > layers:
+            _refuse_key(
+                "offload.checkpoint_every",
+                f"must be between 1 and num_layers ({layers}), got {every}",
+            )
 
     # -- layouts ---------------------------------------------------------------------------
 
     def shapes(self) -> list[_Shape]:
         """Every (world, TP, PP, CP, DP) of at most ``gpus`` GPUs (whole nodes, or part of one
-        node) that the model and the global batch divide into, with the interleavings and EP
-        degrees each takes: what ``layouts`` makes layouts of (worked out once; a few
-        thousand at most where the layouts are hundreds of thousands)."""
+        node) that the model and the global batch divide into and the constraints allow, with
+        the interleavings and EP degrees each takes: what ``layouts`` makes layouts of (worked
+        out once; a few thousand at most where the layouts are hundreds of thousands). Each
+        is valid for the framework that runs it (``planner.layout``'s docstring, "Rules")."""
         if self._shapes is not None:
             return self._shapes
         g = self.hw.gpus_per_node
-        model = self.model
+        model, want = self.model, self.want
         out: list[_Shape] = []
         worlds = [w for w in range(1, self.gpus + 1) if w < g or w % g == 0]
         experts = model.moe.num_experts if model.moe is not None else 1
         loss = self.train.loss
+        megatron = self.train.framework == "megatron"
         # check_layout's verdict on (tp, pp), for every world they divide
         refusals: dict[tuple[int, int], str | None] = {}
         for world in worlds:
-            for tp in _divisors(math.gcd(world, g)):
+            for tp in _wanted(_divisors(math.gcd(world, g)), want.tp):
                 if tp > 1 and loss.impl in WHOLE_VOCAB_IMPLS:
                     self._refuse(f"tp={tp}: loss.impl {loss.impl} runs on a whole vocabulary")
                     continue
-                for pp in _divisors(world // tp):
+                for pp in _wanted(_divisors(world // tp), want.pp):
                     if pp > model.num_layers:
                         continue
                     if (tp, pp) not in refusals:
@@ -503,12 +760,23 @@ class Planner:
                             refusals[tp, pp] = None
                         except SpecError as exc:
                             refusals[tp, pp] = str(exc)
+                        if megatron and refusals[tp, pp] is None and model.num_layers % pp:
+                            refusals[tp, pp] = _MEGATRON_PP.format(pp=pp, layers=model.num_layers)
+                        if pp > 1 and refusals[tp, pp] is None and not self.pipeline_zero_stages:
+                            refusals[tp, pp] = (
+                                f"pp={pp}: DeepSpeed's pipeline engine runs ZeRO stage 1 at most "
+                                f"(stages searched: {', '.join(map(str, self.zero_stages))})"
+                            )
                     refused = refusals[tp, pp]
                     if refused is not None:
                         self._refuse(refused)
                         continue
-                    for cp in _divisors(world // (tp * pp)):
+                    for cp in _wanted(_divisors(world // (tp * pp)), want.cp):
                         dp = world // (tp * pp * cp)
+                        if want.dp is not None and dp != want.dp:
+                            continue
+                        # load-balanced ring attention (Megatron's zigzag, torchtitan's
+                        # head-tail) cuts each sequence into 2 x cp equal chunks
                         if cp > 1 and (self.seq % (2 * cp) or model.mla is not None):
                             continue
                         if self.batch % dp:
@@ -519,22 +787,89 @@ class Planner:
                                     f"dp): the global batch ({self.batch}) is not divisible by dp"
                                 )
                             continue
-                        if tp > 1 and self.seq % tp:
+                        # sequence parallelism scatters each CP rank's sequence over TP
+                        if self.sequence_parallel(tp) and tp > 1 and self.seq // cp % tp:
                             continue
                         if loss.impl == "chunked_linear" and -(-self.seq // cp) % loss.num_chunks:
                             continue  # its chunks must divide the rank's sequence
-                        vpps = [1]
-                        if pp > 1:
-                            vpps += [
-                                v
-                                for v in range(2, PLAN_MAX_VPP + 1)
-                                if model.num_layers % (pp * v) == 0
-                            ]
                         # the EP degrees dividing both dp x cp and the experts
-                        eps = _divisors(math.gcd(dp * cp, experts))
-                        out.append(_Shape(world, tp, pp, cp, dp, tuple(vpps), tuple(eps)))
+                        eps = _wanted(_divisors(math.gcd(dp * cp, experts)), want.ep)
+                        # the interleavings with a candidate (``micro_batches``)
+                        vpps = tuple(
+                            v
+                            for v in self.interleavings(pp)
+                            if self.layout_work(tp, pp, cp, dp, v)[1]
+                        )
+                        if vpps and eps:
+                            out.append(_Shape(world, tp, pp, cp, dp, vpps, tuple(eps)))
         self._shapes = out
         return out
+
+    def interleavings(self, pp: int) -> tuple[int, ...]:
+        """The ``vpp`` a pipeline of ``pp`` stages takes: 1 (1F1B), and the virtual stages per
+        rank (up to ``PLAN_MAX_VPP``) that split the layers into equal model chunks; none but 1
+        under DeepSpeed, whose pipeline engine runs 1F1B only (``TrainSchedule``)."""
+        layers = self.model.num_layers
+        if self.want.vpp is not None:
+            v = self.want.vpp
+            ok = v == 1 or (
+                pp > 1 and layers % (pp * v) == 0 and self.train.framework != "deepspeed"
+            )
+            return (v,) if ok else ()
+        if pp == 1 or self.train.framework == "deepspeed":
+            return (1,)
+        return (1, *(v for v in range(2, PLAN_MAX_VPP + 1) if layers % (pp * v) == 0))
+
+    def sequence_parallel(self, tp: int) -> bool:
+        """Whether a layout of ``tp`` runs sequence parallelism: wherever tp > 1, unless the
+        constraints say."""
+        given = self.want.sequence_parallel
+        return tp > 1 if given is None else given
+
+    def zeros(self, pp: int, sharded: bool) -> tuple[int, ...]:
+        """The ZeRO stages a layout of ``pp`` stages tries: the framework's (or the
+        constraint's), those DeepSpeed's pipeline engine runs under a pipeline, and only the
+        first where nothing is sharded (``dp x cp`` of 1)."""
+        stages = self.zero_stages if pp == 1 else self.pipeline_zero_stages
+        return stages if sharded else stages[:1]
+
+    def micro_batches(self, dp: int, pp: int, vpp: int) -> list[int]:
+        """The micro-batches a rank of a layout tries: powers of two that divide its share of
+        the global batch, or the constraints' micro-batch and accumulation; under an
+        interleaved schedule, those whose micro-batch count divides by ``pp``."""
+        per_rank = self.batch // dp
+        want = self.want
+        if want.micro_batch_size is None and want.grad_accum_steps is None:
+            micro = _micro_batches(per_rank)
+        else:
+            mb = want.micro_batch_size
+            if mb is None:
+                ga = want.grad_accum_steps or 1
+                mb = per_rank // ga if per_rank % ga == 0 else 0
+            ok = mb > 0 and per_rank % mb == 0
+            if ok and want.grad_accum_steps is not None:
+                ok = per_rank // mb == want.grad_accum_steps
+            micro = [mb] if ok else []
+        if vpp > 1:
+            # Megatron-Core's interleaved schedule refuses a micro-batch count the pipeline
+            # size does not divide. megatron/core/pipeline_parallel/schedules.py,
+            # forward_backward_pipelining_with_interleaving (NVIDIA/Megatron-LM 2e2bdf62):
+            #     if num_microbatches % pipeline_parallel_size != 0:
+            #         msg = f'number of microbatches ({num_microbatches}) is not divisible by '
+            #         msg += f'pipeline-model-parallel-size ({pipeline_parallel_size}) '
+            #         msg += 'when using interleaved schedule'
+            #         raise RuntimeError(msg)
+            # Since 4295be1a the check reads microbatch_group_size_per_vp_stage, which
+            # ModelParallelConfig.__post_init__ sets to pipeline_model_parallel_size (d98e8a64):
+            #     if (config.microbatch_group_size_per_vp_stage > num_microbatches
+            #         or config.microbatch_group_size_per_vp_stage < pipeline_parallel_size):
+            #         raise ValueError(msg)
+            #     final_microbatch_group_size = num_microbatches % config.microbatch_group_...
+            #     if 0 < final_microbatch_group_size < pipeline_parallel_size: raise ...
+            # i.e. still a count divisible by pp. torch.distributed.pipelining's
+            # ScheduleInterleaved1F1B (torchtitan) runs such counts too.
+            micro = [mb for mb in micro if (per_rank // mb) % pp == 0]
+        return micro
 
     def layouts(self) -> list[Layout]:
         """Every layout of at most ``gpus`` GPUs (whole nodes, or part of one node) that the
@@ -546,25 +881,28 @@ class Planner:
             for ep in s.eps
         ]
 
-    def layout_work(self, tp: int, pp: int, cp: int, dp: int) -> tuple[int, int]:
+    def layout_work(self, tp: int, pp: int, cp: int, dp: int, vpp: int) -> tuple[int, int]:
         """(groups, candidates) ``candidates`` considers for a layout of these degrees (any
-        ``vpp`` and ``ep``): a group per ZeRO stage, placement and micro-batches with or
-        without accumulation, each with its micro-batches x recomputes."""
-        zeros = len(self.zero_stages) if dp * cp > 1 else 1
+        ``ep``): a group per ZeRO stage, placement and micro-batches with or without
+        accumulation, each with its micro-batches x recomputes."""
+        zeros = len(self.zeros(pp, dp * cp > 1))
         # what the placements and recomputes depend on, and the micro-batches
-        key = (tp == 1 and pp == 1, cp == 1, dp)
+        key = (tp == 1 and pp == 1, cp == 1, dp, pp if vpp > 1 else 0)
         work = self._work.get(key)
         if work is None:
-            lay = Layout(tp * pp * cp * dp, tp, pp, 1, cp, dp, 1)
+            lay = Layout(tp * pp * cp * dp, tp, pp, vpp, cp, dp, 1)
             per_rank = self.batch // dp
-            micro = _micro_batches(per_rank)
+            micro = self.micro_batches(dp, pp, vpp)
             # the micro-batch of the whole per-rank batch is the one without accumulation
-            whole = int(micro[-1] == per_rank)
-            splits = whole + int(len(micro) > whole)
+            splits = len({per_rank // mb > 1 for mb in micro})
             recomputes = len(self.recomputes(lay))
-            placements = self.placements(lay)
-            per_placement = sum(1 if p[0] == "streaming" else recomputes for p in placements)
-            work = self._work[key] = (len(placements) * splits, len(micro) * per_placement)
+            groups = candidates = 0
+            for placement in self.placements(lay):
+                n = 1 if placement[0] == "streaming" else recomputes
+                if n:
+                    groups += splits
+                    candidates += len(micro) * n
+            work = self._work[key] = (groups, candidates)
         return zeros * work[0], zeros * work[1]
 
     def size(self) -> SearchSize:
@@ -572,18 +910,21 @@ class Planner:
         degrees' divisor sets without making any layout."""
         layouts = groups = candidates = 0
         for s in self.shapes():
-            n = len(s.vpps) * len(s.eps)
-            g, c = self.layout_work(s.tp, s.pp, s.cp, s.dp)
-            layouts += n
-            groups += n * g
-            candidates += n * c
+            n = len(s.eps)
+            for vpp in s.vpps:
+                g, c = self.layout_work(s.tp, s.pp, s.cp, s.dp, vpp)
+                layouts += n
+                groups += n * g
+                candidates += n * c
         return SearchSize(layouts, groups, candidates)
 
     def count(self, lays: list[Layout]) -> tuple[int, int]:
         """(groups, candidates) ``candidates`` considers for ``lays``, before pricing any."""
         groups = candidates = 0
         for lay in lays:
-            layout_groups, layout_candidates = self.layout_work(lay.tp, lay.pp, lay.cp, lay.dp)
+            layout_groups, layout_candidates = self.layout_work(
+                lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
+            )
             groups += layout_groups
             candidates += layout_candidates
         return groups, candidates
@@ -592,6 +933,8 @@ class Planner:
         """The search's size, refused (a ``SpecError`` naming what narrows it and the limits)
         over ``budget``'s layouts or candidates, before any layout is made."""
         size = self.size()
+        if not size.candidates and self.want.given():
+            self._unmet()
         if size.layouts <= budget.layouts and size.candidates <= budget.candidates:
             return size
         g = self.hw.gpus_per_node
@@ -621,12 +964,46 @@ class Planner:
         )
 
     def recomputes(self, lay: Layout) -> tuple[int, ...]:
-        """``RECOMPUTE`` indices a non-streaming candidate of ``lay`` tries: torchtitan's
-        per-op policy where its profile runs it and the layout has no context parallelism."""
+        """``recompute_table`` indices a non-streaming candidate of ``lay`` tries: the
+        constraint's, else ``RECOMPUTE``'s; torchtitan's per-op policy where its profile runs
+        it (or the constraint names it) and the layout has no context parallelism."""
+        if self.want.recompute is not None:
+            wanted = len(self.recompute_table) - 1
+            if not isinstance(self.want.recompute, Recompute):
+                wanted = [r[0] for r in RECOMPUTE].index(self.want.recompute)
+            return (wanted,) if wanted != SELECTIVE_OP or lay.cp == 1 else ()
         every = range(len(RECOMPUTE))
         if self.offers_selective_op and lay.cp == 1:
             return tuple(every)
         return tuple(r for r in every if r != SELECTIVE_OP)
+
+    def _with(self) -> str:
+        """The constraints, for a reason: `` with parallel.tp=8``, or nothing."""
+        return f" with {self.want.text()}" if self.want.given() else ""
+
+    def zero_reason(self) -> str:
+        """Which ZeRO stages the search tries, and why."""
+        stages = ", ".join(map(str, self.zero_stages))
+        reason = f"ZeRO stages searched: {stages} ({self.zero_why}"
+        if self.pipeline_zero_stages != self.zero_stages:
+            piped = ", ".join(map(str, self.pipeline_zero_stages)) or "none"
+            reason += f"; with pp > 1: {piped}, as DeepSpeed's pipeline engine runs"
+        return reason + ")"
+
+    def _unmet(self) -> NoReturn:
+        """Refuse constraints no layout of at most ``gpus`` GPUs meets together, naming them
+        (each alone was checked by ``_check_constraints``) and why layouts were refused."""
+        given = self.want.given()
+        why = "; ".join(self.layout_rejections)
+        raise SpecError(
+            f"train: no layout of at most {self.gpus} GPUs ({self.hw.gpus_per_node} per node) "
+            f"meets {self.want.text()} with a global batch of {self.batch} and seq_len "
+            f"{self.seq}"
+            + (f" ({why})" if why else "")
+            + "; remove or change "
+            + ("it" if len(given) == 1 else "one of them"),
+            field=f"train.{next(iter(given))}" if len(given) == 1 else "train",
+        )
 
     def _refuse(self, why: str) -> None:
         self.layouts_refused += 1
@@ -644,7 +1021,7 @@ class Planner:
         ``costs`` works out for the layouts the walk prices only)."""
         model, ln = self.model, self.links
         tp, pp, cp, dp, ep = lay.tp, lay.pp, lay.cp, lay.dp, lay.ep
-        sp = tp > 1
+        sp = tp > 1 and self.sequence_parallel(tp)
         pb = self.base.param_bytes
         tokens = self.seq // cp  # a sequence's tokens on this rank
         hidden_bytes = tokens * model.hidden_size * pb
@@ -717,8 +1094,8 @@ class Planner:
         tp, pp, cp, dp, vpp = lay.tp, lay.pp, lay.cp, lay.dp, lay.vpp
         m = self.batch // (dp * mb)
         streaming = mode == "streaming"
-        selective = RECOMPUTE[recompute][1]
-        recomputes = streaming or RECOMPUTE[recompute][2] is not None
+        selective = self.recompute_table[recompute][1]
+        recomputes = streaming or self.recompute_table[recompute][2] is not None
         op = recompute == SELECTIVE_OP and not streaming
         flops = price.flops_base
         if recomputes:
@@ -807,14 +1184,33 @@ class Planner:
     # -- search ----------------------------------------------------------------------------
 
     def placements(self, lay: Layout) -> list[tuple[str, float, int | None]]:
-        """(mode, fraction, streaming block) choices of a layout."""
-        out: list[tuple[str, float, int | None]] = [("none", 1.0, None)]
+        """(mode, fraction, streaming block) choices of a layout: the framework's offload
+        modes (or the constraint's), the constraint's fraction or block where given; streaming
+        (which checkpoints its own blocks) where the layout has no TP or PP and no recompute
+        other than none is asked for."""
+        want = self.want
+        out: list[tuple[str, float, int | None]] = []
+        if "none" in self.modes:
+            out.append(("none", 1.0, None))
         if "optimizer" in self.modes:
-            out += [("optimizer", f, None) for f in PLAN_OFFLOAD_FRACTIONS]
-        if "streaming" in self.modes and lay.tp == 1 and lay.pp == 1:
-            out += [
-                ("streaming", 1.0, k) for k in PLAN_STREAMING_EVERY if k <= self.model.num_layers
-            ]
+            fractions = (
+                PLAN_OFFLOAD_FRACTIONS
+                if want.offload_fraction is None
+                else (want.offload_fraction,)
+            )
+            out += [("optimizer", f, None) for f in fractions]
+        if (
+            "streaming" in self.modes
+            and lay.tp == 1
+            and lay.pp == 1
+            and want.recompute in (None, "none")
+        ):
+            blocks = (
+                PLAN_STREAMING_EVERY
+                if want.offload_checkpoint_every is None
+                else (want.offload_checkpoint_every,)
+            )
+            out += [("streaming", 1.0, k) for k in blocks if k <= self.model.num_layers]
         return out
 
     def settings(
@@ -828,7 +1224,7 @@ class Planner:
     ) -> Knobs:
         """A candidate's knobs (what ``knobs`` makes of its training spec)."""
         mode, fraction, block = placement
-        _, selective, every = RECOMPUTE[recompute]
+        _, selective, every = self.recompute_table[recompute]
         return self.base._replace(
             micro_batch=mb,
             grad_accum=self.batch // (lay.dp * mb),
@@ -838,7 +1234,7 @@ class Planner:
             ep=lay.ep,
             cp=lay.cp,
             vpp=lay.vpp,
-            sequence_parallel=lay.tp > 1,
+            sequence_parallel=self.sequence_parallel(lay.tp),
             zero_stage=zero,
             offload_mode=mode,
             offload_fraction=fraction,
@@ -860,7 +1256,7 @@ class Planner:
         return {
             "micro_batch_size": cand.micro_batch,
             "grad_accum_steps": self.batch // (lay.dp * cand.micro_batch),
-            "recompute": RECOMPUTE[cand.recompute][0],
+            "recompute": _spec_value(self.recompute_table[cand.recompute][0]),
             "offload": offload,
             "expandable_segments": cand.segments,
             "parallel": {
@@ -870,7 +1266,7 @@ class Planner:
                 "vpp": lay.vpp,
                 "cp": lay.cp,
                 "ep": lay.ep,
-                "sequence_parallel": lay.tp > 1,
+                "sequence_parallel": self.sequence_parallel(lay.tp),
                 "zero_stage": cand.zero,
             },
         }
@@ -925,7 +1321,7 @@ class Planner:
         scale = self.seq / cp / (tp * pp) / self.rate
         layers, moe_layers = c.layers, c.moe_layers
         for r in recomputes:
-            _, selective, every = RECOMPUTE[r]
+            _, selective, every = self.recompute_table[r]
             recomputing = streaming or every is not None
             op = r == SELECTIVE_OP and not streaming
             flops = price.flops_base
@@ -1007,14 +1403,15 @@ class Planner:
             if c is None:
                 c = self._costs[lay] = self.costs(lay)
             per_rank = self.batch // lay.dp
-            micro = _micro_batches(per_rank)
+            micro = self.micro_batches(lay.dp, lay.pp, lay.vpp)
             stages = (0, lay.pp - 1) if lay.pp > 1 else (0,)
-            zeros = [z for z in self.zero_stages if lay.dp * lay.cp > 1 or z == self.zero_stages[0]]
             placements = self.placements(lay)
-            for zero in zeros:
+            for zero in self.zeros(lay.pp, lay.dp * lay.cp > 1):
                 for p_i, placement in enumerate(placements):
                     streaming = placement[0] == "streaming"
                     recomputes = (0,) if streaming else self.recomputes(lay)
+                    if not recomputes:
+                        continue
                     for accumulating in (False, True):
                         mbs = [mb for mb in micro if (per_rank // mb > 1) == accumulating]
                         if not mbs:
@@ -1082,11 +1479,13 @@ class Planner:
             floors.append((self.floor(lay, self.floor_costs(lay)), -lay.world, i))
         floors.sort()
         cap, host_cap, over = hw.memory_bytes, hw.host_memory_bytes, self.over
-        segments = tuple(dict.fromkeys((self.train.expandable_segments, True)))
+        segments = self.segments
         rejected_by = {"model_states": 0, "gpu_memory": 0, "host_memory": 0}
         rejected: list[PlanCandidate] = []
-        # (step, peak, order, candidate, host peak): the fastest found, at most max_listed + 1
+        # (step, peak, order, candidate, host peak): the fastest found of each distinct layout
+        # (degrees and ZeRO stage), at most max_listed + 1; ``listed`` holds their layouts
         fitting: list[tuple[float, int, int, Candidate, int]] = []
+        listed: dict[tuple[Layout, int], float] = {}
         groups: list[Any] = []
         estimated = priced_total = skipped = walked_groups = 0
         truncated = ""
@@ -1117,6 +1516,10 @@ class Planner:
                     break
                 self.check()  # a fraction of a µs, against an estimate's tens
                 lay, zero, p_i, placement, mbs = groups[key >> 12]
+                # a layout's faster candidate fits already: this one is no runner-up (another
+                # offload fraction or micro-batch of the same layout)
+                if listed.get((lay, zero), step) < step:
+                    continue
                 mb, r = mbs[(key >> 4) & 0xFF], key & 0xF
                 for e in segments:
                     estimated += 1
@@ -1133,9 +1536,7 @@ class Planner:
                         reason = f"host RAM {host_peak} B > capacity {host_cap} B"
                         kind = "host_memory"
                     else:
-                        # equally fast: the one with more headroom first
-                        bisect.insort(fitting, (step, peak, key, cand, host_peak))
-                        del fitting[max_listed + 1 :]
+                        _list(fitting, listed, (step, peak, key, cand, host_peak), max_listed)
                         break
                     if e == segments[-1]:  # its allocator modes all rejected: one candidate
                         rejected_by[kind] += 1
@@ -1161,6 +1562,9 @@ class Planner:
             "rejected_by_reason": rejected_by,
             "layout_rejections": self.layout_rejections,
             "margin_pct": self.margin_pct,
+            "constraints": self.want.given(),
+            "zero_stages": list(self.zero_stages),
+            "zero_stages_reason": self.zero_reason(),
         }
         if not fitting:
             return PlanResult(
@@ -1174,8 +1578,8 @@ class Planner:
                 reason=(
                     f"{truncated}, none of which fit"
                     if truncated
-                    else f"no layout of at most {self.gpus} GPUs fits: every candidate's "
-                    "heaviest rank exceeds the GPU or its node's host RAM"
+                    else f"no layout of at most {self.gpus} GPUs{self._with()} fits: every "
+                    "candidate's heaviest rank exceeds the GPU or its node's host RAM"
                 ),
                 **common,
             )
@@ -1196,8 +1600,8 @@ class Planner:
             step=explain_step(self, best),
             gpus_used=best.layout.world,
             runners_up=runners_up,
-            reason=f"fastest of {considered} candidates over {layouts_considered} layouts by "
-            "predicted step time" + (f" ({truncated})" if truncated else ""),
+            reason=f"fastest of {considered} candidates over {layouts_considered} layouts"
+            f"{self._with()} by predicted step time" + (f" ({truncated})" if truncated else ""),
             **common,
         )
 
@@ -1240,6 +1644,30 @@ class Planner:
         )
 
 
+def _list(
+    fitting: list[tuple[float, int, int, Candidate, int]],
+    listed: dict[tuple[Layout, int], float],
+    entry: tuple[float, int, int, Candidate, int],
+    max_listed: int,
+) -> None:
+    """Put a fitting candidate ``(step, peak, order, candidate, host peak)`` among the fastest,
+    at most one per layout (its degrees and ZeRO stage) and ``max_listed + 1`` in all: equally
+    fast, the one with more headroom first; of one layout, the faster (or, as fast, the one
+    with more headroom)."""
+    step, peak, _, cand, _ = entry
+    ident = (cand.layout, cand.zero)
+    if ident in listed:
+        i = next(i for i, f in enumerate(fitting) if (f[3].layout, f[3].zero) == ident)
+        if fitting[i][:2] <= (step, peak):
+            return
+        del fitting[i]
+    bisect.insort(fitting, entry)
+    listed[ident] = step
+    for dropped in fitting[max_listed + 1 :]:
+        del listed[dropped[3].layout, dropped[3].zero]
+    del fitting[max_listed + 1 :]
+
+
 def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
     """Each term of a candidate's predicted step: its seconds, formula and inputs."""
     lay, t = cand.layout, planner.terms(cand)
@@ -1271,7 +1699,7 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
                 "tp": lay.tp,
                 "pp": lay.pp,
                 "cp": lay.cp,
-                "recompute": RECOMPUTE[cand.recompute][0],
+                "recompute": _spec_value(planner.recompute_table[cand.recompute][0]),
                 "bf16_flops": hw.bf16_flops,
                 "compute_efficiency": planner.coeffs.compute_efficiency,
                 "elementwise_bytes_per_hidden": planner.coeffs.elementwise_bytes_per_hidden,
@@ -1374,9 +1802,13 @@ def plan(
     max_listed: int = 10,
     budget: PlanBudget = PLAN_BUDGET,
     check: Callable[[], None] | None = None,
+    constraints: PlanConstraints | None = None,
 ) -> PlanResult:
     """The fastest layout of at most ``gpus`` GPUs that fits (see the module docstring), within
-    ``budget``; ``check`` is called between the search's steps and may raise to stop it."""
+    ``budget``; ``check`` is called between the search's steps and may raise to stop it;
+    ``constraints`` (``planner.constraints.split_plan_train``: the layout keys a training
+    spec named) narrow the search to their values. ``train``'s own layout keys are the
+    plan's to choose."""
     planner = Planner(
         model,
         train,
@@ -1389,5 +1821,6 @@ def plan(
         margin_pct,
         budget,
         check,
+        constraints,
     )
     return planner.run(max_listed)

@@ -29,6 +29,7 @@ from headroom.api.schemas import (
 from headroom.api.settings import Settings
 from headroom.launch.devices import local_gpus
 from headroom.planner.cluster import cluster_and_gpu, cluster_preset
+from headroom.planner.constraints import split_plan_train
 from headroom.planner.layout import PlanBudget
 
 T = TypeVar("T")
@@ -77,9 +78,11 @@ CLIENT_POLL_S = 0.05
 #: what a /plan may cost the service (each counted before the work it stands for): its layouts
 #: (the bundled models on 1,024 GPUs, the most the service plans, have up to 13,653; a body of
 #: highly divisible sizes had 844,928) and candidates, refused (422) above these; the groups of
-#: candidates its walk prices (~50-90 µs each: GPT-3 175B on 1,024 A100s finds its plan and
-#: runners-up within 12,000 and walks 15,220 to rule out the rest) and its estimates, where the
-#: walk stops (``truncated``). About a second of CPU at most (docs/PERFORMANCE.md);
+#: candidates its walk prices (~50-90 µs each: GPT-3 175B on 1,024 A100s finds its plan within
+#: 12,000, its ten runners-up, each the best of a distinct layout, within 15,220, and walks
+#: 16,520 to rule out the rest) and its estimates (Llama 3 70B on 32 H100s estimates 13,051
+#: candidates to find ten other layouts that fit: here its plan and five runners-up), where
+#: the walk stops (``truncated``). About a second of CPU at most (docs/PERFORMANCE.md);
 #: ``headroom plan`` has ``planner.layout.PLAN_BUDGET``'s room.
 SERVED_PLAN_BUDGET = PlanBudget(
     layouts=16_000, candidates=8_000_000, groups=12_000, estimates=5_000
@@ -319,7 +322,8 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
     """The layout search within ``SERVED_PLAN_BUDGET`` and its JSON (in the search thread, as
     ``_fit``)."""
     model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
+    # the layout keys the train object names are the search's constraints
+    train, constraints = split_plan_train(body.train)
     hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
     given = cluster_preset(body.cluster) if isinstance(body.cluster, str) else body.cluster
     cl, hardware = cluster_and_gpu(given, hw, body.gpus_per_node)
@@ -334,6 +338,7 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
         margin_pct=body.margin_pct,
         budget=SERVED_PLAN_BUDGET,
         check=check,
+        constraints=constraints,
     )
     return result, result.model_dump_json()
 

@@ -124,7 +124,13 @@ def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any
     data: Any = {}
     if train_file is not None:
         preset = run_preset_named(train_file)
-        data = preset.train.model_dump() if preset is not None else read_file(train_file)
+        # the keys the preset names, as its file names them: the rest are the defaults either
+        # way, and a plan reads the named layout keys as its constraints
+        data = (
+            preset.train.model_dump(exclude_unset=True)
+            if preset is not None
+            else read_file(train_file)
+        )
     if data is None:
         data = {}
     if not isinstance(data, dict):

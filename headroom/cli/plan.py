@@ -22,6 +22,7 @@ from headroom.cli.options import (
     train_dict,
 )
 from headroom.planner.cluster import cluster_and_gpu, load_cluster
+from headroom.planner.constraints import split_plan_train
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
 from headroom.planner.layout import MAX_PLAN_GPUS, PlanCandidate, PlanResult
 
@@ -81,7 +82,13 @@ def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
         f"layouts, {result.candidates_estimated:,} estimated; rejected: "
         + ", ".join(f"{k} {v:,}" for k, v in rb.items())
     )
-    console.print(result.reason)
+    constraints = ", ".join(f"{k}={v}" for k, v in result.constraints.items())
+    console.print(
+        f"constraints: {constraints or 'none (the plan chooses every layout key)'}",
+        markup=False,
+    )
+    console.print(result.zero_stages_reason, markup=False)
+    console.print(result.reason, markup=False)
     if result.plan is None or result.budget is None:
         return
     p = result.plan
@@ -133,8 +140,9 @@ def plan_command(
     format: FormatOpt = TextOrJson.text,
 ) -> None:
     """Find the fastest parallel layout (TP, PP, CP, DP, EP, ZeRO, micro-batch, recompute,
-    offload) of at most --gpus GPUs whose heaviest rank fits. Exit 0 with a plan, 1 when nothing
-    fits, 2 on invalid input."""
+    offload) of at most --gpus GPUs whose heaviest rank fits. A layout key the training spec
+    names (--set parallel.tp=8, or in --train) is a constraint the search keeps to. Exit 0 with
+    a plan, 1 when nothing fits, 2 on invalid input (a constraint no layout can meet too)."""
     with user_errors():
         result = run_plan(
             model, gpus, global_batch, seq, gpus_per_node, gpu, train, set_, cluster, margin
@@ -160,8 +168,19 @@ def run_plan(
 ) -> PlanResult:
     """The specs the options name, and the plan."""
     spec = planner.load_model(model)
-    train_spec = planner.load_train(train_dict(train, set_ or []))
+    # the layout keys the spec names (--train's file or preset, --set) are the constraints
+    train_spec, constraints = split_plan_train(train_dict(train, set_ or []))
     hw = planner.load_hardware(gpu) if gpu is not None else None
     given = load_cluster(cluster) if cluster is not None else None
     cl, hardware = cluster_and_gpu(given, hw, gpus_per_node)
-    return planner.plan(spec, train_spec, cl, hardware, gpus, global_batch, seq, margin_pct=margin)
+    return planner.plan(
+        spec,
+        train_spec,
+        cl,
+        hardware,
+        gpus,
+        global_batch,
+        seq,
+        margin_pct=margin,
+        constraints=constraints,
+    )

@@ -80,3 +80,32 @@ def test_bad_input_is_a_422_naming_the_field(
     assert response.status_code == 422, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
     assert field in response.text
+
+
+def test_a_train_objects_layout_keys_are_constraints(client: TestClient) -> None:
+    """``train.parallel.tp`` was read as the plan's to choose (and ignored)."""
+    response = post(client, {**BODY, "train": {"parallel": {"tp": 8}}})
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["constraints"] == {"parallel.tp": 8}
+    assert {c["parallel"]["tp"] for c in [out["plan"], *out["runners_up"]]} == {8}
+    # a key alone the training spec's own checks would refuse (vpp without pp)
+    response = post(client, {**BODY, "train": {"parallel": {"vpp": 2}}})
+    assert response.status_code == 200, response.text
+    assert {c["parallel"]["vpp"] for c in [response.json()["plan"]]} == {2}
+
+
+def test_a_constraint_no_layout_can_meet_is_a_422_naming_its_key(client: TestClient) -> None:
+    response = post(client, {**BODY, "train": {"parallel": {"tp": 3}}})
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["field"] == "train.parallel.tp" and "num_heads (64)" in problem["detail"]
+
+
+def test_a_framework_plans_its_own_zero_stages(client: TestClient) -> None:
+    response = post(client, {**BODY, "train": {"framework": "fsdp2"}})
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["zero_stages"] == [3] and "fsdp2" in out["zero_stages_reason"]
+    assert out["plan"]["parallel"]["zero_stage"] == 3

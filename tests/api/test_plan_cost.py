@@ -143,5 +143,5 @@ def test_every_plan_costs_under_two_seconds_of_cpu_and_100_mib(
         (answer,) = result["answers"]
         assert answer["status"] == 422
         assert (
-            "844,928 layouts" in answer["detail"] and "at most 16,000 layouts" in answer["detail"]
+            "720,396 layouts" in answer["detail"] and "at most 16,000 layouts" in answer["detail"]
         )

@@ -110,5 +110,83 @@ def test_a_search_over_its_budget_exits_2_naming_what_narrows_it(tmp_path: Path)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert lines[0].startswith("error: gpus: planning at most 1024 GPUs would consider 844,928")
+    assert lines[0].startswith("error: gpus: planning at most 1024 GPUs would consider 720,396")
     assert "global_batch" in lines[0] and "100,000 layouts" in lines[0]
+
+
+PLAN_70B = ("--gpus", "64", "--gpu", "H100-80GB", "--global-batch", "512", "--seq", "8192")
+
+
+def _layout(c: dict[str, object]) -> tuple[object, ...]:
+    p = c["parallel"]
+    assert isinstance(p, dict)
+    return tuple(p[k] for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "zero_stage"))
+
+
+def test_a_set_layout_key_is_a_constraint_the_plan_keeps() -> None:
+    """``--set parallel.tp=8`` was ignored: the plan searched every TP and chose tp 1."""
+    proc = run("plan", "llama-3-70b", *PLAN_70B, "--set", "parallel.tp=8", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["constraints"] == {"parallel.tp": 8}
+    assert out["plan"]["parallel"]["tp"] == 8
+    assert out["runners_up"] and {c["parallel"]["tp"] for c in out["runners_up"]} == {8}
+    assert "with parallel.tp=8" in out["reason"]
+    text = run("plan", "llama-3-70b", *PLAN_70B, "--set", "parallel.tp=8")
+    assert text.returncode == 0 and "constraints: parallel.tp=8" in text.stdout
+
+
+def test_a_constraint_no_layout_can_meet_exits_2_naming_its_key() -> None:
+    for assignment, named in [
+        ("parallel.tp=3", "train.parallel.tp: must divide num_heads (64)"),
+        ("parallel.cp=3", "train.parallel.cp: load-balanced ring attention"),
+    ]:
+        proc = run("plan", "llama-3-70b", *PLAN_70B, "--set", assignment)
+        assert proc.returncode == 2, (assignment, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_a_framework_plans_its_own_zero_stages() -> None:
+    """``--set framework=fsdp2`` (or deepspeed) exited 2 unless zero_stage was set by hand."""
+    for framework, stages in (("fsdp2", [3]), ("deepspeed", [1, 2, 3])):
+        proc = run(
+            "plan", "llama-3-70b", *PLAN_70B, "--set", f"framework={framework}", "--format", "json"
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["zero_stages"] == stages and framework in out["zero_stages_reason"]
+        assert out["plan"]["framework"] == framework
+        assert out["plan"]["parallel"]["zero_stage"] in stages
+    text = run("plan", "llama-3-70b", *PLAN_70B, "--set", "framework=fsdp2")
+    assert text.returncode == 0, text.stderr
+    assert "ZeRO stages searched: 3 (framework fsdp2" in " ".join(text.stdout.split())
+
+
+def test_the_runners_up_are_distinct_layouts() -> None:
+    """The issue's command: its ten runners-up were four layouts (offload fractions and
+    micro-batches of the chosen one among them)."""
+    proc = run("plan", "llama-3-70b", *PLAN_70B, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    layouts = [_layout(out["plan"]), *(_layout(c) for c in out["runners_up"])]
+    assert len(out["runners_up"]) == 10 and len(set(layouts)) == len(layouts), layouts
+
+
+def test_a_run_presets_layout_keys_are_its_constraints() -> None:
+    proc = run(
+        "plan",
+        "llama-3-8b",
+        *("--gpus", "64", "--global-batch", "128", "--seq", "8192"),
+        *("--train", "torchtitan-llama3-8b", "--format", "json"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    # the keys its file names, not every key of its spec
+    assert out["constraints"] == {
+        "parallel.dp": 64,
+        "parallel.zero_stage": 3,
+        "micro_batch_size": 1,
+        "recompute": "selective_op",
+    }
+    assert out["plan"]["framework"] == "fsdp2" and out["plan"]["grad_accum_steps"] == 2

@@ -93,7 +93,8 @@ def test_more_gpus_never_make_the_best_step_slower(problem: Any, more: int) -> N
 
 def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
     """The search estimates the fastest candidates only, until enough fit: the same choice and
-    runners-up as estimating every priced candidate and ranking those that fit."""
+    runners-up as estimating every priced candidate and ranking the best of each layout (its
+    degrees and ZeRO stage) that fits."""
     p = _planner("llama-3-8b", "H100-80GB", 16, 64, 4096)
     result = p.run(max_listed=5)
     groups: list[Any] = []
@@ -112,6 +113,11 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
                 fitting.append((step, lay, zero, mb, r, e, peak))
                 break
     fitting.sort(key=lambda f: (f[0], f[6]))  # equally fast: more headroom first
+    best: dict[tuple[Layout, int], Any] = {}
+    for f in fitting:
+        best.setdefault((f[1], f[2]), f)  # a layout's best
+    assert len(best) < len(fitting)  # layouts with more than one candidate that fits
+    fitting = list(best.values())
     assert len(fitting) > 6 and result.candidates_estimated < len(priced)
     assert result.layouts_skipped > 0
     assert result.predicted_step_seconds == fitting[0][0]
@@ -121,6 +127,23 @@ def test_the_walk_chooses_what_estimating_every_candidate_would() -> None:
     assert result.plan["parallel"]["tp"] == best[1].tp
     assert result.plan["micro_batch_size"] == best[3]
     assert result.budget is not None and result.budget.gpu.peak_bytes == best[6]
+
+
+def _layout_of(c: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(c["parallel"][k] for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "zero_stage"))
+
+
+def test_the_runners_up_are_distinct_layouts() -> None:
+    """Llama 3 70B on 64 H100s, global batch 512 x 8k: the ten runners-up were the chosen
+    layout and three others with other offload fractions and micro-batches (4 distinct)."""
+    cl = cluster_preset("DGX-H100")
+    model = planner.load_model("llama-3-70b")
+    result = planner.plan(model, planner.TrainSpec(), cl, cl.hardware(), 64, 512, 8192)
+    assert result.plan is not None and len(result.runners_up) == 10
+    layouts = [_layout_of(result.plan), *(_layout_of(c.model_dump()) for c in result.runners_up)]
+    assert len(set(layouts)) == len(layouts), layouts
+    steps = [result.predicted_step_seconds, *(c.step_seconds for c in result.runners_up)]
+    assert steps == sorted(steps)
 
 
 def test_the_model_state_floor_rejects_only_what_cannot_fit() -> None:
