@@ -111,21 +111,7 @@ SMALL_MODEL = {
     "ffn_hidden_size": 4096,
 }
 #: the report's /plan (302 bytes as it was sent): every size highly divisible, 844,928 layouts
-WORST_PLAN = {
-    "model": {
-        "name": "divisible",
-        "vocab_size": 50400,
-        "hidden_size": 5040,
-        "num_layers": 2520,
-        "num_heads": 720,
-        "ffn_hidden_size": 20160,
-        "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
-    },
-    "gpus": 1024,
-    "global_batch": 720720,
-    "seq_len": 5040,
-    "gpus_per_node": 1008,
-}
+WORST_PLAN = json.loads((Path(__file__).parent / "bodies" / "worst-plan.json").read_text())
 #: the longest plan of a bundled model the service makes (9,867 layouts)
 LONG_PLAN = {
     "model": "gpt3-175b",

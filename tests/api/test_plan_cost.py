@@ -21,26 +21,13 @@ from typing import Any
 import processes
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from plan_bodies import worst_plan
 
 #: the acceptance: no request costs more
 CPU_S = 2.0
 RSS_GROWTH_MIB = 100.0
 
-REPORTED: dict[str, Any] = {
-    "model": {
-        "name": "divisible",
-        "vocab_size": 50400,
-        "hidden_size": 5040,
-        "num_layers": 2520,
-        "num_heads": 720,
-        "ffn_hidden_size": 20160,
-        "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
-    },
-    "gpus": 1024,
-    "global_batch": 720720,
-    "seq_len": 5040,
-    "gpus_per_node": 1008,
-}
+REPORTED: dict[str, Any] = worst_plan()
 
 #: highly composite numbers (more divisors than any smaller number), largest first
 DIVISIBLE = [720720, 332640, 55440, 10080, 5040, 2520, 1680, 1260, 840, 720, 360, 240, 120, 60]

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from headroom_process import run_headroom
+from plan_bodies import worst_plan
 
 from headroom import planner
 from headroom.planner.cluster import cluster_preset
@@ -87,24 +88,13 @@ def test_a_search_over_its_budget_exits_2_naming_what_narrows_it(tmp_path: Path)
     """The report's body of highly divisible sizes (844,928 layouts: 87 s of CPU and 860 MiB)
     is refused before any layout is made."""
     model = tmp_path / "divisible.json"
-    model.write_text(
-        json.dumps(
-            {
-                "name": "divisible",
-                "vocab_size": 50400,
-                "hidden_size": 5040,
-                "num_layers": 2520,
-                "num_heads": 720,
-                "ffn_hidden_size": 20160,
-                "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
-            }
-        )
-    )
+    body = worst_plan()
+    model.write_text(json.dumps(body["model"]))
     proc = run_headroom(
         "plan",
         str(model),
-        *("--gpus", "1024", "--gpus-per-node", "1008", "--global-batch", "720720"),
-        *("--seq", "5040"),
+        *("--gpus", str(body["gpus"]), "--gpus-per-node", str(body["gpus_per_node"])),
+        *("--global-batch", str(body["global_batch"]), "--seq", str(body["seq_len"])),
         timeout=60,
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)

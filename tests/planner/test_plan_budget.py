@@ -15,22 +15,15 @@ import time
 from typing import Any
 
 import pytest
+from plan_bodies import worst_plan
 
 from headroom import planner
 from headroom.planner.cluster import cluster_and_gpu, cluster_for_gpu, cluster_preset
 from headroom.planner.layout import PLAN_BUDGET, Layout, Planner
 
 #: the report's body: every size highly divisible
-WORST_MODEL: dict[str, Any] = {
-    "name": "divisible",
-    "vocab_size": 50400,
-    "hidden_size": 5040,
-    "num_layers": 2520,
-    "num_heads": 720,
-    "ffn_hidden_size": 20160,
-    "moe": {"num_experts": 5040, "top_k": 2, "expert_ffn_size": 5040},
-}
-WORST = {"gpus": 1024, "global_batch": 720720, "seq_len": 5040, "gpus_per_node": 1008}
+WORST: dict[str, Any] = worst_plan()
+WORST_MODEL: dict[str, Any] = WORST["model"]
 
 
 class Counting(Planner):
