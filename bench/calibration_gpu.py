@@ -122,13 +122,13 @@ def probe_on_gpu(
         planner.load_train(train),
         planner.load_hardware(gpu),
     )
+    budget = planner.estimate(spec, plan, hw)
     with tempfile.TemporaryDirectory() as tmp:
         model_file = Path(tmp) / "model.json"
         model_file.write_text(json.dumps(model))
-        outcome = subprocess_prober(str(model_file), hw, device, steps, timeout_s=600)(plan)
-    probe_recorder(open_store(), spec, hw, "runtime")(
-        plan, planner.estimate(spec, plan, hw), outcome
-    )
+        prober = subprocess_prober(str(model_file), hw, device, steps, timeout_s=600)
+        outcome = prober(plan, budget)
+    probe_recorder(open_store(), spec, hw, "runtime")(plan, budget, outcome)
     return outcome.model_dump(mode="json")
 
 
