@@ -1,6 +1,6 @@
-"""What the run tests share: the service's settings for a test's runs, a stored run row made
-by hand (as a stale plan, an orphan or a queued job would be), the database's sessions, and
-whether a process (group) is gone."""
+"""What the run tests share: the service's settings for a test's runs, a run's state through
+the API and the wait for its end, a stored run row made by hand (as a stale plan, an orphan or
+a queued job would be), the database's sessions, and whether a process (group) is gone."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from api_client import wait_for
+from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from headroom import planner, store
@@ -28,6 +30,23 @@ def run_settings(tmp_path: Path) -> Settings:
         run_dir=tmp_path / "runs",
         run_device="cpu",
         max_running=2,
+    )
+
+
+def run_state(client: TestClient, run_id: int) -> dict[str, Any]:
+    """The run as ``GET /runs/{id}`` gives it."""
+    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
+
+
+def run_ended(client: TestClient, run_id: int, timeout: float = 120.0) -> dict[str, Any]:
+    """The run once it has ended (succeeded, failed or cancelled), waited for up to
+    ``timeout`` seconds."""
+    return wait_for(  # type: ignore[no-any-return]
+        lambda: (
+            (r := run_state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
+        ),
+        timeout=timeout,
+        what=f"run {run_id} to end",
     )
 
 

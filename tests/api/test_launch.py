@@ -11,13 +11,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
-from run_rows import AUTH, TINY, gone, run_row, run_settings, sessions_of
+from run_rows import AUTH, TINY, gone, run_ended, run_row, run_settings, run_state, sessions_of
 
 from headroom import planner
 from headroom.api.main import create_app
@@ -39,19 +38,6 @@ def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Test
         yield c
 
 
-def run_state(client: TestClient, run_id: int) -> dict[str, Any]:
-    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
-
-
-def ended(client: TestClient, run_id: int) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (
-            (r := run_state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
-        ),
-        what=f"run {run_id} to end",
-    )
-
-
 @pytest.mark.parametrize("backend", ["local", "torchrun"])
 def test_a_run_is_fitted_launched_and_succeeds(client: TestClient, backend: str) -> None:
     created = client.post(
@@ -60,7 +46,7 @@ def test_a_run_is_fitted_launched_and_succeeds(client: TestClient, backend: str)
     assert created.status_code == 201, created.text
     run = created.json()
     assert run["status"] == "queued" and run["plan"]["fit"]["candidates_considered"] > 0
-    done = ended(client, run["id"])
+    done = run_ended(client, run["id"])
     assert done["status"] == "succeeded", done
     assert done["exit_code"] == 0 and done["reason"] == "completed 2 step(s)"
     assert done["device"] == "cpu" and done["pid"] and done["backend"] == backend
@@ -77,7 +63,7 @@ def test_a_torchrun_run_trains_parallel_dp_ranks(client: TestClient) -> None:
         "/api/v1/runs", json={**body, "steps": 2, "backend": "torchrun"}, headers=AUTH
     )
     assert created.status_code == 201, created.text
-    done = ended(client, created.json()["id"])
+    done = run_ended(client, created.json()["id"])
     assert done["status"] == "succeeded", done["reason"]
     log = client.get(f"/api/v1/runs/{done['id']}/logs").text
     report = json.loads(log[log.index("{") :])
@@ -106,7 +92,7 @@ def test_a_killed_trainer_ends_failed_with_the_signal(client: TestClient) -> Non
     run = client.post("/api/v1/runs", json={**TINY, "steps": 10_000_000}, headers=AUTH).json()
     pid = wait_for(lambda: run_state(client, run["id"])["pid"], what="the trainer to start")
     os.kill(pid, signal.SIGKILL)
-    done = ended(client, run["id"])
+    done = run_ended(client, run["id"])
     assert done["status"] == "failed" and done["exit_code"] == -signal.SIGKILL
     assert done["reason"] == "killed by SIGKILL"
 
@@ -198,7 +184,7 @@ def test_a_probed_run_records_its_probe_and_launches_the_confirmed_plan(
     client: TestClient,
 ) -> None:
     run = client.post("/api/v1/runs", json={**TINY, "steps": 2, "probe": True}, headers=AUTH).json()
-    done = ended(client, run["id"])
+    done = run_ended(client, run["id"])
     assert done["status"] == "succeeded", done
     probes = done["plan"]["probes"]
     assert probes and probes[-1]["outcome"]["ok"]

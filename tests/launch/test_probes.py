@@ -18,7 +18,7 @@ import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
 from headroom_process import serve_headroom
-from run_rows import AUTH, TINY, TOKEN, run_row, run_settings, sessions_of
+from run_rows import AUTH, TINY, TOKEN, run_ended, run_row, run_settings, run_state, sessions_of
 
 from headroom import planner
 from headroom.api.main import create_app
@@ -42,20 +42,6 @@ def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Test
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with TestClient(create_app(settings)) as c:
         yield c
-
-
-def _state(client: TestClient, run_id: int) -> dict[str, Any]:
-    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
-
-
-def _ended(client: TestClient, run_id: int) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (
-            (r := _state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
-        ),
-        timeout=WAIT_S,
-        what=f"run {run_id} to end",
-    )
 
 
 def _parents() -> dict[int, int]:
@@ -98,26 +84,26 @@ def _cmdline(pid: int) -> str:
 def test_a_run_with_a_free_place_starts_while_another_probes(client: TestClient) -> None:
     first = client.post("/api/v1/runs", json=PROBED, headers=AUTH).json()
     wait_for(
-        lambda: _state(client, first["id"])["reason"].startswith("probing"),
+        lambda: run_state(client, first["id"])["reason"].startswith("probing"),
         timeout=WAIT_S,
         what="the first run to probe",
     )
     second = client.post("/api/v1/runs", json={**TINY, "steps": 2}, headers=AUTH).json()
     wait_for(
-        lambda: _state(client, second["id"])["started_at"] is not None,
+        lambda: run_state(client, second["id"])["started_at"] is not None,
         timeout=WAIT_S,
         what="the second run to start",
     )
     # the second (a free place of two) started while the first was still probing
-    assert _state(client, first["id"])["reason"].startswith("probing")
-    assert _ended(client, first["id"])["status"] == "succeeded"
-    assert _ended(client, second["id"])["status"] == "succeeded"
+    assert run_state(client, first["id"])["reason"].startswith("probing")
+    assert run_ended(client, first["id"])["status"] == "succeeded"
+    assert run_ended(client, second["id"])["status"] == "succeeded"
 
 
 def test_a_cancel_while_probing_ends_the_probes_and_records_nothing(client: TestClient) -> None:
     run = client.post("/api/v1/runs", json=PROBED, headers=AUTH).json()
     pid = wait_for(
-        lambda: (r := _state(client, run["id"]))["reason"].startswith("probing") and r["pid"],
+        lambda: (r := run_state(client, run["id"]))["reason"].startswith("probing") and r["pid"],
         timeout=WAIT_S,
         what="the probe process's pid",
     )
@@ -129,7 +115,7 @@ def test_a_cancel_while_probing_ends_the_probes_and_records_nothing(client: Test
     assert processes.wait_gone([pid, *trainers], 30) == []
     supervisor = client.app.state.supervisor  # type: ignore[attr-defined]
     wait_for(lambda: run["id"] not in supervisor.children, what="the run to be let go")
-    final = _state(client, run["id"])
+    final = run_state(client, run["id"])
     assert final["status"] == "cancelled" and "probes" not in final["plan"]
     assert client.get("/api/v1/calibrations").json()["items"] == []
 
@@ -192,7 +178,7 @@ def test_a_probe_writes_nothing_outside_its_run_directory(
 
         def ended() -> dict[str, Any] | None:
             seen.update(os.listdir(scratch))  # looked at all along: a probe's files are brief
-            state = _state(client, run["id"])
+            state = run_state(client, run["id"])
             return state if state["status"] in ("succeeded", "failed", "cancelled") else None
 
         done = wait_for(ended, timeout=WAIT_S, what="the probed run to end")

@@ -21,7 +21,7 @@ import processes
 import pytest
 from api_client import wait_for
 from fastapi.testclient import TestClient
-from run_rows import AUTH, TINY, run_row, run_settings, sessions_of
+from run_rows import AUTH, TINY, run_ended, run_row, run_settings, run_state, sessions_of
 
 from headroom import planner, store
 from headroom.api.main import create_app
@@ -51,20 +51,6 @@ def on_the_cluster(cluster: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> 
 def client(settings: Settings, on_the_cluster: dict[str, str]) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as c:
         yield c
-
-
-def _state(client: TestClient, run_id: int) -> dict[str, Any]:
-    return client.get(f"/api/v1/runs/{run_id}").json()  # type: ignore[no-any-return]
-
-
-def _ended(client: TestClient, run_id: int) -> dict[str, Any]:
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (
-            (r := _state(client, run_id))["status"] in ("succeeded", "failed", "cancelled") and r
-        ),
-        timeout=WAIT_S,
-        what=f"run {run_id} to end",
-    )
 
 
 def _job_in(job_id: str, states: frozenset[str]) -> slurm.JobState:
@@ -155,7 +141,7 @@ def test_post_runs_backend_slurm_is_a_job_whose_log_the_api_serves(client: TestC
     )
     assert created.status_code == 201, created.text
     assert created.json()["plan"]["slurm"] == {"time_limit": "00:05:00", "nodes": 1}
-    done = _ended(client, created.json()["id"])
+    done = run_ended(client, created.json()["id"])
     assert done["status"] == "succeeded" and done["job_id"].isdigit(), done
     assert done["pid"] is None and done["exit_code"] == 0
     log = client.get(f"/api/v1/runs/{done['id']}/logs").text
@@ -178,12 +164,12 @@ def test_cancelling_a_slurm_run_scancels_its_job(client: TestClient) -> None:
     run = client.post(
         "/api/v1/runs", json={**TINY, "steps": 10_000_000, "backend": "slurm"}, headers=AUTH
     ).json()
-    job_id = wait_for(lambda: _state(client, run["id"])["job_id"], what="the job's submission")
+    job_id = wait_for(lambda: run_state(client, run["id"])["job_id"], what="the job's submission")
     _job_in(job_id, frozenset({"RUNNING"}))
     cancelled = client.post(f"/api/v1/runs/{run['id']}/cancel", headers=AUTH).json()
     assert cancelled["status"] == "cancelled" and cancelled["reason"] == "cancelled by request"
     assert _job_in(job_id, slurm.ENDED).state == "CANCELLED"
-    assert _state(client, run["id"])["status"] == "cancelled"
+    assert run_state(client, run["id"])["status"] == "cancelled"
 
 
 def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
@@ -192,7 +178,7 @@ def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
     run = client.post(
         "/api/v1/runs", json={**TINY, "steps": 10_000_000, "backend": "slurm"}, headers=AUTH
     ).json()
-    job_id = wait_for(lambda: _state(client, run["id"])["job_id"], what="the job's submission")
+    job_id = wait_for(lambda: run_state(client, run["id"])["job_id"], what="the job's submission")
     _job_in(job_id, frozenset({"RUNNING"}))
     # the trainer, found by its run's uid on the node (this machine), killed outright
     pid = wait_for(
@@ -211,7 +197,7 @@ def test_a_slurm_run_whose_trainer_is_killed_ends_failed_with_the_signal(
         what="the trainer's process",
     )
     os.kill(pid, signal.SIGKILL)
-    done = _ended(client, run["id"])
+    done = run_ended(client, run["id"])
     assert done["status"] == "failed", done
     assert done["reason"] == f"slurm job {job_id}: killed by SIGKILL", done["reason"]
     assert done["exit_code"] == -signal.SIGKILL
@@ -378,7 +364,7 @@ def test_a_probed_slurm_run_probes_inside_its_job_then_trains_the_confirmed_plan
         headers=AUTH,
     )
     assert created.status_code == 201, created.text
-    done = _ended(client, created.json()["id"])
+    done = run_ended(client, created.json()["id"])
     assert done["status"] == "succeeded" and done["reason"] == "completed 2 step(s)", done
     directory = _run_dir(client) / done["uid"]
     script = (directory / "job.sbatch").read_text()
@@ -408,7 +394,7 @@ def test_a_slurm_runs_probe_the_node_cannot_hold_is_refused_there(client: TestCl
         headers=AUTH,
     )
     assert created.status_code == 201, created.text
-    done = _ended(client, created.json()["id"])
+    done = run_ended(client, created.json()["id"])
     assert done["status"] == "failed" and done["job_id"], done
     assert done["reason"].startswith(
         "no plan confirmed by probes: probe 1 not run: refused: a probe on the CPU needs about "
