@@ -13,6 +13,10 @@ it maps to. Replaying a run estimates that spec and compares like with like:
 - ``oom`` (the run ran out of memory) and ``none`` (it fit; no usable number) against the
   verdict alone.
 
+A figure is one rank's: under pipeline parallelism a run that names the rank that logged it
+(``measured_stage``, ``first`` or ``last``) is compared with that stage's estimate, else with
+the heaviest stage's (the estimate's peak).
+
 A spec the estimate refuses (a model or an option it does not price yet) counts as a wrong
 verdict, with the reason.
 
@@ -37,6 +41,7 @@ from importlib import resources
 from typing import Any, Literal, get_args
 
 from headroom import planner
+from headroom.planner.estimator import StagePeak, stage_peaks
 
 Figure = Literal["max_allocated", "max_reserved", "peak_active", "nvidia_smi_total", "oom", "none"]
 FIGURES: tuple[str, ...] = get_args(Figure)
@@ -83,6 +88,35 @@ def comparable_bytes(budget: planner.Budget, figure: str) -> int | None:
     return None
 
 
+def stage_bytes(peak: StagePeak, figure: str) -> int | None:
+    """The part of one stage's peak that ``figure`` measures (None for an OOM)."""
+    if figure in ("max_allocated", "peak_active"):
+        return peak.allocated_bytes
+    if figure == "max_reserved":
+        return peak.reserved_bytes
+    if figure == "nvidia_smi_total":
+        return peak.peak_bytes
+    return None
+
+
+def measured_bytes(
+    run: dict[str, Any],
+    budget: planner.Budget,
+    model: planner.ModelSpec,
+    train: planner.TrainSpec,
+    hardware: planner.Hardware,
+) -> int | None:
+    """The estimate of what ``run`` measured: on the stage whose rank logged it
+    (``measured_stage``: ``first`` or ``last``; Megatron-LM logs the last rank's statistics),
+    else on the heaviest stage (a run that gives the largest over its ranks, or does not
+    say)."""
+    where = run.get("measured_stage")
+    if where is None or train.parallel.pp == 1:
+        return comparable_bytes(budget, run["figure"])
+    peaks = stage_peaks(model, train, hardware)
+    return stage_bytes(peaks[0] if where == "first" else peaks[-1], run["figure"])
+
+
 @dataclass(frozen=True)
 class Replay:
     """One published run against its estimate."""
@@ -104,6 +138,7 @@ class Replay:
     false_oom: bool
     not_modelled: tuple[str, ...]
     refused: str | None = None
+    measured_stage: str = "heaviest"  # the stage whose estimate is compared
 
 
 def replay(run: dict[str, Any], margin_pct: float | None = None) -> Replay:
@@ -116,6 +151,7 @@ def replay(run: dict[str, Any], margin_pct: float | None = None) -> Replay:
         "outcome": run["outcome"],
         "measured_gib": run.get("measured_gib"),
         "not_modelled": tuple(run.get("not_modelled", ())),
+        "measured_stage": run.get("measured_stage", "heaviest"),
     }
     try:
         model, train, hardware = spec_of(run)
@@ -137,7 +173,7 @@ def replay(run: dict[str, Any], margin_pct: float | None = None) -> Replay:
         )
     fits = bool(planner.gate(budget, margin_pct=margin_pct).fits)
     measured = common["measured_gib"]
-    predicted = comparable_bytes(budget, run["figure"])
+    predicted = measured_bytes(run, budget, model, train, hardware)
     predicted_gib = None if predicted is None else predicted / GIB
     error = None
     if measured and predicted_gib is not None:
@@ -266,8 +302,8 @@ def _gib(value: float | None) -> str:
 def render(rows: Sequence[Replay]) -> str:
     """The table of runs and the summaries, as text."""
     lines = [
-        f"{'run':48} {'stack':18} {'split':8} {'figure':16} {'measured':>9} {'predicted':>9} "
-        f"{'error':>9}  {'verdict':7} {'outcome':7} {'':5}",
+        f"{'run':48} {'stack':18} {'split':8} {'figure':16} {'stage':8} {'measured':>9} "
+        f"{'predicted':>9} {'error':>9}  {'verdict':7} {'outcome':7} {'':5}",
     ]
     for r in rows:
         if r.refused is not None:
@@ -275,8 +311,8 @@ def render(rows: Sequence[Replay]) -> str:
             continue
         mark = "ok" if r.right else ("FALSE FIT" if r.false_fit else "false oom")
         lines.append(
-            f"{r.id:48} {r.stack:18} {r.split:8} {r.figure:16} {_gib(r.measured_gib):>9} "
-            f"{_gib(r.predicted_gib):>9} {_pct(r.error_pct):>9}  "
+            f"{r.id:48} {r.stack:18} {r.split:8} {r.figure:16} {r.measured_stage:8} "
+            f"{_gib(r.measured_gib):>9} {_gib(r.predicted_gib):>9} {_pct(r.error_pct):>9}  "
             f"{'fits' if r.fits else 'oom':7} {r.outcome:7} {mark}"
         )
     lines.append("")

@@ -638,6 +638,38 @@ def estimate(
     return _budget(model, settings, hardware, coeffs, _memoised_end_stages(model, settings, coeffs))
 
 
+class StagePeak(NamedTuple):
+    """One end stage's largest phase, in the figures a GPU run reports."""
+
+    stage: int  # the pipeline stage (0: the first; pp - 1: the last)
+    allocated_bytes: int  # what ``allocated_bytes.all.peak`` counts
+    reserved_bytes: int  # with the caching allocator's overhead (``reserved_bytes.all.peak``)
+    peak_bytes: int  # with the CUDA context too (what ``nvidia-smi`` shows)
+    phase: str
+
+
+def stage_peaks(
+    model: ModelSpec, train: TrainSpec, hardware: Hardware, coefficients: Coefficients | None = None
+) -> tuple[StagePeak, ...]:
+    """The largest phase of each stage that can be the heaviest (the first and, when
+    ``parallel.pp`` > 1, the last), each as allocated, reserved and whole-GPU bytes.
+
+    ``estimate`` reports the heaviest of them. A run that logs one rank's figure (Megatron-LM
+    writes its memory statistics from the last rank only) is compared with that rank's stage.
+    """
+    settings = knobs(train)
+    coeffs = coefficients or default_coefficients(settings.activation_profile, hardware.name)
+    check_priced(model, settings, coeffs)
+    allocated, _ = _memoised_end_stages(model, settings, coeffs)
+    context, fraction = overheads(coeffs, hardware, settings.expandable_segments)
+    out = []
+    for i, (stage_bytes, phase_index) in enumerate(allocated):
+        reserved = stage_bytes + b.allocator_overhead_bytes(stage_bytes, fraction)
+        stage = i * (settings.pp - 1)
+        out.append(StagePeak(stage, stage_bytes, reserved, reserved + context, PHASES[phase_index]))
+    return tuple(out)
+
+
 def evaluate(
     model: ModelSpec, settings: Knobs, hardware: Hardware, coefficients: Coefficients | None = None
 ) -> Budget:

@@ -19,6 +19,7 @@ import pytest
 
 from headroom import planner
 from headroom.calibration import published
+from headroom.planner.estimator import stage_peaks
 
 RUNS = published.runs()
 STACKS = {"torchtitan", "torchtune", "megatron", "megatron-deepspeed", "deepspeed", "fsdp1", "ddp"}
@@ -97,14 +98,73 @@ def test_like_is_compared_with_like() -> None:
     assert published.comparable_bytes(budget, "oom") is None
 
 
+def test_a_figure_one_rank_logged_is_compared_with_that_ranks_stage() -> None:
+    """Megatron-LM writes its memory statistics from the last rank only (the TensorBoard
+    writer of ``global_vars.py``), which under pipeline parallelism is the last stage: every
+    such run with pp > 1 names it, and is compared with the last stage's estimate, not the
+    heaviest stage's. The heaviest of the stages is the estimate's own peak."""
+    staged = 0
+    for run in RUNS:
+        pp = run["spec"]["train"].get("parallel", {}).get("pp", 1) or 1
+        rank = run["rank"] or ""
+        if pp > 1 and rank.startswith(("last rank", "world_size-1")):
+            assert run.get("measured_stage") == "last", run["id"]
+        elif pp > 1 and rank.startswith("rank 0"):
+            assert run.get("measured_stage") == "first", run["id"]
+        else:
+            assert "measured_stage" not in run, run["id"]
+        if "measured_stage" not in run:
+            continue
+        staged += 1
+        model, train, hardware = published.spec_of(run)
+        budget = planner.estimate(model, train, hardware)
+        peaks = stage_peaks(model, train, hardware)
+        assert [p.stage for p in peaks] == [0, pp - 1], run["id"]
+        heaviest = max(peaks, key=lambda p: p.peak_bytes)
+        assert heaviest.peak_bytes == budget.gpu_peak_bytes, run["id"]
+        assert heaviest.phase == budget.peak_phase, run["id"]
+        chosen = peaks[0] if run["measured_stage"] == "first" else peaks[-1]
+        replayed = published.replay(run)
+        assert replayed.measured_stage == run["measured_stage"]
+        assert replayed.predicted_gib is not None
+        assert replayed.predicted_gib * published.GIB == published.stage_bytes(
+            chosen, run["figure"]
+        )
+    assert staged == 14
+    # the tiny GPT on four stages logs its last stage, one micro-batch in flight: 2.45 GiB
+    # where the first stage, with four, holds 3.38
+    tiny = next(r for r in RUNS if r["id"] == "mlm_gpt_tiny_pp4_local_impl_h100")
+    peaks = stage_peaks(*published.spec_of(tiny))
+    assert peaks[0].allocated_bytes > 1.3 * peaks[-1].allocated_bytes
+
+
+def test_a_stages_figures_are_allocated_reserved_and_the_whole_gpu() -> None:
+    """A stage's reserved figure adds the allocator's overhead to its allocated bytes, its
+    whole-GPU figure the CUDA context too, as the estimate's buckets do."""
+    model = planner.load_model("llama-3-8b")
+    train = planner.TrainSpec.model_validate(
+        {"parallel": {"pp": 4}, "grad_accum_steps": 8, "micro_batch_size": 1}
+    )
+    hardware = planner.gpu("H100-80GB")
+    budget = planner.estimate(model, train, hardware)
+    first, last = stage_peaks(model, train, hardware)
+    buckets = budget.gpu.buckets
+    assert budget.stage == 0 and first.peak_bytes == budget.gpu_peak_bytes
+    assert first.reserved_bytes - first.allocated_bytes == buckets["allocator_overhead"]
+    assert first.peak_bytes - first.reserved_bytes == buckets["cuda_context"]
+    assert last.stage == 3 and last.peak_bytes - last.reserved_bytes == buckets["cuda_context"]
+    assert 0 < last.reserved_bytes - last.allocated_bytes < buckets["allocator_overhead"] * 2
+
+
 #: where the estimate stands, per stack: (runs, at least right, at most median |error| %,
 #: worst under-prediction at least, %); no stack may have a false fit
 STANDING = {
-    "all": (70, 70, 10.4, -25.6),
+    "all": (70, 70, 8.0, -25.6),
     "torchtitan": (24, 24, 12.7, -25.7),
     # the worst under-prediction is the fp8 run (fp8 weights and their transposes); the run with
-    # --cross-entropy-loss-fusion, once the worst (-27.1 %), is -4.9 % as loss.impl fused
-    "megatron": (26, 26, 4.8, -20.5),
+    # --cross-entropy-loss-fusion, once the worst (-27.1 %), is -4.9 % as loss.impl fused;
+    # compared on the stage that logged the figure (the last), the pipelined runs 4.7 -> 4.0 %
+    "megatron": (26, 26, 4.1, -20.5),
     "deepspeed": (10, 10, 9.0, -12.1),
     # CEWithChunkedOutputLoss as loss.impl chunked: 25.3 -> 20.2 %
     "torchtune": (7, 7, 20.2, -2.8),
