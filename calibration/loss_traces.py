@@ -17,6 +17,10 @@ step traces run (``calibration.tracing``):
   group, run eagerly (``torch.compile``'s kernels escape a memory tracker); what the compiled
   backward allocates besides is read from inductor's code (``fused_backward_buffers``).
 
+``compiled`` (torchtitan's ``cross_entropy_loss`` under ``torch.compile``) runs compiled on a
+CPU for real, small: what its forward saves is seen by a saved-tensor hook, what its backward
+allocates is read from inductor's code (``compiled_loss_buffers``).
+
 A trace stands the head's input in for the final norm's output (a product of the layers' output,
 saved by nothing but the head), the head as ``F.linear`` on a weight (the tracker's module
 hooks would hold a module's input gradients, which a real run does not), and reports what the
@@ -30,8 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -193,7 +197,58 @@ def fused_backward_buffers(tokens: int = 256, vocab: int = 1000) -> list[Buffer]
     _, codes = run_and_get_code(
         fused_cross_entropy.calculate_gradients, softmax, grad, mask, target
     )
-    found = re.findall(r"empty_strided_\w+\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", codes[0])
+    return _allocations(codes[0])
+
+
+class CompiledLoss(NamedTuple):
+    """What the compiled standard loss keeps and makes, read from a run of it on a CPU."""
+
+    saved: list[Buffer]  # the tensors its forward saves for its backward
+    backward: list[Buffer]  # the buffers its compiled backward allocates
+
+
+def compiled_loss_buffers(
+    tokens: int = 256, vocab: int = 1000, dtype: torch.dtype = torch.bfloat16
+) -> CompiledLoss:
+    """torchtitan's own ``cross_entropy_loss`` under ``torch.compile`` (as its trainer compiles
+    it with ``training.compile``), run forward and backward on a CPU with ``tokens`` x
+    ``vocab`` logits in ``dtype``: the tensors its compiled forward saves (a saved-tensor
+    hook sees them as autograd saves them) and the buffers its compiled backward allocates
+    (read from the code inductor generates). Which tensors a graph saves is decided by
+    AOTAutograd's partitioner, and which buffers its backward makes by the graph passes
+    before any device's code is generated."""
+    from torch._inductor.utils import run_and_get_code
+    from torchtitan.components.loss import cross_entropy_loss
+
+    pred = torch.randn(1, tokens, vocab, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    saved: list[Buffer] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(Buffer(tuple(t.shape), str(t.dtype).removeprefix("torch.")))
+        return t
+
+    compiled = cast("Callable[..., torch.Tensor]", torch.compile(cross_entropy_loss))
+
+    def step() -> None:
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+            loss = compiled(pred, labels)
+        torch.autograd.backward(loss)
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(step)
+    backward = _allocations(codes[-1])
+    return CompiledLoss(saved, backward)
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _allocations(code: str) -> list[Buffer]:
+    """The buffers a piece of inductor's generated code allocates."""
+    found = re.findall(r"empty_strided_\w+\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)", code)
     return [
         Buffer(tuple(int(d) for d in dims.split(",") if d.strip()), dtype) for dims, dtype in found
     ]

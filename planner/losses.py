@@ -28,6 +28,14 @@ head weight) element:
   (``jit_fuser``), and the compiled backward (``calculate_gradients``) writes the functional
   form of its in-place ``index_put`` into a new fp32 buffer of the logits' size beside the
   saved softmax and its bf16 output (read from inductor's generated code).
+- ``compiled``: torchtitan's ``cross_entropy_loss`` (``F.cross_entropy`` of the logits upcast
+  to fp32, summed) under ``torch.compile``, as torchtitan runs it with ``training.compile``
+  since April 2025 (``torchtitan/components/loss.py``: ``loss_fn = torch.compile(loss_fn)``),
+  the trainer dropping its own reference to the logits (``del pred``). Inductor fuses the
+  upcast, the log-softmax and the sum: the compiled forward saves the 16-bit logits and two
+  fp32 values a token (the row's max and log-sum-exp), where the eager loss saves fp32
+  log-probabilities; the compiled backward writes the logits' gradient in their own dtype
+  beside one fp32 value a token (read from the code inductor generates for it).
 - ``fused_linear``: Liger Kernel 0.8.5's ``LigerFusedLinearCrossEntropyFunction``
   (``liger_kernel/ops/fused_linear_cross_entropy.py``): the head and the loss fused, a chunk of
   ``next_pow2(ceil(t / ceil(v / h)))`` tokens at a time in one reused logits buffer; the
@@ -59,14 +67,16 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, get_args
 
 #: the loss implementations the estimate prices (``TrainSpec.loss.impl``)
-LossImpl = Literal["standard", "chunked", "chunked_linear", "fused", "fused_linear", "cut"]
+LossImpl = Literal[
+    "standard", "chunked", "chunked_linear", "fused", "compiled", "fused_linear", "cut"
+]
 LOSS_IMPLS: tuple[str, ...] = get_args(LossImpl)
 #: the implementations that split the tokens into ``loss.chunks`` chunks
 CHUNKED_IMPLS = ("chunked", "chunked_linear")
 #: torchtune's ``num_output_chunks`` and torchtitan's ``num_chunks`` default
 DEFAULT_LOSS_CHUNKS = 8
 #: the implementations computed on the rank's whole vocabulary only (no tensor parallelism)
-WHOLE_VOCAB_IMPLS = ("chunked", "chunked_linear", "fused_linear", "cut")
+WHOLE_VOCAB_IMPLS = ("chunked", "chunked_linear", "compiled", "fused_linear", "cut")
 
 #: bytes of an fp32 element, and of an int64 label
 _FP32 = 4
@@ -92,6 +102,8 @@ def loss_bytes(impl: str, chunks: int, shape: LossShape) -> tuple[int, int]:
         return chunked_linear_bytes(shape, chunks)
     if impl == "fused":
         return fused_bytes(shape)
+    if impl == "compiled":
+        return compiled_bytes(shape)
     if impl == "fused_linear":
         return fused_linear_bytes(shape)
     if impl == "cut":
@@ -256,6 +268,15 @@ def fused_bytes(shape: LossShape) -> tuple[int, int]:
     forward = e * t * v + _FP32 * t * v
     backward = _FP32 * t * v + _FP32 * t * v + 2 * t * v
     return held, max(forward, backward) + per_token * t - held
+
+
+def compiled_bytes(shape: LossShape) -> tuple[int, int]:
+    """The standard cross entropy compiled (module docstring). Held: the logits in their own
+    dtype and two fp32 values a token. The largest moment, in the backward: the logits'
+    gradient, in their dtype, and one fp32 value a token."""
+    rows, seq, _, v, e = shape
+    t = rows * seq
+    return e * t * v + 2 * _FP32 * t, e * t * v + _FP32 * t
 
 
 def liger_chunk_tokens(tokens: int, hidden: int, vocab: int) -> int:

@@ -216,13 +216,16 @@ class Loss(_Frozen):
         "8B/70B/405B configs, num_chunks: loss.chunks): the head and the loss run a chunk at a "
         "time, each chunk's backward inside the loss. fused: Megatron's "
         "--cross-entropy-loss-fusion (cross_entropy_fusion_impl native, compiled; ms-swift's "
-        "--cross_entropy_loss_fusion true). fused_linear: Liger Kernel's fused linear cross "
+        "--cross_entropy_loss_fusion true). compiled: torchtitan's cross_entropy_loss under "
+        "torch.compile (training.compile, which compiles the loss since April 2025): "
+        "the 16-bit logits kept, no fp32 copy. fused_linear: Liger Kernel's fused linear cross "
         "entropy (LigerFusedLinearCrossEntropyLoss; transformers' use_liger_kernel, "
         "apply_liger_kernel_to_*(fused_linear_cross_entropy=True)): head and loss fused in "
         "chunks, the gradients made in the forward. cut: Apple's Cut Cross-Entropy "
         "(cut_cross_entropy.linear_cross_entropy, its cce_patch; axolotl's "
         "cut_cross_entropy, ms-swift's --use_cce): blockwise, no logits held. chunked, "
-        "chunked_linear, fused_linear and cut run on a whole vocabulary (parallel.tp 1).",
+        "chunked_linear, compiled, fused_linear and cut run on a whole vocabulary "
+        "(parallel.tp 1).",
     )
     chunks: Annotated[int, Field(ge=1, le=4096), INTEGER] | None = Field(
         default=None,

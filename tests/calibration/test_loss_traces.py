@@ -12,7 +12,12 @@ import random
 import pytest
 import torch
 
-from headroom.calibration.loss_traces import fused_backward_buffers, trace_loss
+from headroom.calibration.loss_traces import (
+    Buffer,
+    compiled_loss_buffers,
+    fused_backward_buffers,
+    trace_loss,
+)
 from headroom.planner.losses import LossShape, loss_bytes
 
 #: what a trace may hold beyond the derivation: the loss's scalars (its value, counts)
@@ -118,6 +123,36 @@ def test_megatrons_fused_loss_eagerly_and_its_compiled_backwards_buffers() -> No
     buffers = fused_backward_buffers(tokens=256, vocab=1000)
     logit_sized = sorted(b.dtype for b in buffers if _numel(b.shape) == 256 * 1000)
     assert logit_sized == ["bfloat16", "float32"]
+
+
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8}
+
+
+def _bytes(buffers: list[Buffer]) -> int:
+    return sum(_numel(b.shape) * _BYTES[b.dtype] for b in buffers)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "vocab", "dtype"), [(256, 1000, torch.bfloat16), (96, 640, torch.float32)]
+)
+def test_torchtitans_compiled_loss_keeps_its_logits_and_two_values_a_token(
+    tokens: int, vocab: int, dtype: torch.dtype
+) -> None:
+    """torchtitan's own cross_entropy_loss, compiled and run on a CPU: its forward saves the
+    logits in their dtype (no fp32 log-probabilities) and two fp32 values a token, beside the
+    labels (the batch's own); its backward allocates the logits' gradient in their dtype and
+    one fp32 value a token. The derivation (``loss.impl`` compiled) is exactly that, where the
+    eager loss it replaces holds 12 bytes a logit at its backward."""
+    found = compiled_loss_buffers(tokens, vocab, dtype)
+    labels = Buffer((1, tokens), "int64")
+    assert labels in found.saved
+    held = _bytes([b for b in found.saved if b != labels])
+    e = torch.empty((), dtype=dtype).element_size()
+    want_held, want_beyond = loss_bytes("compiled", 0, LossShape(1, tokens, 64, vocab, e))
+    assert held == want_held
+    assert _bytes(found.backward) == want_beyond
+    name = str(dtype).removeprefix("torch.")
+    assert sorted(b.dtype for b in found.backward if _numel(b.shape) == tokens * vocab) == [name]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -141,6 +141,23 @@ def test_cut_cross_entropy_holds_no_logit() -> None:
     assert held + beyond - T * H * E - V * H * E < T * V // 100
 
 
+def test_the_compiled_loss_holds_a_third_of_the_eager_ones_logits() -> None:
+    """torchtitan's cross entropy compiled keeps the 16-bit logits and two fp32 values a token,
+    and its backward writes a 16-bit gradient beside one fp32 value a token: 4 bytes a logit
+    at the loss's point, where the torchtitan profile's eager loss holds 12 (fp32
+    log-probabilities through forward, 8 more bytes a logit in its backward)."""
+    held, beyond = loss_bytes("compiled", 0, SHAPE)
+    assert held == T * V * E + 8 * T
+    assert beyond == T * V * E + 4 * T
+    titan = planner.default_coefficients("torchtitan")
+    eager = titan.logits_bytes_per_element + titan.logits_backward_bytes_per_element
+    assert round(eager) == 12 and held + beyond == 4 * T * V + 12 * T
+    compiled = _spec(activation_profile="torchtitan", loss={"impl": "compiled"})
+    standard = _spec(activation_profile="torchtitan")
+    assert _at_loss(compiled) == (held, beyond)
+    assert sum(_at_loss(standard)) - sum(_at_loss(compiled)) > 7.9 * T * V
+
+
 def _at_loss(train: planner.TrainSpec) -> tuple[int, int]:
     """(held, beyond) of the head stage's terms under ``train``."""
     coeffs = planner.default_coefficients(train.activation_profile)
@@ -151,7 +168,7 @@ def _at_loss(train: planner.TrainSpec) -> tuple[int, int]:
 def test_the_loss_terms_enter_the_forward_and_the_losss_point() -> None:
     """The held bytes are the logits bucket through forward; the loss's point adds the largest
     moment. Where the loss's point is the backward's largest (at 8192 tokens: chunked,
-    chunked_linear, fused), the backward row's logits are held + beyond; where a layer's
+    chunked_linear, fused, compiled), the backward row's logits are held + beyond; where a layer's
     backward is larger (fused_linear, cut), the row is that point's and holds no logits."""
     for impl in LOSS_IMPLS[1:]:
         train = _spec(activation_profile="hf", loss={"impl": impl})
@@ -159,7 +176,7 @@ def test_the_loss_terms_enter_the_forward_and_the_losss_point() -> None:
         assert _at_loss(train) == (held, beyond), impl
         rows = planner.estimate(LLAMA, train, H100).gpu.phases
         assert rows["forward"].buckets["logits"] == held, impl
-        at_loss = impl in ("chunked", "chunked_linear", "fused")
+        at_loss = impl in ("chunked", "chunked_linear", "fused", "compiled")
         assert rows["backward"].buckets["logits"] == (held + beyond if at_loss else 0), impl
 
 
