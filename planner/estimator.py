@@ -119,6 +119,7 @@ class Knobs(NamedTuple):
     # block re-run in its backward; ``checkpoint_every`` stays None: no block checkpoints)
     loss_impl: str = "standard"  # the loss's implementation (``planner.losses``)
     loss_chunks: int = 0  # chunks it splits the tokens into (0: none by count)
+    optimizer_in_backward: bool = False  # each parameter stepped as its gradient lands
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -178,6 +179,7 @@ def knobs(train: TrainSpec) -> Knobs:
         selective_op=train.recompute == "selective_op",
         loss_impl=train.loss.impl,
         loss_chunks=train.loss.num_chunks,
+        optimizer_in_backward=train.optimizer_in_backward,
     )
 
 
@@ -266,12 +268,45 @@ def _check(train: TrainSpec) -> None:
             field="recompute",
         )
     _check_loss(train)
+    if train.optimizer_in_backward:
+        _check_optimizer_in_backward(train)
     if p.sequence_parallel and train.seq_len % p.tp:
         # sequence parallelism splits each sequence across the TP ranks
         raise SpecError(
             f"train.seq_len: parallel.sequence_parallel needs a multiple of parallel.tp "
             f"({p.tp}), got {train.seq_len}",
             field="train.seq_len",
+        )
+
+
+def _check_optimizer_in_backward(train: TrainSpec) -> None:
+    """Refuse ``optimizer_in_backward`` where torchtune's recipe refuses it, or where it is not
+    priced: it is priced on one device, as torchtune's single-device recipe runs it."""
+    p = train.parallel
+    degrees = {"dp": p.dp, "tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep}
+    spread = {k: v for k, v in degrees.items() if v > 1}
+    if train.framework != "none" or spread or train.offload.mode != "none":
+        got = ", ".join(f"parallel.{k}={v}" for k, v in spread.items()) or (
+            f"framework {train.framework}, offload.mode {train.offload.mode}"
+        )
+        raise SpecError(
+            "optimizer_in_backward: priced on one device (framework none, every parallel "
+            f"degree 1, offload.mode none), as torchtune's single-device recipe runs it; got {got}",
+            field="optimizer_in_backward",
+        )
+    if train.grad_accum_steps > 1:
+        raise SpecError(
+            "optimizer_in_backward: each parameter is stepped as its gradient lands, so "
+            "gradients cannot accumulate (torchtune: 'Requires gradient_accumulation_steps=1'); "
+            f"allowed grad_accum_steps: 1, got {train.grad_accum_steps}",
+            field="grad_accum_steps",
+        )
+    if train.max_grad_norm is not None:
+        raise SpecError(
+            "optimizer_in_backward: each parameter is stepped before the others' gradients "
+            "exist, so there is no global norm to clip by; set max_grad_norm null "
+            f"(got {train.max_grad_norm})",
+            field="max_grad_norm",
         )
 
 
@@ -389,6 +424,7 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         settings.distributed_optimizer if framework == "megatron" else True,
         # embedding_grad_whole_vocab: read by fsdp2 with tp > 1 only
         coeffs.embedding_grad_whole_vocab if framework == "fsdp2" and settings.tp > 1 else True,
+        settings.optimizer_in_backward,
     )
     return _new(StatesInputs, fields)
 

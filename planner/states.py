@@ -56,6 +56,8 @@ class StatesInputs(NamedTuple):
     # fsdp2 with tp > 1: the embedding's backward makes the whole vocabulary's gradient
     # (``Coefficients.embedding_grad_whole_vocab``)
     embedding_grad_whole_vocab: bool = True
+    # torchtune's optimizer_in_bwd: each parameter stepped and its gradient freed as it lands
+    optimizer_in_backward: bool = False
 
 
 class ZeroShards(NamedTuple):
@@ -138,6 +140,51 @@ def _zero_shards(group: int, zero_stage: int) -> ZeroShards:
 
 
 _NO_LAYER_GRADS = LayerGrads(layer=0, mlp_peak=0, mlp=0, start=0)
+
+
+def _stepped_in_backward(
+    sp: StageParams,
+    inputs: StatesInputs,
+    grads_split: int,
+    grad_bytes: int,
+    autograd_bytes: int,
+    master_bytes: int,
+    zero_dense: ZeroShards,
+) -> tuple[int, PerKind[LayerGrads], int, int]:
+    """(gradients as the layers' backward starts, a layer's, at the embedding's backward, the
+    step's temporaries) when the optimizer steps in the backward (torchtune's
+    ``optimizer_in_bwd``: ``torchtune/training/memory.py``, each parameter's
+    ``register_post_accumulate_grad_hook`` runs its own optimizer's ``step()`` and
+    ``zero_grad()``). No gradient outlives its parameter's step: at any moment one
+    parameter's gradient exists, at most the largest, with its step's temporaries (the step
+    runs on that one tensor). A tied table's head gradient still waits in autograd's input
+    buffer for the embedding's (the hook fires once ``.grad`` is whole), and the embedding's
+    backward makes its table beside it. The step's temporaries are counted in the backward's
+    gradients, beside the one gradient they exist with."""
+    largest = sp.largest_tensor_numel
+    one_grad = b.grads_bytes(largest, grad_bytes, grads_split)
+    local = -(-largest // zero_dense.optimizer)
+    temp = b.optimizer_temporary_bytes(
+        inputs.optimizer,
+        inputs.optimizer_impl,
+        local,
+        local,
+        min(sp.largest_matrix_numel, largest),
+        inputs.state_bytes,
+        4 if (master_bytes == 4 and grad_bytes < 4) else 0,
+        mixed_states=master_bytes == 4 and inputs.state_bytes < 4,
+    )
+    start = one_grad + temp
+    waiting = 0
+    if sp.tied_embeddings:
+        waiting = b.grads_bytes(sp.embedding_numel, autograd_bytes, grads_split)
+    tail = start + waiting
+    if sp.has_embedding:
+        table = b.grads_bytes(sp.embedding_numel, autograd_bytes, grads_split)
+        # the embedding's new table (and, tied, the sum of the two), then its step
+        tail = max(tail, waiting + table * (2 if sp.tied_embeddings else 1) + temp)
+    none = PerKind(dense=_NO_LAYER_GRADS, moe=_NO_LAYER_GRADS)
+    return start + waiting, none, tail, temp
 
 
 def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelStates:
@@ -302,6 +349,12 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         grads_tail = grads_total - late + working_table * tables
     else:
         grads_tail = grads_total
+    step_grads = None
+    if inputs.optimizer_in_backward:
+        grads_start, layer_grads, grads_tail, opt_temp = _stepped_in_backward(
+            sp, inputs, grads_split, grad_bytes, autograd_bytes, master_bytes, zero_dense
+        )
+        step_grads = 0
     ema_total_gpu = ema_total if ema == "gpu" else 0
     # the bundled trainer's data-parallel ranks (no ZeRO stage of their own) each keep a piece
     # of every offloaded tensor's fp32 gradient, master and moments (reduce-scattered,
@@ -330,6 +383,7 @@ def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelSta
         layer_transfer=(transfer,) * 4,
         released_transfer=(0, 0),
         grads_resident=False,
+        step_grads=step_grads,
         host=HostBytes(
             params=0,
             grads=-(-offloaded * 4 // pieces),

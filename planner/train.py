@@ -317,6 +317,12 @@ class TrainSpec(_Frozen):
     expandable_segments: StrictBool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
+    optimizer_in_backward: StrictBool = Field(
+        default=False,
+        description="Step each parameter as its gradient lands and free the gradient "
+        "(torchtune's optimizer_in_bwd): no model-wide gradients, no step at the end. One "
+        "device, grad_accum_steps 1, max_grad_norm null.",
+    )
     max_grad_norm: Annotated[float, Field(gt=0, allow_inf_nan=False), NUMBER] | None = Field(
         default=1.0,
         description="Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_); null: "

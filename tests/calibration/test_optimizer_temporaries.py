@@ -42,3 +42,56 @@ def test_adamw_temporaries_are_what_torch_allocates(impl: str, dtype: torch.dtyp
     predicted = optimizer_temporary_bytes("adamw", impl, numel, largest, largest, size, 0)
     # foreach also keeps a few scalars per group (bias corrections): at most 8 bytes per tensor
     assert 0 <= measured - predicted <= 8 * len(SHAPES), (impl, dtype, measured, predicted)
+
+
+def test_stepped_in_backward_one_gradient_exists_at_a_time() -> None:
+    """torchtune's optimizer_in_bwd (``torchtune/training/memory.py``: a post-accumulate-grad
+    hook per parameter runs that parameter's own optimizer's ``step()`` and ``zero_grad()``),
+    run with torch's AdamW on a small model: whenever a hook runs, the parameter it steps is
+    the only one with a gradient, so at most the largest parameter's gradient exists, and
+    the step's temporaries are that one tensor's (what ``optimizer_in_backward`` prices)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(1000, 64),
+        torch.nn.Linear(64, 256),
+        torch.nn.GELU(),
+        torch.nn.Linear(256, 64),
+        torch.nn.Linear(64, 1000),
+    )
+    params = list(model.parameters())
+    optimizers = {p: torch_adamw([p], "foreach", lr=1e-3) for p in params}
+    alive: list[int] = []
+    stepped: list[torch.nn.Parameter] = []
+
+    def step(p: torch.nn.Parameter) -> None:
+        alive.append(sum(q.numel() for q in params if q.grad is not None))
+        assert p.grad is not None
+        optimizers[p].step()
+        optimizers[p].zero_grad(set_to_none=True)
+        stepped.append(p)
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(step)
+    before = [p.detach().clone() for p in params]
+    for _ in range(2):
+        out = model(torch.randint(0, 1000, (4, 32)))
+        out.float().logsumexp(-1).sum().backward()
+    assert len(stepped) == 2 * len(params)
+    assert all(p.grad is None for p in params)
+    assert all(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
+    # at each hook exactly one gradient: the stepped parameter's
+    assert alive == [p.numel() for p in stepped]
+    with FakeTensorMode():
+        fake = torch.nn.Parameter(torch.zeros(1000, 64))
+        optimizer = torch_adamw([fake], "foreach", lr=1e-3)
+        tracker = MemTracker()
+        tracker.track_external(fake, optimizer)
+        with tracker:
+            for _ in range(2):
+                fake.grad = torch.ones_like(fake)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            peak = tracker.get_tracker_snapshot("peak")
+    opt = sum(int(per_device.get("Optstate", 0)) for per_device in peak.values())
+    one = optimizer_temporary_bytes("adamw", "foreach", fake.numel(), fake.numel(), 0, 4, 0)
+    assert 0 <= opt - (2 * fake.numel() * 4 + 4) - one <= 8
