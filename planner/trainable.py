@@ -40,12 +40,19 @@ def check_recompute(train: TrainSpec) -> None:
 def check_loss(train: TrainSpec) -> None:
     """The trainer computes its own loss over the whole logits (``loss.impl: standard``); a
     stack's chunked or fused loss is that stack's code: refused, naming ``loss.impl``, rather
-    than launched under an estimate of a loss the trainer does not run."""
+    than launched under an estimate of a loss the trainer does not run. The same for a step
+    in the backward (``optimizer_in_backward``), which the trainer does not take."""
     if train.loss.impl != "standard":
         raise SpecError(
             f"loss.impl: {train.loss.impl} is another stack's loss, which the bundled trainer "
             "does not run; allowed: standard",
             field="loss.impl",
+        )
+    if train.optimizer_in_backward:
+        raise SpecError(
+            "optimizer_in_backward: torchtune's optimizer in backward, which the bundled "
+            "trainer does not run; allowed: false",
+            field="optimizer_in_backward",
         )
 
 

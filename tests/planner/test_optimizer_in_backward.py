@@ -10,6 +10,7 @@ import pytest
 from headroom import planner
 from headroom.planner import buckets as b
 from headroom.planner.params import count_params
+from headroom.planner.trainable import check_loss
 
 LLAMA = planner.load_model("llama-3-8b")
 A100 = planner.gpu("A100-80GB")
@@ -76,3 +77,12 @@ def test_refused_where_torchtune_refuses_it_or_it_is_not_priced(
     with pytest.raises(planner.SpecError) as raised:
         planner.estimate(LLAMA, _train(optimizer_in_backward=True, **over), A100)
     assert raised.value.field == field and needle in str(raised.value)
+
+
+def test_the_bundled_trainer_does_not_take_it() -> None:
+    """A launch of the bundled trainer refuses a step in the backward, naming the field,
+    rather than train with a step at the end under an estimate without one."""
+    check_loss(_train())
+    with pytest.raises(planner.SpecError) as raised:
+        check_loss(_train(optimizer_in_backward=True))
+    assert raised.value.field == "optimizer_in_backward"
