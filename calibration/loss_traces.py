@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
@@ -208,38 +209,78 @@ class CompiledLoss(NamedTuple):
 
 
 def compiled_loss_buffers(
-    tokens: int = 256, vocab: int = 1000, dtype: torch.dtype = torch.bfloat16
+    tokens: int = 256,
+    vocab: int = 1000,
+    dtype: torch.dtype = torch.bfloat16,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    rows: bool = True,
 ) -> CompiledLoss:
-    """torchtitan's own ``cross_entropy_loss`` under ``torch.compile`` (as its trainer compiles
-    it with ``training.compile``), run forward and backward on a CPU with ``tokens`` x
-    ``vocab`` logits in ``dtype``: the tensors its compiled forward saves (a saved-tensor
-    hook sees them as autograd saves them) and the buffers its compiled backward allocates
-    (read from the code inductor generates). Which tensors a graph saves is decided by
-    AOTAutograd's partitioner, and which buffers its backward makes by the graph passes
-    before any device's code is generated."""
+    """A cross entropy under ``torch.compile``, run forward and backward on a CPU with
+    ``tokens`` x ``vocab`` logits in ``dtype``: the tensors its compiled forward saves (a
+    saved-tensor hook sees them as autograd saves them) and the buffers its compiled backward
+    allocates (read from the code inductor generates). ``loss`` takes the logits (one
+    sequence of ``tokens``, or with ``rows`` false the tokens' 2-D logits and 1-D labels) and
+    the labels; by default torchtitan's own ``cross_entropy_loss``,
+    as its trainer compiles it with ``training.compile``. Which tensors a graph saves is
+    decided by AOTAutograd's partitioner, and which buffers its backward makes by the graph
+    passes before any device's code is generated."""
     from torch._inductor.utils import run_and_get_code
-    from torchtitan.components.loss import cross_entropy_loss
 
-    pred = torch.randn(1, tokens, vocab, dtype=dtype, requires_grad=True)
-    labels = torch.randint(0, vocab, (1, tokens))
+    if loss is None:
+        from torchtitan.components.loss import cross_entropy_loss
+
+        loss = cross_entropy_loss
+    lead = (1, tokens) if rows else (tokens,)
+    pred = torch.randn(*lead, vocab, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, lead)
     saved: list[Buffer] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved.append(Buffer(tuple(t.shape), str(t.dtype).removeprefix("torch.")))
         return t
 
-    compiled = cast("Callable[..., torch.Tensor]", torch.compile(cross_entropy_loss))
+    compiled = cast("Callable[..., torch.Tensor]", torch.compile(loss))
 
     def step() -> None:
         saved.clear()
         with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-            loss = compiled(pred, labels)
-        torch.autograd.backward(loss)
+            out = compiled(pred, labels)
+        torch.autograd.backward(out)
 
     torch._dynamo.reset()
     _, codes = run_and_get_code(step)
     backward = _allocations(codes[-1])
     return CompiledLoss(saved, backward)
+
+
+def torchtune_chunked_loss_class() -> type:
+    """torchtune's own ``CEWithChunkedOutputLoss`` (0.6.1, ``make install`` installs it without
+    its dependencies), loaded from its own file: the module imports only torch, while
+    importing the torchtune package needs torchao, which no trace does."""
+    import importlib.util
+    from importlib.metadata import distribution
+
+    path = distribution("torchtune").locate_file("torchtune/modules/loss/ce_chunked_output_loss.py")
+    spec = importlib.util.spec_from_file_location("torchtune_ce_chunked_output_loss", str(path))
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        # registered, as an import would: torch.compile looks the class's module up by name
+        sys.modules[spec.name] = module
+    found: type = module.CEWithChunkedOutputLoss
+    return found
+
+
+def torchtune_compiled_chunk(
+    tokens: int = 256, vocab: int = 1000, dtype: torch.dtype = torch.bfloat16
+) -> CompiledLoss:
+    """One chunk of torchtune's ``CEWithChunkedOutputLoss`` compiled as its ``compile_loss``
+    compiles it (``loss.compute_cross_entropy = torch.compile(loss.compute_cross_entropy)``),
+    on the chunk's 2-D logits and labels: what its forward saves and its backward makes."""
+    instance = torchtune_chunked_loss_class()()
+    return compiled_loss_buffers(tokens, vocab, dtype, instance.compute_cross_entropy, rows=False)
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

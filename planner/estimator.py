@@ -177,7 +177,7 @@ def knobs(train: TrainSpec) -> Knobs:
         distributed_optimizer=train.megatron.use_distributed_optimizer,
         vpp=parallel.vpp,
         selective_op=train.recompute == "selective_op",
-        loss_impl=train.loss.impl,
+        loss_impl=train.loss.priced_impl,
         loss_chunks=train.loss.num_chunks,
         optimizer_in_backward=train.optimizer_in_backward,
     )
@@ -314,6 +314,12 @@ def _check_loss(train: TrainSpec) -> None:
     """Refuse a loss implementation where its code does not run as derived
     (``planner.losses``), naming the field."""
     loss, p = train.loss, train.parallel
+    if loss.compiled and p.tp > 1:
+        raise SpecError(
+            "loss.compiled: the compiled cross entropy is priced on a whole vocabulary (a "
+            f"loss-parallel one is not modelled); allowed with parallel.tp {p.tp}: false",
+            field="loss.compiled",
+        )
     if loss.impl in WHOLE_VOCAB_IMPLS and p.tp > 1:
         raise SpecError(
             f"loss.impl: {loss.impl} is priced on a whole vocabulary (its code is not "

@@ -285,7 +285,7 @@ def explain(
         _KORTHIKANTI,
     )
     loss = train.loss
-    if loss.impl == "standard":
+    if loss.priced_impl == "standard":
         rows["logits"] = (
             "tokens x vocab/tp x bytes_per_element (forward) (+ loss backward)",
             {
@@ -299,10 +299,12 @@ def explain(
     else:
         rows["logits"] = (
             "held from the loss's forward into its backward (forward), + the loss's largest "
-            f"moment beyond them (loss backward), derived from the {loss.impl} loss's source",
+            f"moment beyond them (loss backward), derived from the {loss.priced_impl} loss's "
+            "source",
             {
                 "vocab_size": model.vocab_size,
                 "loss_impl": loss.impl,
+                "loss_compiled": loss.compiled,
                 "loss_chunks": loss.num_chunks or None,
                 "held_bytes": t.activations.logits_forward,
                 "beyond_bytes": t.activations.logits_backward,

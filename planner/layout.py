@@ -109,7 +109,7 @@ from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
-from headroom.planner.train import Recompute, RecomputePolicy, TrainSpec
+from headroom.planner.train import Loss, Recompute, RecomputePolicy, TrainSpec
 
 #: most GPUs a plan is asked about (the search walks every world size up to it)
 MAX_PLAN_GPUS = 16384
@@ -469,6 +469,11 @@ def _refuse_key(key: str, why: str) -> NoReturn:
     raise SpecError(f"train.{key}: {why}", field=f"train.{key}")
 
 
+def _loss_name(loss: Loss) -> str:
+    """How a refusal names the loss: ``loss.impl X``, or ``loss.compiled`` with it."""
+    return f"loss.impl {loss.impl}" + (" with loss.compiled" if loss.compiled else "")
+
+
 def _some(values: list[int] | tuple[int, ...], limit: int = 16) -> str:
     """The first ``limit`` of ``values``, for a message."""
     shown = ", ".join(map(str, values[:limit]))
@@ -614,10 +619,10 @@ class Planner:
                     f"tensor parallelism stays inside a node of {g} GPUs; allowed: "
                     f"{_some(_divisors(g))}; got {want.tp}",
                 )
-            if want.tp > 1 and self.train.loss.impl in WHOLE_VOCAB_IMPLS:
+            if want.tp > 1 and self.train.loss.priced_impl in WHOLE_VOCAB_IMPLS:
                 _refuse_key(
                     "parallel.tp",
-                    f"loss.impl {self.train.loss.impl} runs on a whole vocabulary; allowed: 1, "
+                    f"{_loss_name(self.train.loss)} runs on a whole vocabulary; allowed: 1, "
                     f"got {want.tp}",
                 )
             if self.sequence_parallel(want.tp) and want.tp > 1 and seq % want.tp:
@@ -748,8 +753,8 @@ class Planner:
         refusals: dict[tuple[int, int], str | None] = {}
         for world in worlds:
             for tp in _wanted(_divisors(math.gcd(world, g)), want.tp):
-                if tp > 1 and loss.impl in WHOLE_VOCAB_IMPLS:
-                    self._refuse(f"tp={tp}: loss.impl {loss.impl} runs on a whole vocabulary")
+                if tp > 1 and loss.priced_impl in WHOLE_VOCAB_IMPLS:
+                    self._refuse(f"tp={tp}: {_loss_name(loss)} runs on a whole vocabulary")
                     continue
                 for pp in _wanted(_divisors(world // tp), want.pp):
                     if pp > model.num_layers:

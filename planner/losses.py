@@ -28,14 +28,22 @@ head weight) element:
   (``jit_fuser``), and the compiled backward (``calculate_gradients``) writes the functional
   form of its in-place ``index_put`` into a new fp32 buffer of the logits' size beside the
   saved softmax and its bf16 output (read from inductor's generated code).
-- ``compiled``: torchtitan's ``cross_entropy_loss`` (``F.cross_entropy`` of the logits upcast
-  to fp32, summed) under ``torch.compile``, as torchtitan runs it with ``training.compile``
-  since April 2025 (``torchtitan/components/loss.py``: ``loss_fn = torch.compile(loss_fn)``),
-  the trainer dropping its own reference to the logits (``del pred``). Inductor fuses the
-  upcast, the log-softmax and the sum: the compiled forward saves the 16-bit logits and two
-  fp32 values a token (the row's max and log-sum-exp), where the eager loss saves fp32
-  log-probabilities; the compiled backward writes the logits' gradient in their own dtype
-  beside one fp32 value a token (read from the code inductor generates for it).
+- ``compiled`` (``loss.compiled`` with ``standard``): torchtitan's ``cross_entropy_loss``
+  (``F.cross_entropy`` of the logits upcast to fp32, summed) under ``torch.compile``, as
+  torchtitan runs it with ``training.compile`` since April 2025
+  (``torchtitan/components/loss.py``: ``loss_fn = torch.compile(loss_fn)``), the trainer
+  dropping its own reference to the logits (``del pred``). Inductor fuses the upcast, the
+  log-softmax and the sum: the compiled forward saves the 16-bit logits and two fp32 values a
+  token (the row's max and log-sum-exp), where the eager loss saves fp32 log-probabilities;
+  the compiled backward writes the logits' gradient in their own dtype beside one fp32 value
+  a token (read from the code inductor generates for it).
+- ``chunked_compiled`` (``loss.compiled`` with ``chunked``): torchtune's
+  ``CEWithChunkedOutputLoss`` with ``compile: true``, whose ``compile_loss`` compiles its
+  ``compute_cross_entropy`` (the upcast and the cross entropy of one chunk;
+  ``torchtune/training/_compile.py``): each chunk's cross entropy is the graph above, so each
+  chunk keeps its 16-bit logits and two fp32 values a token, and its backward writes the
+  chunk's gradient in the logits' dtype. torchtune's non-chunked losses are compiled into a
+  module the recipes drop: they run eagerly (``standard``).
 - ``fused_linear``: Liger Kernel 0.8.5's ``LigerFusedLinearCrossEntropyFunction``
   (``liger_kernel/ops/fused_linear_cross_entropy.py``): the head and the loss fused, a chunk of
   ``next_pow2(ceil(t / ceil(v / h)))`` tokens at a time in one reused logits buffer; the
@@ -67,16 +75,23 @@ from __future__ import annotations
 from typing import Literal, NamedTuple, get_args
 
 #: the loss implementations the estimate prices (``TrainSpec.loss.impl``)
-LossImpl = Literal[
-    "standard", "chunked", "chunked_linear", "fused", "compiled", "fused_linear", "cut"
-]
+LossImpl = Literal["standard", "chunked", "chunked_linear", "fused", "fused_linear", "cut"]
 LOSS_IMPLS: tuple[str, ...] = get_args(LossImpl)
+#: the implementations ``loss.compiled`` applies to, and what each is priced as compiled
+COMPILED_IMPLS = {"standard": "compiled", "chunked": "chunked_compiled"}
 #: the implementations that split the tokens into ``loss.chunks`` chunks
 CHUNKED_IMPLS = ("chunked", "chunked_linear")
 #: torchtune's ``num_output_chunks`` and torchtitan's ``num_chunks`` default
 DEFAULT_LOSS_CHUNKS = 8
 #: the implementations computed on the rank's whole vocabulary only (no tensor parallelism)
-WHOLE_VOCAB_IMPLS = ("chunked", "chunked_linear", "compiled", "fused_linear", "cut")
+WHOLE_VOCAB_IMPLS = (
+    "chunked",
+    "chunked_linear",
+    "fused_linear",
+    "cut",
+    "compiled",
+    "chunked_compiled",
+)
 
 #: bytes of an fp32 element, and of an int64 label
 _FP32 = 4
@@ -98,6 +113,8 @@ def loss_bytes(impl: str, chunks: int, shape: LossShape) -> tuple[int, int]:
     derived implementation (any but ``standard``, which is the profile's)."""
     if impl == "chunked":
         return chunked_bytes(shape, chunks)
+    if impl == "chunked_compiled":
+        return chunked_compiled_bytes(shape, chunks)
     if impl == "chunked_linear":
         return chunked_linear_bytes(shape, chunks)
     if impl == "fused":
@@ -184,6 +201,36 @@ def chunked_bytes(shape: LossShape, chunks: int) -> tuple[int, int]:
         c = tail if k == made else full
         labels = _INT64 * _copied(ch, k - 1)  # the chunk's own went with its nll_loss's node
         moments.append(_FP32 * upto * v + e * (t - upto) * v + 2 * _FP32 * c * v + labels + kept)
+        moments += _chunked_head_moments(shape, ch, k)
+    return held, max(moments) - held
+
+
+def chunked_compiled_bytes(shape: LossShape, chunks: int) -> tuple[int, int]:
+    """torchtune's chunked loss with each chunk's cross entropy compiled (module docstring).
+    Held: every chunk's 16-bit logits (each compiled chunk saves its own; the recipe's ``del
+    logits`` drops only its list), two fp32 values a token, and the chunks' labels and inputs
+    where they are copies (``chunked_bytes``). The largest moment is one of:
+
+    - a chunk's compiled backward, from the last chunk down: the logits saved by the chunks
+      not yet done, the gradients of those done, the chunk's new gradient in the logits'
+      dtype and one fp32 value a token, the two fp32 values a token of the chunks not yet
+      done, and their labels (the chunk's own with them: one compiled node saves the chunk's
+      labels until its backward ends);
+    - a chunk's head backward (``_chunked_head_moments``, as eagerly: the saved logits are
+      gone by then)."""
+    rows, seq, _, v, e = shape
+    ch = _torchtune_chunks(shape, chunks)
+    made, full, tail = ch.made, ch.full, ch.tail
+    t = rows * seq
+    kept = _kept_input(shape, ch, made)
+    saved = _INT64 * _copied(ch, made) + kept
+    held = e * t * v + 2 * _FP32 * t + saved
+    moments = [held]
+    for k in sorted({made, made - 1, 1} - {0}):
+        upto = t if k == made else full * k  # tokens of chunks 1..k
+        c = tail if k == made else full
+        labels = _INT64 * _copied(ch, k)
+        moments.append(e * t * v + e * c * v + _FP32 * c + 2 * _FP32 * upto + labels + kept)
         moments += _chunked_head_moments(shape, ch, k)
     return held, max(moments) - held
 

@@ -15,7 +15,12 @@ from pydantic.config import JsonDict, JsonValue
 from headroom.planner._keys import FewUnknownKeys
 from headroom.planner._numbers import INTEGER, NUMBER, Float, Int
 from headroom.planner.coefficients import profiles
-from headroom.planner.losses import CHUNKED_IMPLS, DEFAULT_LOSS_CHUNKS, LossImpl
+from headroom.planner.losses import (
+    CHUNKED_IMPLS,
+    COMPILED_IMPLS,
+    DEFAULT_LOSS_CHUNKS,
+    LossImpl,
+)
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
@@ -216,16 +221,13 @@ class Loss(_Frozen):
         "8B/70B/405B configs, num_chunks: loss.chunks): the head and the loss run a chunk at a "
         "time, each chunk's backward inside the loss. fused: Megatron's "
         "--cross-entropy-loss-fusion (cross_entropy_fusion_impl native, compiled; ms-swift's "
-        "--cross_entropy_loss_fusion true). compiled: torchtitan's cross_entropy_loss under "
-        "torch.compile (training.compile, which compiles the loss since April 2025): "
-        "the 16-bit logits kept, no fp32 copy. fused_linear: Liger Kernel's fused linear cross "
+        "--cross_entropy_loss_fusion true). fused_linear: Liger Kernel's fused linear cross "
         "entropy (LigerFusedLinearCrossEntropyLoss; transformers' use_liger_kernel, "
         "apply_liger_kernel_to_*(fused_linear_cross_entropy=True)): head and loss fused in "
         "chunks, the gradients made in the forward. cut: Apple's Cut Cross-Entropy "
         "(cut_cross_entropy.linear_cross_entropy, its cce_patch; axolotl's "
         "cut_cross_entropy, ms-swift's --use_cce): blockwise, no logits held. chunked, "
-        "chunked_linear, compiled, fused_linear and cut run on a whole vocabulary "
-        "(parallel.tp 1).",
+        "chunked_linear, fused_linear and cut run on a whole vocabulary (parallel.tp 1).",
     )
     chunks: Annotated[int, Field(ge=1, le=4096), INTEGER] | None = Field(
         default=None,
@@ -234,8 +236,28 @@ class Loss(_Frozen):
         "divide the rank's sequence.",
     )
 
+    compiled: StrictBool = Field(
+        default=False,
+        description="The loss runs under torch.compile: torchtitan's training.compile (which "
+        "compiles its cross_entropy_loss since April 2025) with standard, torchtune's "
+        "compile: true (which compiles CEWithChunkedOutputLoss's compute_cross_entropy) "
+        "with chunked. The compiled cross entropy keeps the 16-bit logits, no fp32 copy. "
+        "standard or chunked only, on a whole vocabulary (parallel.tp 1).",
+    )
+
+    @property
+    def priced_impl(self) -> str:
+        """The implementation the estimate prices (``planner.losses``): the compiled form of
+        ``impl`` when ``compiled``."""
+        return COMPILED_IMPLS[self.impl] if self.compiled else self.impl
+
     @model_validator(mode="after")
     def _check(self) -> Loss:
+        if self.compiled and self.impl not in COMPILED_IMPLS:
+            raise ValueError(
+                f"loss.compiled: priced for {' and '.join(COMPILED_IMPLS)} (torchtitan's and "
+                f"torchtune's compiled cross entropy); got impl {self.impl}"
+            )
         if self.chunks is not None and self.impl not in CHUNKED_IMPLS:
             raise ValueError(
                 f"loss.chunks: only {' and '.join(CHUNKED_IMPLS)} split the tokens into "

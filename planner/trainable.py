@@ -48,6 +48,11 @@ def check_loss(train: TrainSpec) -> None:
             "does not run; allowed: standard",
             field="loss.impl",
         )
+    if train.loss.compiled:
+        raise SpecError(
+            "loss.compiled: the bundled trainer runs its loss eagerly; allowed: false",
+            field="loss.compiled",
+        )
     if train.optimizer_in_backward:
         raise SpecError(
             "optimizer_in_backward: torchtune's optimizer in backward, which the bundled "

@@ -16,6 +16,8 @@ from headroom.calibration.loss_traces import (
     Buffer,
     compiled_loss_buffers,
     fused_backward_buffers,
+    torchtune_chunked_loss_class,
+    torchtune_compiled_chunk,
     trace_loss,
 )
 from headroom.planner.losses import LossShape, loss_bytes
@@ -55,27 +57,11 @@ def test_torchtunes_uneven_and_short_chunks_are_its_derivation() -> None:
     _check("chunked", LossShape(2, 10, 64, 2048, 2), 8, torch.bfloat16)
 
 
-def _torchtunes_chunked_loss() -> type:
-    """torchtune's ``CEWithChunkedOutputLoss`` (0.6.1, ``make install`` installs it without its
-    dependencies), loaded from its own file: the module imports only torch, while importing
-    the torchtune package needs torchao, which the trace does not."""
-    import importlib.util
-    from importlib.metadata import distribution
-
-    path = distribution("torchtune").locate_file("torchtune/modules/loss/ce_chunked_output_loss.py")
-    spec = importlib.util.spec_from_file_location("torchtune_ce_chunked_output_loss", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    found: type = module.CEWithChunkedOutputLoss
-    return found
-
-
 def test_torchtunes_own_class_holds_what_its_flow_copied_here_holds() -> None:
     """torchtune's own ``CEWithChunkedOutputLoss`` traces as the op-for-op copy the trace
     runs."""
     shape = LossShape(2, 4096, 3072, 128256, 2)
-    own = trace_loss("chunked", shape, 8, loss_class=_torchtunes_chunked_loss())
+    own = trace_loss("chunked", shape, 8, loss_class=torchtune_chunked_loss_class())
     assert own == trace_loss("chunked", shape, 8)
 
 
@@ -153,6 +139,24 @@ def test_torchtitans_compiled_loss_keeps_its_logits_and_two_values_a_token(
     assert _bytes(found.backward) == want_beyond
     name = str(dtype).removeprefix("torch.")
     assert sorted(b.dtype for b in found.backward if _numel(b.shape) == tokens * vocab) == [name]
+
+
+def test_torchtunes_compiled_chunk_keeps_its_logits_and_two_values_a_token() -> None:
+    """One chunk of torchtune's own CEWithChunkedOutputLoss, its compute_cross_entropy
+    compiled as torchtune's compile_loss compiles it: the same saved set and backward buffers
+    as the compiled standard loss, per chunk; ``chunked_compiled`` sums them over the chunks
+    (2 bytes a logit held where the eager chunked loss holds 4)."""
+    tokens, vocab = 128, 512
+    found = torchtune_compiled_chunk(tokens, vocab)
+    labels = Buffer((tokens,), "int64")
+    assert labels in found.saved
+    held = _bytes([b for b in found.saved if b != labels])
+    assert held == 2 * tokens * vocab + 8 * tokens
+    assert _bytes(found.backward) == 2 * tokens * vocab + 4 * tokens
+    shape = LossShape(1, 8192, 3072, 128256, 2)
+    eager, _ = loss_bytes("chunked", 8, shape)
+    compiled, _ = loss_bytes("chunked_compiled", 8, shape)
+    assert eager - compiled == 2 * 8192 * 128256 - 8 * 8192
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -150,7 +150,7 @@ def test_explain_json_names_formula_inputs_source() -> None:
         (
             ["estimate", "llama-3-8b", "--set", "loss.impl=liger"],
             "train.loss.impl: Input should be 'standard', 'chunked', 'chunked_linear', 'fused', "
-            "'compiled', 'fused_linear' or 'cut'",
+            "'fused_linear' or 'cut'",
         ),
         (
             ["estimate", "llama-3-8b", "--set", "loss.impl=cut", "--set", "parallel.tp=2"],

@@ -152,10 +152,52 @@ def test_the_compiled_loss_holds_a_third_of_the_eager_ones_logits() -> None:
     titan = planner.default_coefficients("torchtitan")
     eager = titan.logits_bytes_per_element + titan.logits_backward_bytes_per_element
     assert round(eager) == 12 and held + beyond == 4 * T * V + 12 * T
-    compiled = _spec(activation_profile="torchtitan", loss={"impl": "compiled"})
+    compiled = _spec(activation_profile="torchtitan", loss={"compiled": True})
     standard = _spec(activation_profile="torchtitan")
     assert _at_loss(compiled) == (held, beyond)
     assert sum(_at_loss(standard)) - sum(_at_loss(compiled)) > 7.9 * T * V
+
+
+def test_the_compiled_chunked_loss_keeps_its_chunks_logits_instead_of_log_probs() -> None:
+    """torchtune's chunked loss compiled (``loss.compiled`` with ``chunked``) holds each
+    chunk's 16-bit logits and two fp32 values a token where the eager one holds fp32
+    log-probs: 2 bytes a logit less through forward, and less at the loss's point."""
+    eager = _spec(activation_profile="hf", loss={"impl": "chunked"})
+    compiled = _spec(activation_profile="hf", loss={"impl": "chunked", "compiled": True})
+    assert compiled.loss.priced_impl == "chunked_compiled"
+    held_eager, _ = _at_loss(eager)
+    held, beyond = _at_loss(compiled)
+    assert held_eager - held == 2 * T * V - 8 * T
+    assert held + beyond < sum(_at_loss(eager))
+    # the backward of a chunk: its new gradient beside all the logits (saved or gradients)
+    assert beyond >= T * V * E // 8
+
+
+@pytest.mark.parametrize(
+    ("loss", "over", "field", "needle"),
+    [
+        (
+            {"impl": "fused", "compiled": True},
+            {},
+            "train.loss.compiled",
+            "loss.compiled: priced for standard and chunked",
+        ),
+        (
+            {"compiled": True},
+            {"parallel": {"tp": 2}},
+            "loss.compiled",
+            "loss.compiled: the compiled cross entropy is priced on a whole vocabulary",
+        ),
+    ],
+)
+def test_compiled_where_it_is_not_priced_is_refused(
+    loss: dict[str, object], over: dict[str, object], field: str, needle: str
+) -> None:
+    with pytest.raises((planner.SpecError, ValueError)) as raised:
+        planner.estimate(LLAMA, _spec(loss=loss, **over), H100)
+    assert needle in str(raised.value)
+    if isinstance(raised.value, planner.SpecError):
+        assert raised.value.field == field
 
 
 def _at_loss(train: planner.TrainSpec) -> tuple[int, int]:
