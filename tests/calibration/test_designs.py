@@ -50,8 +50,8 @@ def test_every_shape_says_why_and_every_run_names_its_split(impl: str) -> None:
 def test_the_typed_records_write_the_committed_files() -> None:
     text = (DATA / "runtime-traces.json").read_text()
     assert TracesFile.model_validate_json(text).to_json_text() == text
-    # the hf file predates max_grad_norm, the frameworks, the interleaved schedule and the
-    # loss; written again it gains their defaults, nothing else
+    # the hf file predates max_grad_norm, the frameworks, the interleaved schedule, the loss
+    # and the step in the backward; written again it gains their defaults, nothing else
     text = (DATA / "hf-traces.json").read_text()
     rewritten = json.loads(TracesFile.model_validate_json(text).to_json_text())
     for record in rewritten["records"]:
@@ -61,7 +61,12 @@ def test_the_typed_records_write_the_committed_files() -> None:
         assert record["train"].pop("deepspeed")["reduce_bucket_size"] == 500_000_000
         assert record["train"].pop("megatron")["use_distributed_optimizer"] is True
         assert record["train"]["parallel"].pop("vpp") == 1
-        assert record["train"].pop("loss") == {"impl": "standard", "chunks": None}
+        assert record["train"].pop("loss") == {
+            "impl": "standard",
+            "chunks": None,
+            "compiled": False,
+        }
+        assert record["train"].pop("optimizer_in_backward") is False
     assert rewritten == json.loads(text)
     assert list(rewritten) == list(json.loads(text))
     for name in FRAMEWORK_DESIGNS:
