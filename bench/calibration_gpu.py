@@ -55,7 +55,7 @@ PLACEMENTS: list[dict[str, Any]] = [
 ]
 RECOMPUTE: list[Any] = ["none", "selective", {"every_k": 2}, "full"]
 SHAPES = [(1, 8192), (2, 4096), (4, 2048), (8, 512)]
-CLIFF = (0.8, 1.2)  # the cliff set's predicted peaks, as fractions of the card's memory
+CLIFF = (0.8, 1.2)  # the cliff set's predicted peaks with the margin, as fractions of the card
 
 
 def grid(
@@ -89,13 +89,13 @@ def design(gpu: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     out = grid((DENSE, MOE))
     hw = planner.load_hardware(gpu)
     model = planner.load_model(DENSE)
-    # the cliff: every micro-batch (sequence 4096) predicted at 80 % to 120 % of the card, so
-    # the set straddles the capacity whatever the current coefficients
+    # the cliff: every micro-batch (sequence 4096) whose predicted peak with the verdict's
+    # margin is 80 % to 120 % of the card, so the set straddles the verdict's cliff whatever
+    # the current coefficients and margin
     for mb in range(1, 1025):
         train = {"micro_batch_size": mb, "seq_len": 4096, "activation_profile": "runtime"}
-        ratio = planner.estimate(model, planner.load_train(train), hw).gpu_peak_bytes / (
-            hw.memory_bytes
-        )
+        budget = planner.estimate(model, planner.load_train(train), hw)
+        ratio = (budget.gpu_peak_bytes + budget.margin_bytes) / hw.memory_bytes
         if ratio > CLIFF[1]:
             break
         if ratio >= CLIFF[0]:

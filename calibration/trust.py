@@ -4,10 +4,12 @@ The recent measurements of a profile on a device (the newest :data:`RECENT` cali
 of that profile and GPU) are predicted again with the coefficients in question, so a refit is
 judged by what it would have said, not by what older coefficients said when each record was
 made. Where at least :data:`MIN_RECORDS` of them were predicted within :data:`WITHIN` of what was
-measured, the set is *trusted* and its margin covers the worst under-prediction seen. Otherwise
-the margin widens with the observed error: the worst under-prediction plus :data:`WITHIN`
-(rounded up to a whole percent). With no measurements at all the set is untrusted and gets the
-:data:`WITHIN` margin: nothing local stands behind it yet.
+measured, the set is *trusted* and its margin covers the worst under-prediction seen: local
+measurements of the user's own stack outweigh the published runs behind the default margin.
+Otherwise the margin widens with the observed error, to the worst under-prediction plus
+:data:`WITHIN` (rounded up to a whole percent), and is never below the coefficients' own
+(the default, ``planner.coefficients.DEFAULT_MARGIN_FRACTION``: what the published GPU runs
+support). With no measurements at all the set is untrusted and keeps that margin.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def assess(coeffs: planner.Coefficients, errors: Sequence[float]) -> planner.Coe
     worst = max([0.0, *(abs(e) for e in errors)])
     trusted = len(errors) >= MIN_RECORDS and worst <= WITHIN
     if trusted:
-        margin = max(coeffs.margin_fraction, under)
+        margin = under
         verdict = f"trusted: {len(errors)} recent measurement(s) within {worst:.1%}"
     else:
         margin = max(coeffs.margin_fraction, math.ceil((under + WITHIN) * 100 - 1e-9) / 100)

@@ -31,6 +31,7 @@ Where each part lives (``docs/ESTIMATOR.md`` explains the model):
 from headroom.planner.budget import GPU_BUCKETS, HOST_BUCKETS, PHASES, Budget, BudgetModel
 from headroom.planner.cluster import Cluster, cluster_names, load_cluster
 from headroom.planner.coefficients import (
+    DEFAULT_MARGIN_FRACTION,
     Coefficients,
     NotCalibrated,
     calibrated_coefficients,
@@ -73,6 +74,7 @@ from headroom.planner.units import format_bytes, parse_size
 from headroom.planner.verdict import Verdict, gate
 
 __all__ = [
+    "DEFAULT_MARGIN_FRACTION",
     "FRAMEWORKS",
     "GPU_BUCKETS",
     "HOST_BUCKETS",

@@ -26,6 +26,13 @@ UntracedOption = Literal[
 ]
 
 
+#: the margin a verdict adds when no local measurement says otherwise: the largest whole
+#: percent at which the published GPU runs' fitted split keeps every verdict, the held-out
+#: split too (``python -m headroom.calibration.published --sweep``;
+#: ``tests/calibration/test_published_memory.py`` holds it)
+DEFAULT_MARGIN_FRACTION = 0.06
+
+
 class Coefficients(FewUnknownKeys):
     """Multipliers and constants one activation profile applies."""
 
@@ -220,7 +227,11 @@ class Coefficients(FewUnknownKeys):
         default=None, ge=0, description="Context outside the allocator (None: GPU default)."
     )
     margin_fraction: float = Field(
-        default=0.0, ge=0, lt=1, description="Safety margin added to the peak before the verdict."
+        default=DEFAULT_MARGIN_FRACTION,
+        ge=0,
+        lt=1,
+        description="Safety margin added to the peak before the verdict (default: the 6 % the "
+        "published GPU runs support; a trusted calibration sets its own).",
     )
     trusted: bool | None = Field(
         default=None,

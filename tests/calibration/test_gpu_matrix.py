@@ -54,13 +54,14 @@ def test_the_matrix_resumes_from_its_file_and_summarises(tmp_path: Path) -> None
     design = calibration_gpu.design(GPU)
     total = len(design)
     hw = planner.load_hardware(GPU)
-    cliff_peaks = sorted(
-        planner.estimate(planner.load_model(m), planner.load_train(t), hw).gpu_peak_bytes
+    cliff = [
+        planner.estimate(planner.load_model(m), planner.load_train(t), hw)
         for label, m, t in design
         if label.startswith("cliff")
-    )
-    fitting = [p for p in cliff_peaks if p <= hw.memory_bytes]
-    refused = len(cliff_peaks) - len(fitting)
+    ]
+    # predicted to fit: the verdict's, with its margin
+    fitting = sorted(b.gpu_peak_bytes for b in cliff if b.fits)
+    refused = len(cliff) - len(fitting)
     assert len(fitting) >= 3 and refused >= 1
     # a card smaller than the planner's: the two highest cliff points predicted to fit
     # measure (2 % above their prediction) past it
@@ -75,8 +76,8 @@ def test_the_matrix_resumes_from_its_file_and_summarises(tmp_path: Path) -> None
     assert summary["configurations"] == summary["measured"] == total
     assert summary["median_error"] == pytest.approx(0.02 / 1.02, rel=1e-3)
     # the two highest cliff points predicted to fit run out of memory on this card
-    cliff = [r for r in doc["results"] if r["label"].startswith("cliff")]
-    oom_but_fits = [r["label"] for r in cliff if r["predicted_fits"] and r["outcome"]["oom"]]
+    rows = [r for r in doc["results"] if r["label"].startswith("cliff")]
+    oom_but_fits = [r["label"] for r in rows if r["predicted_fits"] and r["outcome"]["oom"]]
     assert summary["false_fits"] == len(oom_but_fits) == 2
     assert summary["completed"] == total - 2 - refused  # those two and those predicted not to fit
 

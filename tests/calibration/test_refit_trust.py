@@ -33,9 +33,11 @@ RUNTIME_BF16 = [
         ([0.01, -0.02, 0.03], True, 0.02),  # within 5 %: the margin covers the worst miss
         ([0.01, 0.0, 0.049, -0.001], True, 0.001),
         ([-0.08, 0.01, 0.0], False, 0.13),  # an 8 % under-prediction: 8 % + 5 %
-        ([0.09, 0.08, 0.10], False, 0.05),  # over-predictions are safe but not within 5 %
-        ([0.01, 0.02], False, 0.05),  # too few to trust
-        ([], False, 0.05),  # nothing measured here
+        # over-predictions are safe but not within 5 %: the default margin, which the
+        # published GPU runs support (6 %)
+        ([0.09, 0.08, 0.10], False, 0.06),
+        ([0.01, 0.02], False, 0.06),  # too few to trust
+        ([], False, 0.06),  # nothing measured here
         ([-0.9, -0.2, 0.0], False, 0.5),  # capped: past it a plan needs measuring
     ],
 )
@@ -79,7 +81,8 @@ def _estimate(cli: Any) -> dict[str, Any]:
 def test_calibrated_estimates_earn_trust_from_recorded_traces_and_use_refits(cli: Any) -> None:
     fresh = _estimate(cli)
     assert fresh["calibrated"] and fresh["trusted"] is False and fresh["recent_records"] == 0
-    assert fresh["margin_fraction"] == pytest.approx(0.05)
+    # nothing measured here yet: the default margin the published GPU runs support
+    assert fresh["margin_fraction"] == pytest.approx(planner.DEFAULT_MARGIN_FRACTION)
     for seq in (32, 64, 96):
         result = cli(
             "calibrate",

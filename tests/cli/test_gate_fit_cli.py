@@ -36,7 +36,11 @@ def test_gate_margin_can_turn_fits_into_oom() -> None:
     budget = planner.estimate(
         planner.load_model("llama-3-8b"), planner.TrainSpec(), planner.gpu("H200-141GB")
     )
-    assert budget.fits  # 143 GB of 150.8 GB: a 10 % margin does not fit
+    # 147.6 GB of the card's 150.8 GB: it fits with no margin, not with the default 6 %
+    assert not budget.fits and budget.gpu_peak_bytes <= budget.gpu.capacity_bytes
+    assert budget.margin_bytes == -(-budget.gpu_peak_bytes * 6 // 100)
+    proc = run("gate", "llama-3-8b", "--gpu", "H200-141GB", "--margin", "0", "--format", "json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["margin_bytes"] == 0
     proc = run("gate", "llama-3-8b", "--gpu", "H200-141GB", "--margin", "10", "--format", "json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["margin_bytes"] == -(-budget.gpu_peak_bytes * 10 // 100)
