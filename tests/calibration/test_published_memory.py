@@ -278,6 +278,9 @@ def test_the_runs_support_a_default_margin_of_six_percent() -> None:
     the fitted split turns a run that fit into an OOM."""
     sweep = published.margin_sweep(range(9))
     assert published.default_margin_pct(sweep) == 6
+    # and it is the estimate's default: every verdict above is made with it
+    assert round(planner.DEFAULT_MARGIN_FRACTION * 100) == 6
+    assert planner.default_coefficients("textbook").margin_fraction == 0.06
     at = {(m.margin_pct, m.split): m for m in sweep}
     assert at[6, "held_out"].right == at[0, "held_out"].right
     assert at[6, "held_out"].false_fits == at[6, "fit"].false_fits == 0
