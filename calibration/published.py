@@ -79,23 +79,23 @@ def spec_of(run: dict[str, Any]) -> tuple[planner.ModelSpec, planner.TrainSpec, 
 def comparable_bytes(budget: planner.Budget, figure: str) -> int | None:
     """The part of the estimate's peak that ``figure`` measures (None for an OOM)."""
     gpu = budget.gpu
-    if figure in ("max_allocated", "peak_active"):
-        return gpu.allocated_peak_bytes
-    if figure == "max_reserved":
-        return gpu.reserved_peak_bytes
-    if figure == "nvidia_smi_total":
-        return gpu.peak_bytes
-    return None
+    return _figure(figure, gpu.allocated_peak_bytes, gpu.reserved_peak_bytes, gpu.peak_bytes)
 
 
 def stage_bytes(peak: StagePeak, figure: str) -> int | None:
     """The part of one stage's peak that ``figure`` measures (None for an OOM)."""
+    return _figure(figure, peak.allocated_bytes, peak.reserved_bytes, peak.peak_bytes)
+
+
+def _figure(figure: str, allocated: int, reserved: int, whole: int) -> int | None:
+    """Which of a peak's three figures ``figure`` is: allocated (and active) bytes, reserved
+    bytes, or the whole GPU as ``nvidia-smi`` shows it; None for an OOM or no number."""
     if figure in ("max_allocated", "peak_active"):
-        return peak.allocated_bytes
+        return allocated
     if figure == "max_reserved":
-        return peak.reserved_bytes
+        return reserved
     if figure == "nvidia_smi_total":
-        return peak.peak_bytes
+        return whole
     return None
 
 
