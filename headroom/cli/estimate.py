@@ -81,9 +81,11 @@ def estimate_command(
         typer.echo(json.dumps(out, indent=2))
         return
     from headroom.cli.render import render_budget, render_comparison, render_explanations
+    from headroom.planner.estimator import stage_peaks
 
     console = Console()
-    render_budget(budget, console)
+    stages = stage_peaks(spec, train_spec, hw, coeffs) if train_spec.parallel.pp > 1 else ()
+    render_budget(budget, console, stages)
     if explanations is not None:
         render_explanations(explanations, console)
     if compared is not None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 
 from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
 from headroom.planner.comparison import Comparison
+from headroom.planner.estimator import StagePeak
 from headroom.planner.explanation import Explanation
 from headroom.planner.units import format_bytes
 
@@ -28,8 +31,10 @@ def _gib(value: int) -> str:
     return f"{value / _GIB:.2f}"
 
 
-def render_budget(budget: Budget, console: Console) -> None:
-    """A per-phase table of GPU buckets, the host buckets, and the verdict."""
+def render_budget(budget: Budget, console: Console, stages: Sequence[StagePeak] = ()) -> None:
+    """A per-phase table of GPU buckets, the host buckets, and the verdict; with ``stages``
+    (a pipeline's end stages, ``planner.estimator.stage_peaks``) a line per stage, since a
+    run's log may be one rank's (Megatron-LM logs the last stage's)."""
     gpu, host = budget.gpu, budget.host
     table = Table(
         title=f"{budget.model.name} on {gpu.name}, stage {budget.stage} (GiB per phase; * = peak)"
@@ -59,6 +64,12 @@ def render_budget(budget: Budget, console: Console) -> None:
         f"margin {format_bytes(budget.margin_bytes)}); host {format_bytes(host.peak_bytes)} "
         f"of {_fmt(host.capacity_bytes)} for {host.ranks_sharing} rank(s): {verdict}"
     )
+    for peak in stages if len(stages) > 1 else ():
+        console.print(
+            f"pipeline stage {peak.stage}: {format_bytes(peak.peak_bytes)} in {peak.phase} "
+            f"(allocated {format_bytes(peak.allocated_bytes)}, reserved "
+            f"{format_bytes(peak.reserved_bytes)})"
+        )
     coeffs = budget.coefficients
     state = "calibrated" if coeffs.calibrated else "uncalibrated"
     console.print(f"coefficients: {coeffs.profile} ({state}; {coeffs.source})")

@@ -113,6 +113,30 @@ def test_estimate_text_and_explain() -> None:
         assert word in proc.stdout.replace("\n", " ") or word in proc.stdout
 
 
+def test_a_pipelined_estimate_names_each_end_stages_peak() -> None:
+    """Under pipeline parallelism the text names the first and the last stage's peak, each as
+    allocated, reserved and whole-GPU bytes (a run's log may be one rank's: Megatron-LM logs
+    the last stage's), the same numbers as ``stage_peaks``; without it, no stage line."""
+    from headroom.planner.estimator import stage_peaks
+    from headroom.planner.units import format_bytes
+
+    args = ("--gpu", "H100-80GB", "--set", "parallel.pp=4", "--set", "grad_accum_steps=8")
+    proc = run("estimate", "llama-3-8b", *args)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    train = planner.TrainSpec.model_validate({"parallel": {"pp": 4}, "grad_accum_steps": 8})
+    peaks = stage_peaks(planner.load_model("llama-3-8b"), train, planner.gpu("H100-80GB"))
+    assert [p.stage for p in peaks] == [0, 3]
+    for p in peaks:
+        line = (
+            f"pipeline stage {p.stage}: {format_bytes(p.peak_bytes)} in {p.phase} (allocated "
+            f"{format_bytes(p.allocated_bytes)}, reserved {format_bytes(p.reserved_bytes)})"
+        )
+        assert line in text
+    single = run("estimate", "llama-3-8b", "--gpu", "H100-80GB")
+    assert "pipeline stage" not in single.stdout
+
+
 def test_explain_json_names_formula_inputs_source() -> None:
     proc = run("estimate", "llama-3-8b", "--explain", "--format", "json")
     out = json.loads(proc.stdout)
