@@ -175,12 +175,10 @@ def _stepped_in_backward(
         mixed_states=master_bytes == 4 and inputs.state_bytes < 4,
     )
     start = one_grad + temp
-    waiting = 0
-    if sp.tied_embeddings:
-        waiting = b.grads_bytes(sp.embedding_numel, autograd_bytes, grads_split)
+    table = b.grads_bytes(sp.embedding_numel, autograd_bytes, grads_split)
+    waiting = table if sp.tied_embeddings else 0
     tail = start + waiting
     if sp.has_embedding:
-        table = b.grads_bytes(sp.embedding_numel, autograd_bytes, grads_split)
         # the embedding's new table (and, tied, the sum of the two), then its step
         tail = max(tail, waiting + table * (2 if sp.tied_embeddings else 1) + temp)
     none = PerKind(dense=_NO_LAYER_GRADS, moe=_NO_LAYER_GRADS)
