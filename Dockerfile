@@ -4,7 +4,7 @@
 #   docker run --rm -p 8000:8000 -e HEADROOM_TOKEN=... headroom-api      # SQLite in /app/data
 #
 # Settings are HEADROOM_* environment variables (api/settings.py). The image installs the
-# package with its service extra (headroom[service]); torch is not needed by the API and is not
+# package with its service extra (headroom-planner[service]); torch is not needed by the API and is not
 # installed. One worker by default; HEADROOM_WORKERS=N runs N (the database is
 # migrated once before they start; uvloop is installed, see docs/PERFORMANCE.md).
 

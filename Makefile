@@ -2,16 +2,34 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# everything (make test); the service alone (make run): a venv with the first has the second
 STAMP := $(VENV)/.installed
+SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: install browser slurm run test lint typecheck pytest bench clean
+.PHONY: install install-service browser slurm run test lint typecheck pytest bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	# a venv whose creation was stopped part-way has a python but no pip: made again
+install-service: $(SERVICE_STAMP)
+
+# a venv whose creation was stopped part-way has a python but no pip: made again
+define VENV_READY
 	$(BIN)/python -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
+endef
+
+# `headroom serve` needs the package and its service extra only: no torch, no test tools
+$(SERVICE_STAMP): pyproject.toml
+	$(VENV_READY)
+	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; \
+	else $(BIN)/python -m pip install --quiet -e ".[service]"; fi
+	touch $(SERVICE_STAMP)
+
+$(STAMP): pyproject.toml
+	$(VENV_READY)
+	# a venv made before the distribution's rename (headroom -> headroom-planner) drops the old name
+	$(BIN)/python -m pip show headroom >/dev/null 2>&1 && $(BIN)/python -m pip uninstall -qy headroom || true
+	rm -rf headroom.egg-info
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" numpy
 	# dev pulls every extra (service, runtime, calibration, hf) and the test tools
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
@@ -22,18 +40,20 @@ $(STAMP): pyproject.toml
 	# torchtitan's own model code, for the torchtitan activation profile, without the data,
 	# logging and checkpoint packages it asks for (no trace imports them); triton because
 	# importing its models imports it (only its asynchronous expert parallelism runs triton)
+	# (tyro, which its config module imports, first: installed after torchtitan, its resolver
+	# would report the packages --no-deps leaves out)
+	$(BIN)/python -m pip install --quiet "tyro==1.0.17"
 	$(BIN)/python -m pip install --quiet --no-deps "torchtitan==0.3.0" "triton==3.9.0" \
 		"spmd_types==0.2.3"
-	$(BIN)/python -m pip install --quiet "tyro==1.0.17"
 	# Megatron-Core's own model code, for the megatron activation profile (its dependencies,
 	# torch, numpy and packaging, are installed already; no Transformer Engine on a CPU)
 	$(BIN)/python -m pip install --quiet --no-deps "megatron-core==0.16.1"
 	# torchtune's chunked cross-entropy, read by the loss traces from its own file (importing the
 	# torchtune package needs torchao, which no trace uses)
 	$(BIN)/python -m pip install --quiet --no-deps "torchtune==0.6.1"
-	touch $(STAMP)
+	touch $(STAMP) $(SERVICE_STAMP)
 
-run: install
+run: install-service
 	$(BIN)/headroom serve --host 127.0.0.1 --port 8000
 
 lint: install

@@ -1,8 +1,8 @@
 """Hugging Face transformers models for CPU traces (the ``hf`` activation profile).
 
-``transformers`` is an optional extra (``pip install headroom[hf]``). A model is built from a
-``config.json``-style dict with random weights (nothing is downloaded): either the dict a user
-gives, or the one :func:`config_for` writes for a ModelSpec (llama, qwen2 or, with query/key
+``transformers`` is an optional extra (``pip install headroom-planner[hf]``). A model is built
+from a ``config.json``-style dict with random weights (nothing is downloaded): either the dict a
+user gives, or the one :func:`config_for` writes for a ModelSpec (llama, qwen2 or, with query/key
 norms, qwen3 for dense models; mixtral, qwen2_moe or qwen3_moe for MoE models; deepseek_v3 for
 multi-head latent attention). Either way the
 planner estimates the spec ``planner.hf.from_hf_config`` reads from that same dict, so
@@ -64,7 +64,7 @@ def require_transformers() -> Any:
     except ImportError:
         raise SpecError(
             "impl: hf needs the transformers package; install the extra with "
-            "pip install 'headroom[hf]', or use --impl runtime",
+            "pip install 'headroom-planner[hf]', or use --impl runtime",
             field="impl",
         ) from None
     return transformers

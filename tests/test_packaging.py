@@ -1,4 +1,4 @@
-"""``pip install headroom`` without extras: the gate and the estimator, and nothing else.
+"""``pip install headroom-planner`` without extras: the gate and the estimator, and nothing else.
 
 Builds the wheel from a copy of the sources, installs it with its base dependencies only into a
 fresh virtual environment (no system site packages), and checks that the web, database and torch
@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -84,7 +85,7 @@ def _build_wheel(tmp: Path) -> Path:
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     proc = _run([*pip_wheel, "-w", str(out), str(src)], cwd=tmp)
     assert proc.returncode == 0, f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}"
-    (wheel,) = out.glob("headroom-*.whl")
+    (wheel,) = out.glob("headroom_planner-*.whl")
     return wheel
 
 
@@ -119,6 +120,53 @@ def test_the_wheel_ships_one_top_level_package(slim: tuple[Path, Path]) -> None:
     assert {n.split("/")[0] for n in names} == {"headroom", top_level.split("/")[0]}
     for name in NOT_TOP_LEVEL:
         assert f"headroom/{name}/__init__.py" in names  # shipped, under headroom
+
+
+def test_the_distribution_is_not_the_package_indexs_other_headroom(slim: tuple[Path, Path]) -> None:
+    """The index's ``headroom`` (0.2.x) is another project: ours ships as ``headroom-planner``, with
+    the ``headroom`` command and import package."""
+    wheel, bin_dir = slim
+    assert wheel.name.startswith("headroom_planner-")
+    with zipfile.ZipFile(wheel) as zf:
+        (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(metadata).decode().splitlines()
+    assert "Name: headroom-planner" in lines
+    extras = {line.split(": ", 1)[1] for line in lines if line.startswith("Provides-Extra: ")}
+    assert {"service", "runtime", "calibration", "hf", "dev"} <= extras
+    # an extra that names the project names it by its own distribution, not the index's other one
+    requires = [line for line in lines if line.startswith("Requires-Dist: headroom")]
+    assert requires and all(r.startswith("Requires-Dist: headroom-planner[") for r in requires)
+    assert (bin_dir / "headroom").exists()
+
+
+def _make_dry_run(target: str) -> str:
+    """What ``make TARGET`` would run on a checkout with no .venv (``make -n`` in a copy of the
+    Makefile and pyproject.toml)."""
+    with_tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    work = Path(tempfile.mkdtemp(dir=with_tmp))
+    try:
+        for name in ("Makefile", "pyproject.toml"):
+            shutil.copy(ROOT / name, work / name)
+        proc = subprocess.run(
+            ["make", "-n", target], cwd=work, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_make_run_installs_the_service_extra_only_and_make_test_everything() -> None:
+    run = _make_dry_run("run")
+    installs = [line for line in run.splitlines() if "pip install" in line]
+    assert any('-e ".[service]"' in line for line in installs), run
+    for heavy in ("torch", "[dev]", "deepspeed", "torchtitan", "megatron"):
+        assert not any(heavy in line for line in installs), (heavy, run)
+    assert "headroom serve --host 127.0.0.1 --port 8000" in run
+    install = _make_dry_run("install")
+    assert '-e ".[dev]"' in install and "torch==2.13.0" in install
+    # tyro before torchtitan's --no-deps install, so no resolver report of what --no-deps left out
+    assert install.index("tyro==") < install.index("torchtitan==")
 
 
 def test_the_base_install_leaves_the_extras_out(slim: tuple[Path, Path]) -> None:
@@ -183,8 +231,8 @@ def test_estimate_and_fit_run_without_the_extras(slim: tuple[Path, Path]) -> Non
 @pytest.mark.parametrize(
     ("args", "extra"),
     [
-        (["serve", "--port", "1"], "pip install 'headroom[service]'"),
-        (["calibrate", "report"], "pip install 'headroom[calibration]'"),
+        (["serve", "--port", "1"], "pip install 'headroom-planner[service]'"),
+        (["calibrate", "report"], "pip install 'headroom-planner[calibration]'"),
         (["train", "tiny-dense"], "install the torch build your machine needs"),
     ],
 )

@@ -15,8 +15,8 @@ mistake into ``error: ...`` and exit 2 in ``exits.py``, and ``main()`` turns a m
 environment (``HEADROOM_*`` settings, the database URL) or the host running out of memory into
 one line too. The command modules import only the
 planner, typer and rich at import time: ``headroom estimate`` and ``headroom gate`` run without
-the service's, the runtime's or the calibration's packages (``pip install headroom``), and each
-other command imports what it needs when it runs.
+the service's, the runtime's or the calibration's packages (``pip install headroom-planner``),
+and each other command imports what it needs when it runs.
 """
 
 from __future__ import annotations

@@ -96,9 +96,10 @@ def trace_command(
     tracker and print predicted vs traced bytes per bucket and at the peak.
 
     --impl runtime traces Headroom's trainer; --impl hf a transformers model (the extra
-    headroom[hf]) built from MODEL's config.json, or from the spec's shape; --impl torchtitan
-    torchtitan's own Llama 3 model code of the spec's shape (make install adds torchtitan);
-    --impl megatron Megatron-Core's GPT with its local layers (make install adds megatron-core).
+    headroom-planner[hf]) built from MODEL's config.json, or from the spec's shape; --impl
+    torchtitan torchtitan's own Llama 3 model code of the spec's shape (make install adds
+    torchtitan); --impl megatron Megatron-Core's GPT with its local layers (make install adds
+    megatron-core).
     --framework fsdp2 traces the hf model under FSDP2 (torchtitan's default run:
     parallel.zero_stage 3, fp32 master and optimizer states, precision.params the compute
     dtype, precision.grads the reduce dtype; tensor parallelism with parallel.tp and

@@ -192,9 +192,12 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     if package == "torch":
         return (
             "this command runs PyTorch, which is not installed: install the torch build your "
-            "machine needs (e.g. pip install torch), then pip install 'headroom[runtime]'"
+            "machine needs (e.g. pip install torch), then pip install 'headroom-planner[runtime]'"
         )
     extra = EXTRA_OF.get(package)
     if extra is None:
         return None
-    return f"this command needs {package}, which is not installed: pip install 'headroom[{extra}]'"
+    return (
+        f"this command needs {package}, which is not installed: "
+        f"pip install 'headroom-planner[{extra}]'"
+    )

@@ -1,7 +1,7 @@
 """``headroom launch``: fit (and optionally probe), then train, recorded as a run in the store.
 
 The store, the supervisor and the trainer's checks are imported inside the command: they need
-the service's and the runtime's packages, which ``pip install headroom`` leaves out.
+the service's and the runtime's packages, which ``pip install headroom-planner`` leaves out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``headroom serve``: the API and the budget page (the extra ``headroom[service]``).
+"""``headroom serve``: the API and the budget page (the extra ``headroom-planner[service]``).
 
 uvicorn and the API are imported inside the command, so the gate and the estimator run without
 the service's packages installed.

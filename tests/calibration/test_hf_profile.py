@@ -312,7 +312,7 @@ def test_without_transformers_the_error_names_impl(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ImportError
     with pytest.raises(planner.SpecError) as info:
         hf.require_transformers()
-    assert info.value.field == "impl" and "headroom[hf]" in str(info.value)
+    assert info.value.field == "impl" and "headroom-planner[hf]" in str(info.value)
 
 
 def test_calibrate_trace_hf_from_a_config_json(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ def test_the_gpu_path_imports_nothing_beyond_torch_and_the_wheelhouse(tmp_path: 
     )
     assert {"torch", "sqlalchemy", "alembic", "pydantic", "typer"} <= modules  # it ran the path
     allowed = {wheelhouse.normalise(n) for n in wheelhouse.GPU_PATH}
-    allowed |= wheelhouse.torch_side() | {"headroom"}
+    allowed |= wheelhouse.torch_side() | {wheelhouse.normalise("headroom-planner")}
     extra = _distributions(modules) - allowed
     assert not extra, f"the GPU path imports {sorted(extra)}: add them to bench/wheelhouse.py"
 
