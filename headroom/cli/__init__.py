@@ -22,8 +22,11 @@ and each other command imports what it needs when it runs.
 from __future__ import annotations
 
 import sys
+from importlib import metadata
+from typing import Annotated
 
 import typer
+from typer._click import exceptions as click_errors  # what typer's own click raises
 
 from headroom.cli import (
     calibrate,
@@ -49,6 +52,37 @@ app = typer.Typer(
     add_completion=False,
 )
 # the order of registration is the order of `headroom --help`
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = metadata.version(DISTRIBUTION)
+        except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+            version = "unknown (not installed)"
+        typer.echo(f"headroom {version} ({DISTRIBUTION})")
+        raise typer.Exit(0)
+
+
+#: the name the package index knows Headroom by (its ``headroom`` is another project)
+DISTRIBUTION = "headroom-planner"
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Will this training run fit on the GPU, and where does every byte go?"""
+
+
 app.command("estimate")(estimate.estimate_command)
 app.command("gate")(gate.gate_command)
 app.command("fit")(fit.fit_command)
@@ -60,14 +94,35 @@ app.command("serve")(serve.serve_command)
 app.add_typer(calibrate.calibrate_app, name="calibrate")
 
 
+def _usage_error(exc: click_errors.UsageError) -> None:
+    """A mistake on the command line (an unknown option, a value out of range) as every other
+    user mistake is: one line, ``error: ...``, exit 2; a bare group prints its help."""
+    if isinstance(exc, click_errors.NoArgsIsHelpError) and exc.ctx is not None:
+        typer.echo(exc.ctx.get_help(), err=True)
+        sys.exit(ExitCode.INVALID_INPUT)
+    where = exc.ctx.command_path if exc.ctx is not None else "headroom"
+    typer.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+    sys.exit(ExitCode.INVALID_INPUT)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except click_errors.UsageError as exc:
+        _usage_error(exc)
+    except click_errors.ClickException as exc:  # a file option click could not open
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # Ctrl-C at a prompt
+        typer.echo("Aborted.", err=True)
+        sys.exit(130)
     except Exception as exc:  # a missing extra, a bad HEADROOM_* setting, an unusable store...
         known = exits.environment_error(exc)
         if known is None:
             raise  # a bug: its traceback is the report
         message, code = known
         typer.echo(f"error: {message}", err=True)
+        sys.exit(code)
+    if isinstance(code, int) and code:  # typer.Exit(code) under standalone_mode=False
         sys.exit(code)

@@ -45,8 +45,9 @@ def estimate_command(
         bool,
         typer.Option(
             "--compare",
-            help="Also show the configuration under every framework (none, fsdp2) and model "
-            "code (activation profile) side by side.",
+            help="Also show the configuration under every framework "
+            f"({', '.join(planner.FRAMEWORKS)}) and model code (activation profile: "
+            f"{', '.join(planner.profiles())}) side by side.",
         ),
     ] = False,
 ) -> None:

@@ -168,3 +168,48 @@ def test_a_margin_that_is_not_a_finite_number(command: str, margin: str) -> None
     assert proc.returncode == ExitCode.INVALID_INPUT, proc.stderr
     assert "--margin" in proc.stderr
     assert "finite number from 0 to 100" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["plan", "llama-3-8b", "--gpus", "0", "--global-batch", "8", "--seq", "4096"],
+            ["--gpus", "greater than or equal to 1", "headroom plan --help"],
+        ),
+        (["estimate", "tiny-dense", "--bogus"], ["--bogus", "headroom estimate --help"]),
+        (["gate", "tiny-dense", "--format", "xml"], ["--format", "headroom gate --help"]),
+        (["no-such-command"], ["no-such-command"]),
+    ],
+)
+def test_a_command_line_mistake_is_one_line_not_a_box(args: list[str], words: list[str]) -> None:
+    """What the parser refuses (a value out of range, an unknown option or command) reads as
+    every other mistake does: one ``error:`` line naming the option, exit 2."""
+    proc = run_headroom(*args)
+    assert "╭" not in proc.stderr and "Usage:" not in proc.stderr, proc.stderr
+    assert_one_error_line(proc, ExitCode.INVALID_INPUT, *words)
+
+
+def test_a_bare_group_prints_its_help_and_exits_2() -> None:
+    proc = run_headroom("calibrate")
+    assert proc.returncode == ExitCode.INVALID_INPUT
+    assert "trace" in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version_names_the_distribution_and_its_version() -> None:
+    from importlib import metadata
+
+    proc = run_headroom("--version")
+    assert proc.returncode == 0, proc.stderr
+    version = metadata.version("headroom-planner")
+    assert proc.stdout.strip() == f"headroom {version} (headroom-planner)"
+
+
+def test_compare_help_names_every_framework_and_profile() -> None:
+    from headroom import planner
+
+    proc = run_headroom("estimate", "--help", env={**os.environ, "COLUMNS": "400"})
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert all(f in text for f in planner.FRAMEWORKS), text
+    assert all(p in text for p in planner.profiles()), text
