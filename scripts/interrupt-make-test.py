@@ -49,11 +49,27 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(line.strip()[-160:] for line in text[-lines:])
 
 
+def _ancestors() -> set[int]:
+    """This script and the processes that started it (a shell whose folder is the clone is the
+    one that ran the script, not something a stopped run left)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the name is the state
+    return pids
+
+
 def _left_behind(clone: Path) -> list[str]:
-    """Live processes whose command line or working folder is inside ``clone``."""
+    """Live processes, other than this script and its ancestors, whose command line or working
+    folder is inside ``clone``."""
     found = []
+    ours = _ancestors()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+        if not proc.name.isdigit() or int(proc.name) in ours:
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

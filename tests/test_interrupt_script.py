@@ -124,3 +124,30 @@ def test_a_ctrl_c_reaches_the_run_when_the_script_was_started_with_it_ignored(
     (row,) = [json.loads(line) for line in record.read_text().splitlines()]
     assert row["signal"] == "INT"
     assert row["lingering"] == [] and row["killed_exit"] != -signal.SIGKILL, row
+
+
+def test_the_shell_that_started_the_script_in_the_clone_is_not_left_behind(tmp_path: Path) -> None:
+    """A process the stopped run left is listed; the script's ancestors, whose folder may be the
+    clone (``cd clone && script``), are not: this test's process stands for that shell."""
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    left = subprocess.Popen(["sleep", "60"], cwd=clone)  # what a stopped run might leave
+    probe = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('interrupt', {str(SCRIPT)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        f"print(json.dumps(m._left_behind(__import__('pathlib').Path({str(clone)!r}))))\n"
+    )
+    before = Path.cwd()
+    os.chdir(clone)  # the starting shell's folder is the clone
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        os.chdir(before)
+        left.kill()
+        left.wait()
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.split(":")[0] for line in json.loads(proc.stdout)]
+    assert listed == [str(left.pid)], proc.stdout
