@@ -22,8 +22,8 @@ and each other command imports what it needs when it runs.
 from __future__ import annotations
 
 import sys
+import typing
 from importlib import metadata
-from typing import Annotated
 
 import typer
 from typer._click import exceptions as click_errors  # what typer's own click raises
@@ -57,20 +57,20 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         try:
-            version = metadata.version(DISTRIBUTION)
+            version = metadata.version(_DISTRIBUTION)
         except metadata.PackageNotFoundError:  # run from a checkout that was never installed
             version = "unknown (not installed)"
-        typer.echo(f"headroom {version} ({DISTRIBUTION})")
+        typer.echo(f"headroom {version} ({_DISTRIBUTION})")
         raise typer.Exit(0)
 
 
 #: the name the package index knows Headroom by (its ``headroom`` is another project)
-DISTRIBUTION = "headroom-planner"
+_DISTRIBUTION = "headroom-planner"
 
 
 @app.callback()
 def _root(
-    version: Annotated[
+    version: typing.Annotated[
         bool,
         typer.Option(
             "--version",
