@@ -259,6 +259,22 @@ def test_cluster_presets_and_files(tmp_path: Any) -> None:
         load_cluster("nope")
 
 
+def test_the_blackwell_and_instinct_presets_are_their_sources_figures() -> None:
+    """B200 and MI300X, and the 8-GPU nodes built of them, with the datasheet (and the memory
+    the device reports) named beside each figure."""
+    b200, mi300x = planner.gpu("b200"), planner.gpu("MI300X")
+    assert b200.memory_bytes == 183359 * 2**20  # nvidia-smi's "183359MiB"
+    assert b200.bf16_flops == 2.25e15 and "Blackwell architecture" in b200.source
+    assert mi300x.memory_bytes == 205822885888 and mi300x.bf16_flops == 1307e12
+    assert "MI300X data sheet" in mi300x.source
+    assert (
+        cluster_for_gpu(b200).name == "DGX-B200" and cluster_preset("hgx-b200").gpus_per_node == 8
+    )
+    assert cluster_preset("DGX-B200").intra_node_bytes_per_s == 900e9  # 1.8 TB/s both ways
+    assert cluster_for_gpu(mi300x).name == "MI300X-Platform"
+    assert "Infinity Fabric" in cluster_preset("mi300x-8").source
+
+
 def test_a_plan_explains_its_step_and_names_its_rejections() -> None:
     p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
     result = p.run(max_listed=3)
