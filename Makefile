@@ -69,8 +69,12 @@ browser:
 slurm:
 	scripts/install-slurm.sh
 
+# two workers on two cores take the suite from 17 to about 10 minutes; tests that share a thing
+# of the machine stay on one worker (tests/conftest.py: SHARED)
+PYTEST_WORKERS ?= 2
+
 pytest: install browser slurm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck pytest
 

@@ -13,6 +13,8 @@ user, and no test runs past its time limit.
 - Whatever the session starts carries its mark and is killed once the session is gone, even
   when it is SIGKILLed, and what a killed earlier run left is killed at the start
   (``tests/processes.py``: ``guard``).
+- ``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): the tests that
+  share one thing of the machine run on one worker, in turn (``SHARED``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,31 @@ CACHES = {
 }
 for _variable, _folder in CACHES.items():
     os.environ[_variable] = str(CACHE / _folder)
+
+
+#: the tests that share one thing of the machine, by file: each group runs on one xdist worker,
+#: one test after another (without xdist the whole suite runs so)
+SHARED = {
+    # the one-node Slurm clusters: munged is the machine's, and a cluster's jobs use every CPU
+    "slurm": (
+        "launch/test_slurm_cluster.py",
+        "launch/test_slurm_jobs.py",
+        "launch/test_slurm_runs.py",
+        "launch/test_slurm_run_files.py",
+    ),
+    # DeepSpeed's op, built once into this clone's torch_extensions folder (a second build of it
+    # at the same time would wait on the first's lock)
+    "deepspeed_op": ("planner/test_deepspeed.py", "calibration/test_killed_build.py"),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = ROOT / "tests"
+    for item in items:
+        where = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        for group, files in SHARED.items():
+            if where in files:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)

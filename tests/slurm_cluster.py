@@ -31,6 +31,8 @@ DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 START_TIMEOUT_S = 30.0
 #: the bound on each Slurm command (sinfo, scancel, scontrol) and on munged's start
 COMMAND_TIMEOUT_S = 30.0
+#: a Unix socket's longest path (sun_path is 108 bytes with its terminating NUL)
+MAX_SOCKET_PATH = 107
 #: the first line of every test cluster's slurm.conf: how a cluster left running is recognised
 CLUSTER_NAME = "headroom-test"
 #: how the fixture names a cluster's directory (``tmp_path_factory.mktemp``): how a cluster
@@ -193,6 +195,14 @@ def one_node_cluster(root: Path) -> Iterator[dict[str, str]]:
     processes.guard()  # first: the environment yielded carries this run's mark
     stop_stale()
     node = socket.gethostname().split(".")[0]
+    # slurmstepd's socket for a job step, spool/<node>_<job>.<step>, is a Unix socket: a path
+    # past the kernel's 108 bytes fails every job launch ("launch failed requeued held")
+    step_socket = root / "spool" / f"{node}_{2**32 - 1}.{2**32 - 5}"
+    if len(os.fsencode(step_socket)) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"a Slurm test cluster's folder is too deep for its job sockets: {step_socket} is "
+            f"{len(os.fsencode(step_socket))} bytes, past {MAX_SOCKET_PATH}; use a shorter root"
+        )
     conf = _conf(root, node, os.cpu_count() or 1)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     _munge()

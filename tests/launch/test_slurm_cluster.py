@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import processes
+import pytest
 import slurm_cluster
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -48,9 +49,11 @@ def _sleeping_job(env: dict[str, str], root: Path) -> int:
     return int(pid_file.read_text())
 
 
-def test_a_sigkilled_test_process_leaves_no_cluster_running(tmp_path: Path) -> None:
-    root = tmp_path / f"{slurm_cluster.ROOT_PREFIX}-killed"
-    root.mkdir()
+def test_a_sigkilled_test_process_leaves_no_cluster_running(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # a short folder: a job step's socket lives under it (an xdist worker's tmp_path is deeper)
+    root = tmp_path_factory.mktemp(f"{slurm_cluster.ROOT_PREFIX}-killed")
     code = textwrap.dedent(f"""
         import json, time
         from pathlib import Path
@@ -118,3 +121,14 @@ def test_a_cluster_an_earlier_run_left_is_stopped_but_not_a_live_runs(
     finally:
         slurm_cluster._end(str(conf))
         shutil.rmtree(basetemp.parent)
+
+
+def test_a_cluster_too_deep_for_its_job_sockets_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """Past 107 bytes slurmstepd cannot bind a job step's socket and every job is requeued and
+    held: the cluster refuses such a folder, naming it, instead of a job that never runs."""
+    root = tmp_path / ("d" * 120)
+    with (
+        pytest.raises(ValueError, match="too deep for its job sockets"),
+        slurm_cluster.one_node_cluster(root),
+    ):
+        pass
