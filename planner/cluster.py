@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field
 
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner._numbers import INTEGER, Float, Int
-from headroom.planner.errors import InputFormatError, UnknownPresetError
+from headroom.planner.errors import InputFormatError, UnknownPresetError, did_you_mean
 from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
 from headroom.planner.io import build, read_file
 
@@ -96,9 +96,10 @@ def cluster_preset(name: str) -> Cluster:
     """A bundled cluster preset by name or alias (case-insensitive)."""
     found = _presets().get(name.strip().lower())
     if found is None:
+        closest = did_you_mean(name, {alias: p.name for alias, p in _presets().items()})
         raise UnknownPresetError(
-            f"cluster: unknown preset {name!r}; allowed: {', '.join(cluster_names())} or a "
-            "cluster file",
+            f"cluster: unknown preset {name!r}{closest}; allowed: "
+            f"{', '.join(cluster_names())} or a cluster file",
             field="cluster",
         )
     return found

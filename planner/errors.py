@@ -11,6 +11,9 @@ one line with exit code 2 and the API can return it as a 422 problem+json.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Mapping
+
 
 class HeadroomError(ValueError):
     """Base class of every user-facing error in Headroom."""
@@ -30,3 +33,12 @@ class UnknownPresetError(HeadroomError):
 
 class InputFormatError(HeadroomError):
     """A file could not be read or parsed."""
+
+
+def did_you_mean(name: str, choices: Iterable[str] | Mapping[str, str]) -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to ``name`` (case aside), or ``""``; with
+    a mapping, the keys are matched (aliases) and their values named (the canonical names)."""
+    pairs = choices.items() if isinstance(choices, Mapping) else ((c, c) for c in choices)
+    by_lower = {key.lower(): shown for key, shown in pairs}
+    close = difflib.get_close_matches(name.strip().lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field
 
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner._numbers import INTEGER, Float, Int
-from headroom.planner.errors import UnknownPresetError
+from headroom.planner.errors import UnknownPresetError, did_you_mean
 
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
 #: check refuses lone surrogates, which no UTF-8 encoder writes)
@@ -86,7 +86,9 @@ def gpu(name: str) -> Hardware:
     """A bundled GPU preset by name or alias (case-insensitive)."""
     hw = _presets().get(name.strip().lower())
     if hw is None:
+        closest = did_you_mean(name, {alias: p.name for alias, p in _presets().items()})
         raise UnknownPresetError(
-            f"gpu: unknown preset {name!r}; allowed: {', '.join(gpu_names())}", field="gpu"
+            f"gpu: unknown preset {name!r}{closest}; allowed: {', '.join(gpu_names())}",
+            field="gpu",
         )
     return hw

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import typing
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -17,7 +18,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from headroom.planner.errors import InputFormatError, SpecError, UnknownPresetError
+from headroom.planner.errors import (
+    InputFormatError,
+    SpecError,
+    UnknownPresetError,
+    did_you_mean,
+)
 from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
 from headroom.planner.hf import from_hf_config
 from headroom.planner.model import ModelSpec
@@ -43,8 +49,35 @@ def _is_union_tag(part: str | int) -> bool:
 _MAX_PROBLEMS = 10
 
 
-def validation_message(exc: ValidationError, prefix: str = "") -> str:
-    """One line per problem: ``field.path: what is wrong (allowed values)``."""
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The one pydantic model a field's type holds (``X | None``, ``list[X]``), or None (none,
+    or several: a union of models is not guessed at)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    found = {m for m in map(_model_in, typing.get_args(annotation)) if m is not None}
+    return found.pop() if len(found) == 1 else None
+
+
+def _fields_at(model: type[BaseModel] | None, parts: list[str]) -> list[str] | None:
+    """The field names of the model at ``parts`` below ``model`` (as a file spells them), or
+    None where the path leaves what can be followed."""
+    for part in parts:
+        if model is None:
+            return None
+        if part.isdigit():  # a list's item: the same model
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        model = None if field is None else _model_in(field.annotation)
+    if model is None:
+        return None
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def validation_message(
+    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
+    """One line per problem: ``field.path: what is wrong (allowed values)``; with ``model``, the
+    class validated, an unknown field names the closest known one and the known ones."""
     lines: list[str] = []
     seen: set[str] = set()
     for err in exc.errors():
@@ -56,7 +89,10 @@ def validation_message(exc: ValidationError, prefix: str = "") -> str:
         seen.add(path)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
+            known = _fields_at(model, parts[:-1]) if parts else None
             msg = "unknown field"
+            if known:
+                msg += f"{did_you_mean(parts[-1], known)}; allowed: {', '.join(sorted(known))}"
         hint = _ALLOWED_HINTS.get(parts[-1]) if parts else None
         if hint and len(err["loc"]) > len(parts):
             msg = hint
@@ -78,7 +114,7 @@ def build(cls: type[M], data: Any, *, prefix: str = "") -> M:
         # the field as the message names it: prefixed, without pydantic's union member tags
         parts = [str(p) for p in exc.errors()[0]["loc"] if not _is_union_tag(p)]
         field = ".".join([prefix, *parts] if prefix else parts)
-        raise SpecError(validation_message(exc, prefix), field=field or None) from None
+        raise SpecError(validation_message(exc, prefix, cls), field=field or None) from None
 
 
 def read_file(path: str | Path) -> Any:
@@ -171,10 +207,19 @@ def load_model(source: str | Path | Mapping[str, Any] | ModelSpec) -> ModelSpec:
         if not isinstance(data, Mapping):
             raise InputFormatError(f"{path}: expected a JSON object describing a model")
         return model_from_dict(data, name=path.stem if path.stem != "config" else None)
+    named = _lowercase_names(tuple(_model_presets())).get(text.strip().lower())
+    if named is not None:  # preset names are case-insensitive, as GPU names are
+        return _preset_model(named)
     raise UnknownPresetError(
-        f"model: {text!r} is neither a file nor a preset; presets: {', '.join(model_names())}",
+        f"model: {text!r} is neither a file nor a preset{did_you_mean(text, model_names())}; "
+        f"presets: {', '.join(model_names())}",
         field="model",
     )
+
+
+@cache
+def _lowercase_names(names: tuple[str, ...]) -> dict[str, str]:
+    return {n.lower(): n for n in names}
 
 
 class RunPreset(BaseModel):
@@ -209,19 +254,28 @@ def run_names() -> list[str]:
     return sorted(_run_presets())
 
 
+def _run_preset(name: str) -> RunPreset | None:
+    """The run preset ``name`` names, case aside."""
+    named = _lowercase_names(tuple(_run_presets())).get(name.strip().lower())
+    return None if named is None else _run_presets()[named]
+
+
 def load_run(name: str) -> RunPreset:
-    """A bundled run preset by name."""
-    try:
-        return _run_presets()[name]
-    except KeyError:
+    """A bundled run preset by name (case-insensitive)."""
+    preset = _run_preset(name)
+    if preset is None:
         raise UnknownPresetError(
-            f"train: unknown run preset {name!r}; allowed: {', '.join(run_names())}"
-        ) from None
+            f"train: unknown run preset {name!r}{did_you_mean(name, run_names())}; allowed: "
+            f"{', '.join(run_names())}",
+            field="train",
+        )
+    return preset
 
 
 def run_preset_named(source: str | Path) -> RunPreset | None:
-    """The run preset ``source`` names, unless a file of that name exists (a file wins)."""
-    preset = _run_presets().get(str(source))
+    """The run preset ``source`` names (case aside), unless a file of that name exists (a file
+    wins)."""
+    preset = _run_preset(str(source))
     return preset if preset is not None and not Path(source).exists() else None
 
 
@@ -237,8 +291,21 @@ def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> Tra
     preset = run_preset_named(source)
     if preset is not None:
         return preset.train
-    data = read_file(source)
+    data = read_train_file(source)
     return build(TrainSpec, data or {}, prefix="train")
+
+
+def read_train_file(source: str | Path) -> Any:
+    """A training spec file's content; a name that is no file and no spec file's name (no
+    .json/.yaml suffix) is taken for a mistyped run preset and refused with the closest one."""
+    path = Path(source)
+    if path.suffix.lower() not in (".json", ".yaml", ".yml") and not path.exists():
+        raise UnknownPresetError(
+            f"train: {str(source)!r} is neither a file nor a run preset"
+            f"{did_you_mean(str(source), run_names())}; run presets: {', '.join(run_names())}",
+            field="train",
+        )
+    return read_file(source)
 
 
 def _is_file(path: Path) -> bool:

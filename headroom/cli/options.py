@@ -16,7 +16,7 @@ import typer
 
 from headroom import planner
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.io import apply_overrides, read_file, run_preset_named
+from headroom.planner.io import apply_overrides, read_train_file, run_preset_named
 
 __all__ = [
     "FormatOpt",
@@ -129,7 +129,7 @@ def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any
         data = (
             preset.train.model_dump(exclude_unset=True)
             if preset is not None
-            else read_file(train_file)
+            else read_train_file(train_file)
         )
     if data is None:
         data = {}
