@@ -1,7 +1,7 @@
 """One pure function per memory bucket: integer inputs, integer bytes out.
 
-These are the formulas of ``shared/DESIGN.md`` and the seeds, written so a test can check each
-against its source. ``planner.estimate`` composes them per rank and per phase.
+These are the formulas of docs/ESTIMATOR.md (each with its paper or framework source), written so
+a test can check each against its source. ``planner.estimate`` composes them per rank and per phase.
 """
 
 from __future__ import annotations

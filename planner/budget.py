@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from headroom.planner.coefficients import Coefficients
     from headroom.planner.model import ModelSpec
 
-#: GPU buckets, in the order of shared/DESIGN.md
+#: GPU buckets, in the order of the bucket vocabulary (docs/ESTIMATOR.md)
 GPU_BUCKETS: tuple[str, ...] = (
     "params",
     "grads",

@@ -135,7 +135,7 @@ def knobs(train: TrainSpec) -> Knobs:
     grad_bytes = BYTES_PER_ELEMENT[precision.grads]
     if grad_bytes > param_bytes:
         # fp32 accumulation: autograd still produces working-precision grads, accumulated
-        # into an fp32 buffer (the seeds' 20 B/param case)
+        # into an fp32 buffer (ZeRO's 20 B/param case, arXiv:1910.02054)
         grad_bytes += param_bytes
     checkpoint_every = train.checkpoint_every
     if train.recompute == "full" and checkpoint_every is None:

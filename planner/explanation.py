@@ -24,8 +24,18 @@ from headroom.planner.hardware import Hardware
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
 
-_FOUNDATIONS = "seeds/memory-analysis-foundations.txt"
-_KORTHIKANTI = "Korthikanti et al. 2022 (seeds/memory-analysis-foundations.txt)"
+_FOUNDATIONS = (
+    "Rajbhandari et al. 2020, ZeRO: Memory Optimizations Toward Training Trillion Parameter "
+    "Models (arXiv:1910.02054), section 3.1"
+)
+_KORTHIKANTI = (
+    "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models "
+    "(arXiv:2205.05198), section 4"
+)
+_MEGATRAIN = (
+    "Yuan et al. 2026, MegaTrain: Full Precision Training of 100B+ Parameter Large Language "
+    "Models on a Single GPU (arXiv:2604.05091)"
+)
 _DEEPSPEED = (
     "deepspeed: deepspeed/runtime/zero/stage_1_and_2.py (DeepSpeedZeroOptimizer), stage3.py "
     "(DeepSpeedZeroOptimizer_Stage3), partitioned_param_coordinator.py; held against "
@@ -89,17 +99,17 @@ def explain(
                 "largest_unit_params": sp.max_unit_numel,
                 "bytes_params": settings.param_bytes,
             },
-            "seeds/megatrain-streaming-offload.txt (double-buffered layer streaming)",
+            _MEGATRAIN + " (double-buffered layer streaming)",
         )
         rows["grads"] = (
             "largest_unit_params x bytes(grads): the unit in backward",
             {"largest_unit_params": sp.max_unit_numel},
-            "runtime design",
+            "runtime/trainer.py (the streaming trainer: one unit's gradients on the GPU at a time)",
         )
         rows["transfer_buffers"] = (
             "2 gradient slabs x largest_unit_params x bytes(grads)",
             {"largest_unit_params": sp.max_unit_numel},
-            "seeds/megatrain-streaming-offload.txt",
+            _MEGATRAIN,
         )
     elif settings.framework == "fsdp2":
         fsdp2: dict[str, object] = {
@@ -221,7 +231,8 @@ def explain(
         rows["transfer_buffers"] = (
             "ZeRO-3: 2 gathered units x bytes(params); else 0",
             {"largest_unit_params": sp.max_unit_numel, **zero},
-            "seeds/h200-memory-budget-and-autofit.txt (FSDP residency)",
+            "PyTorch FSDP2 (torch.distributed.fsdp.fully_shard): one unit's all-gather prefetched "
+            "while the previous one computes",
         )
     opt_inputs: dict[str, object] = {
         "optimizer": train.optimizer,
@@ -240,12 +251,14 @@ def explain(
         "moments of gpu_updated_params (adam: 2 x bytes(state)); + step temporaries in the "
         "optimizer phase",
         opt_inputs,
-        "seeds/cpu-offloading-hybrid-optimizer.txt: GPU = P + G + O x (1 - f)",
+        "Megatron-LM megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py "
+        "(HybridDeviceOptimizer, optimizer_offload_fraction f): GPU = P + G + O x (1 - f)",
     )
     rows["ema"] = (
         "4 x local_params / zero1_shards when ema=gpu",
         {"ema": train.ema, **zero},
-        "seeds/deepseek-v3-memory-tricks.txt",
+        "DeepSeek-AI 2024, DeepSeek-V3 Technical Report (arXiv:2412.19437), section 3.2.3: "
+        "the EMA kept in CPU memory",
     )
     gathered = (
         "; fsdp2 with tensor parallelism: the attention's, MLP's and head's inputs saved "
@@ -319,12 +332,13 @@ def explain(
             "capacity_factor": train.moe_capacity_factor,
             "imbalance": train.moe_imbalance,
         },
-        "seeds/h200-memory-budget-and-autofit.txt",
+        "GShard (Lepikhin et al. 2020, arXiv:2006.16668) capacity C = CF x tokens x top_k / "
+        "E; the dispatch and combine buffers of Megatron-Core's token dispatcher",
     )
     rows["cuda_context"] = (
         "constant",
         {"bytes": over.cuda_context_bytes, "calibrated": coeffs.calibrated},
-        "coefficients or GPU preset default (uncalibrated)",
+        "coefficients.<profile> (calibrated) or planner/data/gpus/<preset>.json (uncalibrated)",
     )
     rows["allocator_overhead"] = (
         "fraction x allocated at the peak phase",
@@ -332,7 +346,8 @@ def explain(
             "fraction": over.allocator_overhead_fraction,
             "expandable_segments": settings.expandable_segments,
         },
-        "seeds/h200-memory-budget-and-autofit.txt (5-10% of peak)",
+        "PyTorch, CUDA semantics: memory management (the caching allocator's reserved over "
+        "allocated; expandable_segments)",
     )
     out = {}
     for bucket in GPU_BUCKETS:
