@@ -86,7 +86,7 @@ def estimate_command(
 
     console = Console()
     stages = stage_peaks(spec, train_spec, hw, coeffs) if train_spec.parallel.pp > 1 else ()
-    render_budget(budget, console, stages)
+    render_budget(budget, console, stages, train_spec)
     if explanations is not None:
         render_explanations(explanations, console)
     if compared is not None:

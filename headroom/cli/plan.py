@@ -62,6 +62,14 @@ ExplainOpt = Annotated[
 ]
 
 
+#: how to read ``_layout``'s keys
+LAYOUT_LEGEND = (
+    "layout keys: tpN tensor parallel; ppN N pipeline stages (ppNxV: each rank holds V "
+    "interleaved virtual stages); cpN context parallel; dpN data parallel; epN expert parallel "
+    "(within dp); zeroS ZeRO stage S"
+)
+
+
 def _layout(c: PlanCandidate | dict[str, object]) -> str:
     p = c.parallel if isinstance(c, PlanCandidate) else c["parallel"]
     assert isinstance(p, dict)
@@ -97,6 +105,7 @@ def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
         f"{p['micro_batch_size']} grad_accum_steps={p['grad_accum_steps']} "
         f"recompute={p['recompute']} offload={p['offload']['mode']}"
     )
+    console.print(LAYOUT_LEGEND, markup=False, highlight=False)
     console.print(
         f"predicted: {result.predicted_step_seconds:.3f} s/step, "
         f"{result.predicted_tokens_per_second:,.0f} tokens/s, GPU peak "

@@ -11,6 +11,7 @@ from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
 from headroom.planner.comparison import Comparison
 from headroom.planner.estimator import StagePeak
 from headroom.planner.explanation import Explanation
+from headroom.planner.train import TrainSpec
 from headroom.planner.units import format_bytes
 
 _GIB = 2**30
@@ -31,14 +32,56 @@ def _gib(value: int) -> str:
     return f"{value / _GIB:.2f}"
 
 
-def render_budget(budget: Budget, console: Console, stages: Sequence[StagePeak] = ()) -> None:
+def assumptions(train: TrainSpec) -> str:
+    """What the estimate assumed, on one line: batch, layout, framework, recompute, precision,
+    optimizer and offload."""
+    par, prec = train.parallel, train.precision
+    layout = f"DP {par.dp} (ZeRO {par.zero_stage}), TP {par.tp}"
+    layout += " with sequence parallel" if par.sequence_parallel else ""
+    layout += f", PP {par.pp}" + (f" x {par.vpp} virtual" if par.vpp > 1 else "")
+    layout += f", CP {par.cp}, EP {par.ep}"
+    recompute = train.recompute if isinstance(train.recompute, str) else "every_k"
+    offload: str = train.offload.mode
+    if offload == "optimizer":
+        offload = f"optimizer {train.offload.fraction:g}"
+    return (
+        f"assumed: micro-batch {train.micro_batch_size} x {train.seq_len:,} tokens, "
+        f"grad accumulation {train.grad_accum_steps}; {layout}; framework {train.framework}; "
+        f"recompute {recompute}, attention {train.attention}, loss {train.loss.priced_impl}; "
+        f"precision params {prec.params} / grads {prec.grads} / master {prec.master} / "
+        f"optimizer {prec.optimizer_states}; {train.optimizer} ({train.optimizer_impl}); "
+        f"offload {offload}; activation profile {train.activation_profile}"
+    )
+
+
+def _host_line(budget: Budget, train: TrainSpec | None) -> str:
+    host = budget.host
+    n = host.ranks_sharing
+    text = f"host RAM {format_bytes(host.peak_bytes)} for {n} rank{'' if n == 1 else 's'} of a node"
+    if host.capacity_bytes is None:
+        text += " (no host memory given: not checked)"
+    else:
+        text += f" of {format_bytes(host.capacity_bytes)}"
+    if train is not None and n == 1:
+        par = train.parallel
+        if par.dp * par.tp * par.pp * par.cp > 1:
+            text += "; --gpus-per-node counts the ranks a node's host RAM holds"
+    return text
+
+
+def render_budget(
+    budget: Budget,
+    console: Console,
+    stages: Sequence[StagePeak] = (),
+    train: TrainSpec | None = None,
+) -> None:
     """A per-phase table of GPU buckets, the host buckets, and the verdict; with ``stages``
     (a pipeline's end stages, ``planner.estimator.stage_peaks``) a line per stage, since a
-    run's log may be one rank's (Megatron-LM logs the last stage's)."""
-    gpu, host = budget.gpu, budget.host
-    table = Table(
-        title=f"{budget.model.name} on {gpu.name}, stage {budget.stage} (GiB per phase; * = peak)"
-    )
+    run's log may be one rank's (Megatron-LM logs the last stage's); with ``train`` a line of
+    what the estimate assumed."""
+    gpu = budget.gpu
+    where = f", pipeline stage {budget.stage} (the heaviest)" if len(stages) > 1 else ""
+    table = Table(title=f"{budget.model.name} on {gpu.name}{where}: GiB per phase (* = peak)")
     table.add_column("bucket", no_wrap=True)
     for phase in PHASES:
         mark = "*" if phase == budget.peak_phase else ""
@@ -48,11 +91,11 @@ def render_budget(budget: Budget, console: Console, stages: Sequence[StagePeak] 
     table.add_column("host", justify="right", no_wrap=True)
     for bucket in GPU_BUCKETS:
         cells = [_gib(gpu.phases[p].buckets[bucket]) for p in PHASES]
-        host_value = host.buckets.get(bucket)
+        host_value = budget.host.buckets.get(bucket)
         table.add_row(bucket, *cells, "" if host_value is None else _gib(host_value))
     table.add_section()
     table.add_row(
-        "total", *[_gib(gpu.phases[p].total_bytes) for p in PHASES], _gib(host.peak_bytes)
+        "total", *[_gib(gpu.phases[p].total_bytes) for p in PHASES], _gib(budget.host.peak_bytes)
     )
     console.print(table)
     verdict = "[green]fits[/green]" if budget.fits else "[red]does not fit[/red]"
@@ -61,9 +104,10 @@ def render_budget(budget: Budget, console: Console, stages: Sequence[StagePeak] 
         f"it (allocated {format_bytes(gpu.allocated_peak_bytes)}, reserved "
         f"{format_bytes(gpu.reserved_peak_bytes)}) "
         f"of {format_bytes(gpu.capacity_bytes)} (headroom {format_bytes(gpu.headroom_bytes)}, "
-        f"margin {format_bytes(budget.margin_bytes)}); host {format_bytes(host.peak_bytes)} "
-        f"of {_fmt(host.capacity_bytes)} for {host.ranks_sharing} rank(s): {verdict}"
+        f"margin {format_bytes(budget.margin_bytes)}); {_host_line(budget, train)}: {verdict}"
     )
+    if train is not None:
+        console.print(assumptions(train), markup=False, highlight=False)
     for peak in stages if len(stages) > 1 else ():
         console.print(
             f"pipeline stage {peak.stage}: {format_bytes(peak.peak_bytes)} in {peak.phase} "

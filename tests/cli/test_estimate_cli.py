@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -223,3 +224,44 @@ def test_presets_lists_gpus_and_models() -> None:
     assert models["llama-3-8b"] == 8_030_261_248
     text = run("presets")
     assert text.returncode == 0 and "H200-141GB" in text.stdout
+
+
+def test_the_text_says_what_it_assumed_and_reads_without_a_legend() -> None:
+    """One line of assumptions (batch, layout with ZeRO, framework, recompute, precision,
+    optimizer, offload); no 'stage 0' that reads like a ZeRO stage; no 'of —' for host RAM
+    nobody gave; the ranks a node's host RAM holds named when the layout has several."""
+    proc = run_headroom(
+        "estimate",
+        "llama-3-8b",
+        "--set",
+        "parallel.dp=8",
+        "--set",
+        "parallel.zero_stage=1",
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    (assumed,) = [line for line in lines if line.startswith("assumed: ")]
+    for part in (
+        "micro-batch 1 x 4,096 tokens",
+        "grad accumulation 1",
+        "DP 8 (ZeRO 1), TP 1, PP 1",
+        "framework none",
+        "recompute none",
+        "precision params bf16",
+        "adamw (fused)",
+        "offload none",
+    ):
+        assert part in assumed, (part, assumed)
+    assert not any("stage 0" in line for line in lines), proc.stdout
+    verdict = next(line for line in lines if line.startswith("GPU peak"))
+    assert "of —" not in verdict and "(no host memory given: not checked)" in verdict
+    assert "--gpus-per-node counts the ranks" in verdict
+    piped = run_headroom(
+        "estimate",
+        "llama-3-8b",
+        "--set",
+        "parallel.pp=2",
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert "pipeline stage 1 (the heaviest)" in piped.stdout, piped.stdout

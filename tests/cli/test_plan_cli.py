@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -180,3 +181,22 @@ def test_a_run_presets_layout_keys_are_its_constraints() -> None:
         "recompute": "selective_op",
     }
     assert out["plan"]["framework"] == "fsdp2" and out["plan"]["grad_accum_steps"] == 2
+
+
+def test_the_plan_text_explains_its_layout_keys() -> None:
+    proc = run_headroom(
+        "plan",
+        "llama-3-8b",
+        "--gpus",
+        "8",
+        "--gpu",
+        "H100-80GB",
+        "--global-batch",
+        "32",
+        "--seq",
+        "4096",
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ppNxV: each rank holds V interleaved virtual stages" in proc.stdout
+    assert "zeroS ZeRO stage S" in proc.stdout
