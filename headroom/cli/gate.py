@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from headroom import planner
-from headroom.cli.exits import user_errors
+from headroom.cli.exits import fail, user_errors, writing
 from headroom.cli.options import (
     GpuOpt,
     HostOpt,
@@ -50,6 +50,25 @@ def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
+def _invalid_report(format: GateFormat, message: str, model: str, gpu: str) -> str | None:
+    """The report of an input the gate could not judge (exit 2), in the CI's own format, so the
+    CI page shows why; None for text, whose ``error:`` line is the report."""
+    if format is GateFormat.github:
+        return f"::error title=Headroom gate::invalid input: {message}"
+    if format is GateFormat.json:
+        import json
+
+        return json.dumps({"decision": "invalid_input", "reason": message, "exit_code": 2})
+    if format is GateFormat.junit:
+        from xml.etree import ElementTree as ET
+
+        suite = ET.Element("testsuite", name="headroom gate", tests="1", failures="0", errors="1")
+        case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=f"{model} on {gpu}")
+        ET.SubElement(case, "error", message=message, type="InvalidInput")
+        return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+    return None
+
+
 def gate_command(
     model: ModelArg,
     train: TrainOpt = None,
@@ -73,9 +92,19 @@ def gate_command(
 ) -> None:
     """Refuse a launch predicted to OOM: exit 0 fits, 1 predicted OOM, 2 invalid input,
     3 cannot decide."""
-    with user_errors():
+    try:
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
         verdict = planner.gate(planner.estimate(spec, train_spec, hw), margin, require_calibration)
+    except planner.HeadroomError as exc:
+        report = _invalid_report(format, str(exc), model, gpu)
+        if report is not None:
+            with user_errors():  # an --output the OS refuses: one error line, exit 2
+                if output is not None:
+                    with writing("--output", output):
+                        output.write_text(report + "\n")
+                else:
+                    typer.echo(report)
+        raise fail(str(exc)) from None
     gib = 2**30
     summary = (
         f"{verdict.decision}: {spec.name} on {hw.name}: "

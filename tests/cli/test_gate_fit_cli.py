@@ -91,3 +91,23 @@ def test_fit_exits_1_when_nothing_fits() -> None:
     proc = run("fit", "deepseek-v3", "--gpu", "RTX-3090", "--host-memory", "64GiB")
     assert proc.returncode == 1
     assert "no candidate fits" in proc.stdout
+
+
+def test_gate_invalid_input_still_writes_the_ci_report(tmp_path: Path) -> None:
+    """A CI page shows a report, not stderr: on input the gate cannot judge (exit 2) the JUnit
+    report has an error case and the GitHub format an ::error annotation, each with the reason;
+    stderr keeps its one error line."""
+    report = tmp_path / "gate.xml"
+    args = ("gate", "llama-3-8b", "--set", "micro_batch=2")
+    proc = run(*args, "--format", "junit", "--output", str(report))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: train.micro_batch: unknown field")
+    suite = ET.parse(report).getroot()
+    assert suite.get("errors") == "1" and suite.get("failures") == "0"
+    (error,) = suite.iter("error")
+    assert error.get("type") == "InvalidInput" and "micro_batch_size" in error.get("message", "")
+    github = run(*args, "--format", "github")
+    assert github.returncode == 2
+    assert github.stdout.startswith("::error title=Headroom gate::invalid input: train.micro_batch")
+    as_json = json.loads(run(*args, "--format", "json").stdout)
+    assert as_json["decision"] == "invalid_input" and as_json["exit_code"] == 2
