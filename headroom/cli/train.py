@@ -39,7 +39,14 @@ def train_command(
     set_: SetOpt = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 10,
     device: Annotated[Device, typer.Option("--device", help="Where to compute.")] = Device.cpu,
-    dtype: Annotated[DType, typer.Option("--dtype", help="Working precision.")] = DType.float32,
+    dtype: Annotated[
+        DType | None,
+        typer.Option(
+            "--dtype",
+            help="Working precision (default: the spec's, as launch trains it: bfloat16 for "
+            "16-bit precision.params, float32 for fp32).",
+        ),
+    ] = None,
     seed: Annotated[
         int,
         # the trainer seeds torch with seed * 1_000_003 + step * 1009 + micro, which torch
@@ -87,6 +94,7 @@ def train_command(
                 f"torchrun started {world}; they must be equal"
             )
         cap_bytes = None if memory_cap is None else parse_size(memory_cap, field="--memory-cap")
+        from headroom.planner.trainable import TORCH_DTYPE, working_precision
         from headroom.runtime.support import (
             WORKING,
             check_memory_holds,
@@ -95,7 +103,12 @@ def train_command(
         )
 
         check_supported(spec)
-        runtime_precision(train_spec, WORKING[dtype.value])
+        working = WORKING[dtype.value] if dtype is not None else working_precision(train_spec)
+        # the report's train.precision is what the trainer keeps, as its dtype is
+        train_spec = train_spec.model_copy(
+            update={"precision": runtime_precision(train_spec, working)}
+        )
+        dtype_name = TORCH_DTYPE[working]
     import contextlib
 
     import torch
@@ -129,13 +142,13 @@ def train_command(
     cfg = RunConfig(
         steps=steps,
         device=str(torch_device),
-        dtype=getattr(torch, dtype.value),
+        dtype=getattr(torch, dtype_name),
         seed=seed,
         reference=reference,
         ranks=ranks,
     )
     out = TrainerReport(
-        model=spec.name, train=train_spec, device=device.value, dtype=dtype.value, seed=seed
+        model=spec.name, train=train_spec, device=device.value, dtype=dtype_name, seed=seed
     )
     code = ExitCode.OK
     if cap_bytes is not None:

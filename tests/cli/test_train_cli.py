@@ -17,7 +17,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
-    common = ["tiny-moe", "--steps", "3", "--set", "seq_len=16", "--set", "micro_batch_size=2"]
+    shape = ["tiny-moe", "--steps", "3", "--set", "seq_len=16", "--set", "micro_batch_size=2"]
+    common = [*shape, "--dtype", "float32"]
     ref = run(*common, "--reference", "--report", str(tmp_path / "ref.json"))
     assert ref.returncode == 0, ref.stderr
     report = json.loads((tmp_path / "ref.json").read_text())
@@ -37,9 +38,14 @@ def test_report_contract_and_parity_through_the_cli(tmp_path: Path) -> None:
     assert s["placement"]["mode"] == "streaming" and s["placement"]["checkpoint_every"] == 2
     assert s["losses"] == pytest.approx(report["losses"], rel=1e-5)
 
-    half = run(*common, "--dtype", "bfloat16")
+    # no --dtype: the spec's precision, as launch trains it (16-bit params: bfloat16), and the
+    # report's train.precision is what was kept, as its dtype
+    half = run(*shape)
     assert half.returncode == 0, half.stderr
-    assert json.loads(half.stdout)["attention_kv"] == "grouped"
+    h = json.loads(half.stdout)
+    assert h["attention_kv"] == "grouped" and h["dtype"] == "bfloat16"
+    assert h["train"]["precision"]["params"] == "bf16"
+    assert report["dtype"] == "float32" and report["train"]["precision"]["params"] == "fp32"
 
 
 def test_models_the_trainer_cannot_build_are_refused_with_one_line() -> None:

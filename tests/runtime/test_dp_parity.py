@@ -69,7 +69,7 @@ def torchrun(
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(ranks), "-m", "headroom", "train", "tiny-dense",
-        "--steps", str(steps), *_sets(train),
+        "--steps", str(steps), "--dtype", "float32", *_sets(train),
         "--report", str(report), "--save-weights", str(weights),
     ]  # fmt: skip
     # bound: past the timeout torchrun and its ranks (in sessions of their own) are all killed
