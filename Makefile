@@ -70,11 +70,13 @@ slurm:
 	scripts/install-slurm.sh
 
 # two workers on two cores take the suite from 17 to about 10 minutes; tests that share a thing
-# of the machine stay on one worker (tests/conftest.py: SHARED)
+# of the machine stay on one worker (tests/conftest.py: SHARED); the few that assert a
+# wall-clock bound (marked timing) run alone afterwards, on an otherwise idle machine
 PYTEST_WORKERS ?= 2
 
 pytest: install browser slurm
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
+	$(BIN)/python -m pytest -q -m timing
 
 test: lint typecheck pytest
 

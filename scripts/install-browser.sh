@@ -11,5 +11,6 @@ fi
 
 "$(dirname "$0")/apt-install.sh" chromium chromium-driver
 
-/usr/bin/chromium --version
+# (Debian's launcher script prints a shell warning on hosts with much memory: not ours)
+/usr/bin/chromium --version 2>/dev/null
 /usr/bin/chromedriver --version

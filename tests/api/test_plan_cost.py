@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 import processes
+import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from plan_bodies import worst_plan
@@ -106,6 +107,7 @@ def _posted(bodies: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.timing  # each search under 2 s of CPU
 @settings(
     max_examples=2,
     derandomize=True,

@@ -42,6 +42,7 @@ def test_a_thousand_distinct_4096_layer_models_leave_memory_bounded(
     assert out["rss_peak_mib"] - out["rss_before_mib"] <= RSS_GROWTH_MIB, out
 
 
+@pytest.mark.timing  # health checks answer within 100 ms while a search runs
 def test_the_heaviest_search_ends_in_budget_while_health_checks_answer(
     server: api_cost.Server,
 ) -> None:

@@ -72,6 +72,7 @@ def test_three_children_end_together_well_under_a_second(
     assert [p.returncode for p in children] == [-signal.SIGTERM] * 3
 
 
+@pytest.mark.timing  # one grace of 1 s for all, ended within 2 s
 def test_a_child_ignoring_sigterm_is_killed_after_the_grace(
     children: list[subprocess.Popen[bytes]],
 ) -> None:
