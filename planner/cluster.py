@@ -39,7 +39,15 @@ class Cluster(FewUnknownKeys):
         at_most(32, "aliases"),
     ] = ()
     gpu: str = Field(
-        max_length=100, pattern=_TEXT, description="The GPU preset of its nodes (headroom presets)."
+        max_length=100,
+        pattern=_TEXT,
+        description="The GPU preset of its nodes (headroom presets); in a cluster file also a "
+        "GPU file (.json/.yaml, relative to the cluster file), read into gpu_spec.",
+    )
+    gpu_spec: Hardware | None = Field(
+        default=None,
+        description="The GPU of its nodes when no preset has it (the Hardware fields; gpu is "
+        "then its name).",
     )
     gpus_per_node: Int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs of one node.")
     intra_node_bytes_per_s: Float = Field(
@@ -68,11 +76,30 @@ class Cluster(FewUnknownKeys):
     def hardware(self, hw: Hardware | None = None) -> Hardware:
         """The GPU of its nodes (its preset, or ``hw``) in this cluster's node: its GPUs share
         the node's host RAM."""
-        hw = hw if hw is not None else gpu(self.gpu)
+        if hw is None:
+            hw = self.gpu_spec if self.gpu_spec is not None else cluster_gpu(self.gpu)
         update: dict[str, object] = {"gpus_per_node": self.gpus_per_node}
         if self.host_memory_bytes is not None:
             update["host_memory_bytes"] = self.host_memory_bytes
         return hw.model_copy(update=update)
+
+
+def cluster_gpu(name: str, where: str = "") -> Hardware:
+    """The GPU preset a cluster's ``gpu`` names; an unknown one is refused as the cluster's
+    field (``where``: the file it came from)."""
+    try:
+        return gpu(name)
+    except UnknownPresetError as exc:
+        source = f" (in {where})" if where else ""
+        raise UnknownPresetError(
+            f"cluster.gpu{source}: {str(exc).removeprefix('gpu: ')}, or in a cluster file a GPU "
+            "file (.json/.yaml, relative to the cluster file)",
+            field="cluster.gpu",
+        ) from None
+
+
+def _gpu_file(name: object) -> bool:
+    return isinstance(name, str) and Path(name).suffix.lower() in (".json", ".yaml", ".yml")
 
 
 @cache
@@ -143,5 +170,13 @@ def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
             raise InputFormatError(
                 f"cluster: {source} must hold an object of cluster fields", field="cluster"
             )
-        return build(Cluster, data, prefix="cluster")
+        if _gpu_file(data.get("gpu")) and "gpu_spec" not in data:
+            # a GPU file beside the cluster file: its Hardware becomes the nodes' GPU
+            gpu_path = path.parent / str(data["gpu"])
+            spec = build(Hardware, read_file(gpu_path), prefix=f"cluster.gpu ({gpu_path})")
+            data = {**data, "gpu": spec.name, "gpu_spec": spec.model_dump()}
+        cluster = build(Cluster, data, prefix="cluster")
+        if cluster.gpu_spec is None:
+            cluster_gpu(cluster.gpu, str(path))  # its GPU known now, not at the plan's end
+        return cluster
     return cluster_preset(str(source))

@@ -5,6 +5,7 @@ agree with the slow ones."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -257,6 +258,35 @@ def test_cluster_presets_and_files(tmp_path: Any) -> None:
         load_cluster({**custom, "intra_node_bytes_per_s": 0})
     with pytest.raises(planner.UnknownPresetError, match="allowed: DGX-A100"):
         load_cluster("nope")
+
+
+def test_a_cluster_file_names_a_gpu_file_beside_it(tmp_path: Any) -> None:
+    """The shipped example: docs/examples/my-cluster.yaml names docs/examples/my-gpu.yaml, read
+    relative to the cluster file (not the working folder), and its nodes hold that GPU."""
+    examples = Path(__file__).resolve().parents[2] / "docs" / "examples"
+    cl = load_cluster(examples / "my-cluster.yaml")
+    assert cl.gpu == "MyAccel-96GB" and cl.gpu_spec is not None
+    hw = cl.hardware()
+    assert hw.name == "MyAccel-96GB" and hw.memory_bytes == 96 * 2**30
+    assert hw.gpus_per_node == 8 and hw.host_memory_bytes == 2 * 2**40
+    # a GPU no preset has, inline (as the API takes it): the same
+    inline = load_cluster({**cl.model_dump(), "gpu": "x", "gpu_spec": hw.model_dump()})
+    assert inline.hardware().memory_bytes == hw.memory_bytes
+
+
+def test_a_cluster_files_unknown_gpu_is_refused_naming_the_file_and_field(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    fields = {**cluster_preset("DGX-H100").model_dump(exclude={"gpu_spec"}), "gpu": "H100-80G"}
+    path.write_text(__import__("json").dumps(fields))
+    with pytest.raises(planner.UnknownPresetError) as info:
+        load_cluster(str(path))
+    message = str(info.value)
+    assert message.startswith(f"cluster.gpu (in {path}): unknown preset 'H100-80G'")
+    assert "(did you mean 'H100-80GB'?)" in message and "a GPU file" in message
+    assert info.value.field == "cluster.gpu"
+    # given as an object (the API's), a GPU file name is a preset name: nothing is read
+    with pytest.raises(planner.UnknownPresetError, match=r"cluster\.gpu: unknown preset"):
+        load_cluster({**fields, "gpu": "/etc/passwd.json"}).hardware()
 
 
 def test_the_blackwell_and_instinct_presets_are_their_sources_figures() -> None:
