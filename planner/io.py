@@ -25,7 +25,7 @@ from headroom.planner.errors import (
     did_you_mean,
 )
 from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
-from headroom.planner.hf import from_hf_config
+from headroom.planner.hf import SUPPORTED_MODEL_TYPES, from_hf_config
 from headroom.planner.model import ModelSpec
 from headroom.planner.train import TrainSpec
 from headroom.planner.units import parse_size
@@ -164,6 +164,23 @@ def _model_presets() -> dict[str, Any]:
     return found
 
 
+#: keys of a Hugging Face config.json that Headroom's model schema does not have
+_HF_ONLY_KEYS = frozenset(
+    {
+        "architectures",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "hidden_act",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "torch_dtype",
+        "transformers_version",
+    }
+)
+
+
 def model_names() -> list[str]:
     """Names of the bundled model presets."""
     return sorted(_model_presets())
@@ -176,6 +193,14 @@ def model_from_dict(data: Mapping[str, Any], *, name: str | None = None) -> Mode
             return from_hf_config(data, name=name)
         except ValidationError as exc:
             raise SpecError(validation_message(exc, "config.json"), field="model") from None
+    hf_keys = sorted(_HF_ONLY_KEYS & set(data))
+    if hf_keys:  # a config.json that lost its model_type, not a spec with many wrong keys
+        raise SpecError(
+            f"model_type: a Hugging Face config.json (it has {', '.join(hf_keys[:3])}) needs its "
+            f"model_type, which it lacks; allowed: {', '.join(SUPPORTED_MODEL_TYPES)} (or write "
+            "the model in Headroom's schema: docs/MODEL_SCHEMA.md)",
+            field="model_type",
+        )
     spec = dict(data)
     if name and "name" not in spec:
         spec["name"] = name

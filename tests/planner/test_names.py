@@ -68,3 +68,38 @@ def test_an_unknown_key_in_a_model_file_is_named_the_same_way() -> None:
     with pytest.raises(planner.SpecError) as info:
         planner.load_model({"name": "m", "num_layer": 2})
     assert "model.num_layer: unknown field (did you mean 'num_layers'?)" in str(info.value)
+
+
+def test_a_config_json_without_model_type_is_one_line_naming_the_types() -> None:
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 688,
+        "vocab_size": 32000,
+    }
+    with pytest.raises(planner.SpecError) as info:
+        planner.load_model(config)
+    message = str(info.value)
+    assert message.startswith("model_type: a Hugging Face config.json (it has architectures")
+    assert "llama" in message and "deepseek_v3" in message and ";" not in message.split(";")[0]
+    assert message.count("Field required") == 0 and info.value.field == "model_type"
+
+
+def test_the_model_schema_document_names_every_field() -> None:
+    """docs/MODEL_SCHEMA.md documents every field of ModelSpec, MoESpec and MLASpec."""
+    from pathlib import Path
+
+    from headroom.planner.model import MLASpec, ModelSpec, MoESpec
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "MODEL_SCHEMA.md").read_text()
+    for cls in (ModelSpec, MoESpec, MLASpec):
+        for name in cls.model_fields:
+            assert f"| `{name}` |" in doc, (cls.__name__, name)
+    # the example in it is a valid model
+    import json
+    import re
+
+    (example,) = re.findall(r"```json\n(.*?)```", doc, re.S)
+    assert planner.load_model(json.loads(example)).moe is not None
