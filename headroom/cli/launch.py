@@ -44,6 +44,84 @@ class Backend(StrEnum):
     k8s = "k8s"
 
 
+def _summary(run: Any, plan: Any) -> dict[str, Any]:
+    """What a launch ends with: the plan it trained, the predicted GPU peak against the measured
+    one, throughput and the final loss (None where the trainer wrote no report)."""
+    from headroom.launch.supervisor import report_of
+
+    report = report_of(run) if run.log_path else None
+    from headroom import planner
+
+    train = plan.train
+    predicted = plan.predicted()
+    # like with like: the trainer measures allocated bytes (torch.cuda's, or the simulated
+    # device's), not the context and allocator slack of the whole-GPU figure
+    allocated = planner.estimate(plan.model, train, plan.hw).gpu.allocated_peak_bytes
+    measured = None
+    if report is not None and report.memory is not None:
+        measured = report.memory.measured_peak_bytes
+    return {
+        "plan": {
+            "micro_batch_size": train.micro_batch_size,
+            "grad_accum_steps": train.grad_accum_steps,
+            "recompute": train.recompute,
+            "offload": train.offload.mode,
+            "parallel": train.parallel.model_dump(),
+        },
+        "predicted_gpu_peak_bytes": predicted.gpu_peak_bytes,
+        "predicted_allocated_peak_bytes": allocated,
+        "predicted_peak_phase": predicted.peak_phase,
+        "measured_gpu_peak_bytes": measured,
+        "measured_on": None
+        if report is None or report.memory is None
+        else (
+            "device"
+            if report.memory.available
+            else "simulated device"
+            if report.memory.simulated is not None
+            else None
+        ),
+        "completed_steps": None if report is None else report.completed_steps,
+        "tokens_per_second": None if report is None else report.tokens_per_second,
+        "final_loss": report.losses[-1] if report is not None and report.losses else None,
+    }
+
+
+def _summary_text(summary: dict[str, Any]) -> str:
+    from headroom import planner
+
+    p = summary["plan"]
+    par = p["parallel"]
+    lines = [
+        f"plan: micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulated, "
+        f"recompute {p['recompute']}, offload {p['offload']}, dp {par['dp']} "
+        f"(ZeRO {par['zero_stage']}), tp {par['tp']}, pp {par['pp']}",
+    ]
+    allocated = planner.format_bytes(summary["predicted_allocated_peak_bytes"])
+    peak = (
+        f"allocated peak predicted {allocated}"
+        f" ({summary['predicted_peak_phase']}; the whole GPU "
+        f"{planner.format_bytes(summary['predicted_gpu_peak_bytes'])})"
+    )
+    if summary["measured_gpu_peak_bytes"] is not None:
+        peak += (
+            f", measured {planner.format_bytes(summary['measured_gpu_peak_bytes'])} "
+            f"on the {summary['measured_on']}"
+        )
+    else:
+        peak += ", not measured (no CUDA device and no simulated cap)"
+    lines.append(peak)
+    if summary["completed_steps"] is not None:
+        rate = summary["tokens_per_second"]
+        loss = summary["final_loss"]
+        lines.append(
+            f"{summary['completed_steps']} step(s)"
+            + (f", {rate:,.0f} tokens/s" if rate is not None else "")
+            + (f", final loss {loss:.4f}" if loss is not None else "")
+        )
+    return "\n".join(lines)
+
+
 def _refuse(reason: str, format: TextOrJson, extra: dict[str, Any]) -> typer.Exit:
     """Nothing fits: exit 1 with the reason (and, in JSON, what was tried)."""
     if format is TextOrJson.json:
@@ -303,7 +381,9 @@ def launch_command(
             )
         settings = launching.LaunchSettings(run_device=where)
         run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
+    summary = _summary(run, plan)
     out = {
+        "summary": summary,
         "run": {
             "id": run.id,
             "uid": run.uid,
@@ -324,6 +404,7 @@ def launch_command(
         typer.echo(
             f"run {run.id} ({run.uid}) {run.status}: {run.reason}; log {run.log_path or '-'}"
         )
+        typer.echo(_summary_text(summary))
     if run.status == "succeeded":
         raise typer.Exit(ExitCode.OK)
     if run.status == "cancelled":

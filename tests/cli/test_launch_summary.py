@@ -1,0 +1,31 @@
+"""``headroom launch`` ends with what a user came for: the plan it trained, the predicted peak
+against the measured one (like with like: allocated bytes), throughput and the final loss, in
+text and in ``--format json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from headroom_process import run_headroom
+
+
+def test_a_launch_ends_with_the_plan_the_peaks_the_throughput_and_the_loss(tmp_path: Path) -> None:
+    env = {**os.environ, "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path / 'store.db'}"}
+    args = ("launch", "tiny-dense", "--steps", "2", "--device", "cpu")
+    proc = run_headroom(*args, "--format", "json", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    summary = out["summary"]
+    assert out["run"]["status"] == "succeeded" and summary["completed_steps"] == 2
+    assert summary["plan"]["micro_batch_size"] >= 1 and summary["plan"]["parallel"]["dp"] == 1
+    assert 0 < summary["predicted_allocated_peak_bytes"] < summary["predicted_gpu_peak_bytes"]
+    assert summary["measured_on"] == "simulated device" and summary["measured_gpu_peak_bytes"] > 0
+    assert summary["tokens_per_second"] > 0 and summary["final_loss"] > 0
+    text = run_headroom(*args, env=env, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[1].startswith("plan: micro-batch ")
+    assert lines[2].startswith("allocated peak predicted ") and "measured " in lines[2]
+    assert lines[3].startswith("2 step(s), ") and "tokens/s, final loss " in lines[3]
