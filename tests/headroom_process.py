@@ -28,6 +28,11 @@ def run_headroom(
     return processes.run([sys.executable, "-m", "headroom", *args], timeout=timeout, **options)
 
 
+def run_wide(*args: str) -> subprocess.CompletedProcess[str]:
+    """``headroom ARGS`` printing to a 400-column terminal: rich wraps no line a test reads."""
+    return run_headroom(*args, env={**os.environ, "COLUMNS": "400"})
+
+
 @dataclass(frozen=True)
 class Served:
     """A running ``headroom serve``: its base URL, port and process."""

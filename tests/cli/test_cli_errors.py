@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from headroom.cli import ExitCode
-from tests.headroom_process import run_headroom
+from tests.headroom_process import run_headroom, run_wide
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -208,7 +208,7 @@ def test_version_names_the_distribution_and_its_version() -> None:
 def test_compare_help_names_every_framework_and_profile() -> None:
     from headroom import planner
 
-    proc = run_headroom("estimate", "--help", env={**os.environ, "COLUMNS": "400"})
+    proc = run_wide("estimate", "--help")
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())
     assert all(f in text for f in planner.FRAMEWORKS), text

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from headroom_process import run_headroom
+from headroom_process import run_headroom, run_wide
 
 from headroom import planner
 
@@ -230,14 +229,8 @@ def test_the_text_says_what_it_assumed_and_reads_without_a_legend() -> None:
     """One line of assumptions (batch, layout with ZeRO, framework, recompute, precision,
     optimizer, offload); no 'stage 0' that reads like a ZeRO stage; no 'of —' for host RAM
     nobody gave; the ranks a node's host RAM holds named when the layout has several."""
-    proc = run_headroom(
-        "estimate",
-        "llama-3-8b",
-        "--set",
-        "parallel.dp=8",
-        "--set",
-        "parallel.zero_stage=1",
-        env={**os.environ, "COLUMNS": "400"},
+    proc = run_wide(
+        "estimate", "llama-3-8b", "--set", "parallel.dp=8", "--set", "parallel.zero_stage=1"
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -257,11 +250,5 @@ def test_the_text_says_what_it_assumed_and_reads_without_a_legend() -> None:
     verdict = next(line for line in lines if line.startswith("GPU peak"))
     assert "of —" not in verdict and "(no host memory given: not checked)" in verdict
     assert "--gpus-per-node counts the ranks" in verdict
-    piped = run_headroom(
-        "estimate",
-        "llama-3-8b",
-        "--set",
-        "parallel.pp=2",
-        env={**os.environ, "COLUMNS": "400"},
-    )
+    piped = run_wide("estimate", "llama-3-8b", "--set", "parallel.pp=2")
     assert "pipeline stage 1 (the heaviest)" in piped.stdout, piped.stdout

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
-from headroom_process import run_headroom
+from headroom_process import run_headroom, run_wide
 from plan_bodies import worst_plan
 
 from headroom import planner
@@ -184,19 +183,10 @@ def test_a_run_presets_layout_keys_are_its_constraints() -> None:
 
 
 def test_the_plan_text_explains_its_layout_keys() -> None:
-    proc = run_headroom(
-        "plan",
-        "llama-3-8b",
-        "--gpus",
-        "8",
-        "--gpu",
-        "H100-80GB",
-        "--global-batch",
-        "32",
-        "--seq",
-        "4096",
-        env={**os.environ, "COLUMNS": "400"},
-    )
+    proc = run_wide(
+        "plan", "llama-3-8b", "--gpus", "8", "--gpu", "H100-80GB", "--global-batch", "32",
+        "--seq", "4096",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "ppNxV: each rank holds V interleaved virtual stages" in proc.stdout
     assert "zeroS ZeRO stage S" in proc.stdout
