@@ -34,10 +34,12 @@ class NoPlanFits(planner.SpecError):
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
-    """What the estimate of a plan's training spec says: the verdict and the two peaks."""
+    """What the estimate of a plan's training spec says: the verdict, the GPU's peak (the whole
+    GPU's, and the tensors' alone, as the trainer measures it) and the host's."""
 
     fits: bool
     gpu_peak_bytes: int
+    allocated_peak_bytes: int
     host_peak_bytes: int
     peak_phase: str
 
@@ -47,12 +49,14 @@ class Prediction:
             return cls(
                 fits=budget.fits,
                 gpu_peak_bytes=budget.gpu_peak_bytes,
+                allocated_peak_bytes=budget.gpu.allocated_peak_bytes,
                 host_peak_bytes=budget.host_peak_bytes,
                 peak_phase=budget.peak_phase,
             )
         return cls(
             fits=budget.fits,
             gpu_peak_bytes=budget.gpu.peak_bytes,
+            allocated_peak_bytes=budget.gpu.allocated_peak_bytes,
             host_peak_bytes=budget.host.peak_bytes,
             peak_phase=budget.peak_phase,
         )

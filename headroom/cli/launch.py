@@ -50,16 +50,14 @@ def _summary(run: Any, plan: Any) -> dict[str, Any]:
     from headroom.launch.supervisor import report_of
 
     report = report_of(run) if run.log_path else None
-    from headroom import planner
-
+    memory = report.memory if report is not None else None
+    measured_on = None
+    if memory is not None and memory.available:
+        measured_on = "device"
+    elif memory is not None and memory.simulated is not None:
+        measured_on = "simulated device"
     train = plan.train
     predicted = plan.predicted()
-    # like with like: the trainer measures allocated bytes (torch.cuda's, or the simulated
-    # device's), not the context and allocator slack of the whole-GPU figure
-    allocated = planner.estimate(plan.model, train, plan.hw).gpu.allocated_peak_bytes
-    measured = None
-    if report is not None and report.memory is not None:
-        measured = report.memory.measured_peak_bytes
     return {
         "plan": {
             "micro_batch_size": train.micro_batch_size,
@@ -69,18 +67,12 @@ def _summary(run: Any, plan: Any) -> dict[str, Any]:
             "parallel": train.parallel.model_dump(),
         },
         "predicted_gpu_peak_bytes": predicted.gpu_peak_bytes,
-        "predicted_allocated_peak_bytes": allocated,
+        # like with like: the trainer measures allocated bytes (torch.cuda's, or the simulated
+        # device's), not the context and allocator slack of the whole-GPU figure
+        "predicted_allocated_peak_bytes": predicted.allocated_peak_bytes,
         "predicted_peak_phase": predicted.peak_phase,
-        "measured_gpu_peak_bytes": measured,
-        "measured_on": None
-        if report is None or report.memory is None
-        else (
-            "device"
-            if report.memory.available
-            else "simulated device"
-            if report.memory.simulated is not None
-            else None
-        ),
+        "measured_gpu_peak_bytes": None if memory is None else memory.measured_peak_bytes,
+        "measured_on": measured_on,
         "completed_steps": None if report is None else report.completed_steps,
         "tokens_per_second": None if report is None else report.tokens_per_second,
         "final_loss": report.losses[-1] if report is not None and report.losses else None,
