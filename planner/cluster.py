@@ -22,8 +22,14 @@ from pydantic import ConfigDict, Field
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner._numbers import INTEGER, Float, Int
 from headroom.planner.errors import InputFormatError, UnknownPresetError, did_you_mean
-from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
-from headroom.planner.io import build, read_file
+from headroom.planner.hardware import (
+    MAX_GPUS_PER_NODE,
+    MAX_HOST_MEMORY_BYTES,
+    Hardware,
+    gpu,
+    unknown_gpu,
+)
+from headroom.planner.io import build, is_spec_file_name, read_file
 
 _TEXT = r"^[^\x00]*$"
 
@@ -89,17 +95,13 @@ def cluster_gpu(name: str, where: str = "") -> Hardware:
     field (``where``: the file it came from)."""
     try:
         return gpu(name)
-    except UnknownPresetError as exc:
+    except UnknownPresetError:
         source = f" (in {where})" if where else ""
         raise UnknownPresetError(
-            f"cluster.gpu{source}: {str(exc).removeprefix('gpu: ')}, or in a cluster file a GPU "
-            "file (.json/.yaml, relative to the cluster file)",
+            f"cluster.gpu{source}: {unknown_gpu(name)}, or in a cluster file a GPU file "
+            "(.json/.yaml, relative to the cluster file)",
             field="cluster.gpu",
         ) from None
-
-
-def _gpu_file(name: object) -> bool:
-    return isinstance(name, str) and Path(name).suffix.lower() in (".json", ".yaml", ".yml")
 
 
 @cache
@@ -164,15 +166,16 @@ def load_cluster(source: str | Path | Mapping[str, Any] | Cluster) -> Cluster:
     if isinstance(source, Mapping):
         return build(Cluster, source, prefix="cluster")
     path = Path(source)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
+    if is_spec_file_name(path) or path.is_file():
         data = read_file(path)
         if not isinstance(data, dict):
             raise InputFormatError(
                 f"cluster: {source} must hold an object of cluster fields", field="cluster"
             )
-        if _gpu_file(data.get("gpu")) and "gpu_spec" not in data:
+        named = data.get("gpu")
+        if isinstance(named, str) and is_spec_file_name(named) and "gpu_spec" not in data:
             # a GPU file beside the cluster file: its Hardware becomes the nodes' GPU
-            gpu_path = path.parent / str(data["gpu"])
+            gpu_path = path.parent / named
             spec = build(Hardware, read_file(gpu_path), prefix=f"cluster.gpu ({gpu_path})")
             data = {**data, "gpu": spec.name, "gpu_spec": spec.model_dump()}
         cluster = build(Cluster, data, prefix="cluster")

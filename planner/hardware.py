@@ -82,13 +82,15 @@ def gpu_names() -> list[str]:
     return sorted({hw.name for hw in _presets().values()})
 
 
+def unknown_gpu(name: str) -> str:
+    """Why ``name`` is no GPU preset: the closest one (did you mean) and every one."""
+    closest = did_you_mean(name, {alias: p.name for alias, p in _presets().items()})
+    return f"unknown preset {name!r}{closest}; allowed: {', '.join(gpu_names())}"
+
+
 def gpu(name: str) -> Hardware:
     """A bundled GPU preset by name or alias (case-insensitive)."""
     hw = _presets().get(name.strip().lower())
     if hw is None:
-        closest = did_you_mean(name, {alias: p.name for alias, p in _presets().items()})
-        raise UnknownPresetError(
-            f"gpu: unknown preset {name!r}{closest}; allowed: {', '.join(gpu_names())}",
-            field="gpu",
-        )
+        raise UnknownPresetError(f"gpu: {unknown_gpu(name)}", field="gpu")
     return hw

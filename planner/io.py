@@ -117,6 +117,16 @@ def build(cls: type[M], data: Any, *, prefix: str = "") -> M:
         raise SpecError(validation_message(exc, prefix, cls), field=field or None) from None
 
 
+#: the suffixes of a spec file (a model, training, GPU or cluster file): a name with one is a
+#: file, never a preset
+SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def is_spec_file_name(name: str | Path) -> bool:
+    """Whether ``name`` is spelt as a spec file is (by its suffix; it need not exist)."""
+    return Path(name).suffix.lower() in SPEC_SUFFIXES
+
+
 def read_file(path: str | Path) -> Any:
     """Parse a JSON or YAML file (by suffix; JSON is tried first for other suffixes)."""
     p = Path(path)
@@ -324,7 +334,7 @@ def read_train_file(source: str | Path) -> Any:
     """A training spec file's content; a name that is no file and no spec file's name (no
     .json/.yaml suffix) is taken for a mistyped run preset and refused with the closest one."""
     path = Path(source)
-    if path.suffix.lower() not in (".json", ".yaml", ".yml") and not path.exists():
+    if not is_spec_file_name(path) and not path.exists():
         raise UnknownPresetError(
             f"train: {str(source)!r} is neither a file nor a run preset"
             f"{did_you_mean(str(source), run_names())}; run presets: {', '.join(run_names())}",
@@ -347,7 +357,7 @@ def _base_hardware(source: str | Path | Mapping[str, Any] | Hardware) -> Hardwar
     if isinstance(source, Mapping):
         return build(Hardware, source, prefix="gpu")
     path = Path(str(source))
-    if path.suffix.lower() in (".json", ".yaml", ".yml") and _is_file(path):
+    if is_spec_file_name(path) and _is_file(path):
         return build(Hardware, read_file(path), prefix="gpu")
     return gpu(str(source))
 
