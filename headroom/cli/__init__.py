@@ -51,7 +51,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-# the order of registration is the order of `headroom --help`
 
 
 def _version(value: bool) -> None:
@@ -83,6 +82,7 @@ def _root(
     """Will this training run fit on the GPU, and where does every byte go?"""
 
 
+# the order of registration is the order of `headroom --help`
 app.command("estimate")(estimate.estimate_command)
 app.command("gate")(gate.gate_command)
 app.command("fit")(fit.fit_command)

@@ -29,25 +29,37 @@ class GateFormat(StrEnum):
     junit = "junit"
 
 
-def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
-    """One JUnit test case: a failure for a predicted OOM, an error when undecided."""
+def _junit_report(
+    model: str, gpu: str, outcome: tuple[str, str, str] | None, out: str | None = None
+) -> str:
+    """One JUnit test case named for the model and GPU: ``outcome`` (``failure`` or ``error``,
+    its message, its type) or a pass, and ``out`` as its system-out."""
     from xml.etree import ElementTree as ET
 
-    name = f"{model} on {gpu}"
+    kind = outcome[0] if outcome is not None else None
     suite = ET.Element(
         "testsuite",
         name="headroom gate",
         tests="1",
-        failures="1" if verdict.decision == "oom" else "0",
-        errors="1" if verdict.decision == "undecided" else "0",
+        failures="1" if kind == "failure" else "0",
+        errors="1" if kind == "error" else "0",
     )
-    case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=name)
-    if verdict.decision == "oom":
-        ET.SubElement(case, "failure", message=verdict.reason, type="PredictedOOM")
-    elif verdict.decision == "undecided":
-        ET.SubElement(case, "error", message=verdict.reason, type="Undecided")
-    ET.SubElement(case, "system-out").text = verdict.model_dump_json()
+    case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=f"{model} on {gpu}")
+    if outcome is not None:
+        tag, message, type_ = outcome
+        ET.SubElement(case, tag, message=message, type=type_)
+    if out is not None:
+        ET.SubElement(case, "system-out").text = out
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def _junit(verdict: planner.Verdict, model: str, gpu: str) -> str:
+    """A failure for a predicted OOM, an error when undecided, with the verdict as output."""
+    outcome = {
+        "oom": ("failure", verdict.reason, "PredictedOOM"),
+        "undecided": ("error", verdict.reason, "Undecided"),
+    }.get(verdict.decision)
+    return _junit_report(model, gpu, outcome, verdict.model_dump_json())
 
 
 def _invalid_report(format: GateFormat, message: str, model: str, gpu: str) -> str | None:
@@ -60,12 +72,7 @@ def _invalid_report(format: GateFormat, message: str, model: str, gpu: str) -> s
 
         return json.dumps({"decision": "invalid_input", "reason": message, "exit_code": 2})
     if format is GateFormat.junit:
-        from xml.etree import ElementTree as ET
-
-        suite = ET.Element("testsuite", name="headroom gate", tests="1", failures="0", errors="1")
-        case = ET.SubElement(suite, "testcase", classname="headroom.gate", name=f"{model} on {gpu}")
-        ET.SubElement(case, "error", message=message, type="InvalidInput")
-        return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+        return _junit_report(model, gpu, ("error", message, "InvalidInput"))
     return None
 
 
