@@ -47,7 +47,7 @@ for _variable, _folder in CACHES.items():
 #: the tests that share one thing of the machine, by file: each group runs on one xdist worker,
 #: one test after another (without xdist the whole suite runs so)
 SHARED = {
-    # the one-node Slurm clusters: munged is the machine's, and a cluster's jobs use every CPU
+    # the one-node Slurm clusters: a cluster's jobs use every CPU
     "slurm": (
         "launch/test_slurm_cluster.py",
         "launch/test_slurm_jobs.py",

@@ -156,8 +156,7 @@ def sweep_stale() -> list[int]:
 
 
 def unmarked(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the marks: for a process meant to outlive the tests (a machine's shared
-    daemon such as munged) or to watch them (the watchdog)."""
+    """``env`` without the marks: for a process that watches the tests (the watchdog)."""
     return {k: v for k, v in env.items() if k not in (OWNER_VAR, TAG_VAR)}
 
 

@@ -4,6 +4,11 @@ packages (``scripts/install-slurm.sh``, run by ``make test``), started with a ge
 machine with its CPUs; there is no accounting (``sacct`` knows nothing), as on many small
 clusters.
 
+Each cluster has its own MUNGE: a munged with its own key and socket (slurm.conf's
+``AuthInfo``), as the cluster's daemons are its own. Nothing is shared with the machine's munged
+or another run's: a munged another run (or another PID namespace) left holding
+``/run/munge``'s socket cannot stop this one starting.
+
 Nothing of a cluster outlives its test run. The daemons run in the foreground (``-D``) as bound
 children of the test process (``tests/processes.py``): they die with it, even when it is
 SIGKILLed, where daemonized ones would keep running, jobs and all. A job's processes are not
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -51,22 +55,51 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _munge() -> None:
-    """A running munged (its key comes with the package)."""
-    pgrep = ["pgrep", "-x", "munged"]
-    if subprocess.run(pgrep, capture_output=True, timeout=COMMAND_TIMEOUT_S).returncode == 0:
-        return
-    run = Path("/run/munge")
-    run.mkdir(parents=True, exist_ok=True)
-    shutil.chown(run, "munge", "munge")
-    # the machine's shared authentication daemon, as a PostgreSQL server is: another test run
-    # may be using it, so it is started unmarked and stays (it holds no test's state)
-    subprocess.run(
-        ["runuser", "-u", "munge", "--", "/usr/sbin/munged"],
-        check=True,
-        timeout=COMMAND_TIMEOUT_S,
-        env=processes.unmarked(os.environ),
-    )
+def _munge_key(root: Path) -> Path:
+    """A key of the cluster's own: 1,024 random bytes only root reads (as ``mungekey``
+    writes one)."""
+    key = root / "munge.key"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(1024))
+    return key
+
+
+def munge_command(root: Path, foreground: bool = True) -> list[str]:
+    """munged for the cluster under ``root`` alone: its own key, socket, pid, seed and log
+    files, in the foreground unless told. ``--force`` lets it run as root and on a socket in a
+    folder others cannot enter (pytest's are 0700): every job here runs as root."""
+    return [
+        "/usr/sbin/munged",
+        *(["--foreground"] if foreground else []),
+        "--force",
+        f"--socket={munge_socket(root)}",
+        f"--key-file={_munge_key(root)}",
+        f"--pid-file={root / 'run' / 'munged.pid'}",
+        f"--seed-file={root / 'state' / 'munged.seed'}",
+        f"--log-file={root / 'log' / 'munged.log'}",
+    ]
+
+
+def munge_socket(root: Path) -> Path:
+    """The socket of the cluster's own munged (slurm.conf's ``AuthInfo`` names it)."""
+    return root / "run" / "munge.socket"
+
+
+def _wait_munge(root: Path, munged: subprocess.Popen[Any]) -> None:
+    """Wait until the cluster's munged encodes a credential: one that exits, or is not ready
+    within ``START_TIMEOUT_S``, fails with its log."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and munged.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            probe = ["munge", "--no-input", f"--socket={munge_socket(root)}"]
+            ready = subprocess.run(probe, capture_output=True, timeout=COMMAND_TIMEOUT_S)
+            if ready.returncode == 0:
+                return
+        time.sleep(0.1)
+    log = root / "log" / "munged.log"
+    text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise RuntimeError(f"the test cluster's munged is not ready (exit: {munged.poll()}): {text}")
 
 
 def _conf(root: Path, node: str, cpus: int) -> Path:
@@ -83,6 +116,8 @@ def _conf(root: Path, node: str, cpus: int) -> Path:
                 f"SlurmctldPort={_free_port()}",
                 f"SlurmdPort={_free_port()}",
                 "AuthType=auth/munge",
+                # the cluster's own munged: nothing is shared with the machine's or another run's
+                f"AuthInfo=socket={munge_socket(root)}",
                 f"StateSaveLocation={root / 'state'}",
                 f"SlurmdSpoolDir={root / 'spool'}",
                 f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}",
@@ -205,23 +240,32 @@ def one_node_cluster(root: Path) -> Iterator[dict[str, str]]:
         )
     conf = _conf(root, node, os.cpu_count() or 1)
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    _munge()
     log = root / "log"
     try:
         with (
+            (log / "munged.out").open("ab") as munge_out,
             (log / "slurmctld.out").open("ab") as ctld_out,
             (log / "slurmd.out").open("ab") as slurmd_out,
             processes.started(
-                ["/usr/sbin/slurmctld", "-D"], env=env, stdout=ctld_out, stderr=subprocess.STDOUT
-            ) as slurmctld,
-            processes.started(
-                ["/usr/sbin/slurmd", "-D"], env=env, stdout=slurmd_out, stderr=subprocess.STDOUT
-            ) as slurmd,
+                munge_command(root), env=env, stdout=munge_out, stderr=subprocess.STDOUT
+            ) as munged,
         ):
-            try:
-                _wait_idle(env, root, [slurmctld, slurmd])
-                yield env
-            finally:
-                _end(str(conf))  # jobs cancelled while the daemons still run
+            _wait_munge(root, munged)
+            with (
+                processes.started(
+                    ["/usr/sbin/slurmctld", "-D"],
+                    env=env,
+                    stdout=ctld_out,
+                    stderr=subprocess.STDOUT,
+                ) as slurmctld,
+                processes.started(
+                    ["/usr/sbin/slurmd", "-D"], env=env, stdout=slurmd_out, stderr=subprocess.STDOUT
+                ) as slurmd,
+            ):
+                try:
+                    _wait_idle(env, root, [munged, slurmctld, slurmd])
+                    yield env
+                finally:
+                    _end(str(conf))  # jobs cancelled while the daemons still run
     finally:
         processes.kill_marked("SLURM_CONF", str(conf))

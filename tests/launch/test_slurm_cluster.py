@@ -77,8 +77,8 @@ def test_a_sigkilled_test_process_leaves_no_cluster_running(
         assert ready, "the cluster never ran the job"
         started = json.loads(parent.stdout.readline())
         cluster = [started["job"], *started["pids"]]
-        # slurmctld, slurmd and the job's step
-        assert len(started["pids"]) >= 3 and all(processes.running(p) for p in cluster)
+        # munged, slurmctld, slurmd and the job's step
+        assert len(started["pids"]) >= 4 and all(processes.running(p) for p in cluster)
         parent.kill()  # SIGKILL: no cleanup runs in it
         parent.wait(timeout=10)
         assert processes.wait_gone(cluster, 10) == []
@@ -101,11 +101,13 @@ def test_a_cluster_an_earlier_run_left_is_stopped_but_not_a_live_runs(
     (basetemp / ".lock").write_text(str(os.getpid()))
     env = {**processes.unmarked(os.environ), "SLURM_CONF": str(conf)}
     try:
-        for daemon in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd"):  # daemonized: orphans
-            subprocess.run([daemon], env=env, check=True, timeout=30)
+        daemons = [slurm_cluster.munge_command(root, foreground=False)]
+        daemons += [["/usr/sbin/slurmctld"], ["/usr/sbin/slurmd"]]
+        for daemon in daemons:  # daemonized: orphans
+            subprocess.run(daemon, env=env, check=True, timeout=30)
         job = _sleeping_job(env, root)
         left = processes.marked("SLURM_CONF", str(conf))
-        assert job in left and len(left) >= 4  # slurmctld, slurmd, slurmstepd, the job
+        assert job in left and len(left) >= 5  # munged, slurmctld, slurmd, slurmstepd, the job
         assert str(conf) not in slurm_cluster.stop_stale()  # its pytest runs
         assert all(processes.running(p) for p in left)
         exited = subprocess.Popen(["true"])
@@ -132,3 +134,34 @@ def test_a_cluster_too_deep_for_its_job_sockets_is_refused_before_it_starts(tmp_
         slurm_cluster.one_node_cluster(root),
     ):
         pass
+
+
+def test_a_cluster_authenticates_with_a_munged_of_its_own(cluster: dict[str, str]) -> None:
+    """A munged another run left on the machine's socket (one a CI step's PID namespace cannot
+    see, as once happened) has nothing to do with the cluster: slurm.conf names the cluster's
+    own socket, served by a munged bound to the cluster, whose key only root reads."""
+    conf = Path(cluster["SLURM_CONF"])
+    root = conf.parent
+    socket_path = slurm_cluster.munge_socket(root)
+    assert f"AuthInfo=socket={socket_path}" in conf.read_text().splitlines()
+    ours = [
+        pid
+        for pid in processes.marked("SLURM_CONF", str(conf))
+        if Path(f"/proc/{pid}/exe").resolve().name == "munged"
+    ]
+    assert len(ours) == 1
+    assert f"--socket={socket_path}" in Path(f"/proc/{ours[0]}/cmdline").read_text().split("\0")
+    assert (root / "munge.key").stat().st_mode & 0o077 == 0
+    credential = subprocess.run(
+        ["munge", "--no-input", f"--socket={socket_path}"],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    decoded = subprocess.run(
+        ["unmunge", f"--socket={socket_path}"],
+        input=credential,
+        capture_output=True,
+        timeout=30,
+    )
+    assert decoded.returncode == 0 and b"STATUS:          Success (0)" in decoded.stdout
