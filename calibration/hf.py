@@ -26,6 +26,22 @@ from headroom.planner.hf import from_hf_config
 
 #: the architectures a spec is mapped to
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+#: the architectures a trace also builds from a user's (or a bundled) config.json, which no
+#: spec is mapped to: their norms, MLPs and attention differ from the families above
+CONFIG_ARCHITECTURES = (
+    *ARCHITECTURES,
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "starcoder2",
+    "granite",
+    "cohere",
+    "cohere2",
+)
 #: config keys every built model gets (a training run's settings, not the architecture's)
 TRAINING_KEYS: dict[str, Any] = {"use_cache": False, "attention_dropout": 0.0}
 
@@ -105,6 +121,11 @@ def config_for(spec: planner.ModelSpec) -> dict[str, Any]:
         return _deepseek_v3(spec, config)
     # llama's and qwen3's attention_bias: Q, K, V and the output projection; qwen2's: Q, K, V
     qwen2 = spec.qkv_bias and not spec.attention_out_bias and not spec.mlp_bias
+    if spec.sliding_window is not None and spec.global_attention_every is None:
+        # a window over every layer: Mistral's (no biases, no query/key norms)
+        config.update(model_type="mistral", sliding_window=spec.sliding_window)
+        if moe is None and not spec.qk_norm:
+            return _checked(spec, config)
     if moe is None:
         if spec.qk_norm:
             config.update(model_type="qwen3", attention_bias=spec.qkv_bias)
@@ -224,9 +245,9 @@ def _checked(spec: planner.ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
 def spec_of(config: Mapping[str, Any]) -> planner.ModelSpec:
     """The planner's reading of a ``config.json`` dict (one of :data:`ARCHITECTURES`)."""
     model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if model_type not in CONFIG_ARCHITECTURES:
         raise SpecError(
-            f"model_type: an hf trace builds {', '.join(ARCHITECTURES)}; got {model_type!r}",
+            f"model_type: an hf trace builds {', '.join(CONFIG_ARCHITECTURES)}; got {model_type!r}",
             field="model_type",
         )
     return from_hf_config(config)

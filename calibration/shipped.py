@@ -8,12 +8,14 @@ Run: ``python -m headroom.calibration.shipped``. The other sets in the file are 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from headroom.calibration.regression import FAMILY, FITTED, STRUCTURAL, fit_coefficients
-from headroom.calibration.trace_records import PACKAGES, load_traces, traces_path
+from headroom.calibration.trace_records import PACKAGES, TraceRecord, load_traces, traces_path
+from headroom.planner.untraced import ARCHITECTURE_OPTIONS, architecture_options
 
 #: the planner's coefficients file, which ships the sets
 SHIPPED = Path(str(resources.files("headroom.planner") / "data" / "coefficients.json"))
@@ -55,7 +57,17 @@ def shipped_entry(profile: str) -> dict[str, Any]:
         "moe_traced": c.moe_traced,
         "selective_op": c.selective_op,
         **STRUCTURAL[profile],
+        "untraced": untraced(profile, traces.records),
     }
+
+
+def untraced(profile: str, records: Sequence[TraceRecord]) -> list[str]:
+    """What ``profile``'s traces never ran: the options its structure names
+    (``STRUCTURAL``), and the architecture's options none of its ``records`` (fitted and held
+    out) uses, each in ``planner.untraced``'s order."""
+    used = {option for record in records for option in architecture_options(record.model)}
+    named = list(STRUCTURAL[profile].get("untraced", []))
+    return named + [o for o in ARCHITECTURE_OPTIONS if o not in used and o not in named]
 
 
 def shipped_text() -> tuple[str, list[dict[str, Any]]]:

@@ -92,7 +92,9 @@ def layer_activations(
     heads = model.num_heads
     hidden_tokens = tokens * h // whole
 
-    norms = 2 * hidden_tokens * e
+    # each norm saves its input: two a layer (pre or post), four in Gemma's sandwich, one
+    # where attention and the MLP share it (Cohere's parallel block)
+    norms = model.norms_per_layer * hidden_tokens * e
     qk_norms = 0  # each head's queries and keys normalised (Qwen3): what the norms save
     if model.qk_norm:
         qk_norms = tokens * (heads + model.kv_heads) * model.dim_per_head * e // tp
@@ -124,10 +126,13 @@ def layer_activations(
     scores = 0
     if eager:
         per_score = e + (1 + e) * mask  # softmax output, dropout mask, dropout output
+        if model.attn_logit_softcap is not None:  # tanh's output, which its backward reads
+            per_score += e
         scores = micro_batch * heads * s_local * seq_len * per_score // tp
-    swiglu = model.ffn_kind == "swiglu"
+    swiglu = model.gated_ffn  # SwiGLU and GeGLU save the same tensors
     ffn_tensors = coeffs.swiglu_saved_ffn_tensors if swiglu else coeffs.gelu_saved_ffn_tensors
-    mlp_in = hidden_tokens * e + hidden_tokens * mask
+    # the MLP's input, unless it is the attention's (a parallel block: one tensor, saved once)
+    mlp_in = (0 if model.norm_placement == "parallel" else hidden_tokens * e) + hidden_tokens * mask
     dense_mlp = mlp_in + int(tokens * model.ffn_hidden_size * ffn_tensors) * e // tp
 
     attention = coeffs.attention_scale * (attn + scores)
@@ -237,7 +242,7 @@ def selective_op_matmuls(model: ModelSpec) -> tuple[BlockMatmul, ...]:
         (h, q_width + 2 * kv_width, False, model.qkv_bias or model.linear_bias),
         (q_width, h, True, model.attention_out_bias or model.linear_bias),
     ]
-    if model.ffn_kind == "swiglu":
+    if model.gated_ffn:
         layout += [(h, ffn, False, mlp_bias), (h, ffn, False, mlp_bias), (ffn, h, True, mlp_bias)]
     else:
         layout += [(h, ffn, False, mlp_bias), (ffn, h, True, mlp_bias)]
@@ -309,7 +314,7 @@ def _selective_op_widths(model: ModelSpec) -> tuple[int, int, int, int]:
         (qkv_width, False, model.qkv_bias or linear),
         (0, True, model.attention_out_bias or linear),
     ]
-    if model.ffn_kind == "swiglu":
+    if model.gated_ffn:
         layout += [(ffn, False, mlp_bias), (ffn, False, mlp_bias), (0, True, mlp_bias)]
     else:
         layout += [(ffn, False, mlp_bias), (0, True, mlp_bias)]
@@ -631,6 +636,9 @@ def head_terms(
         shape = LossShape(inputs.micro_batch, seq_local, model.hidden_size, vocab_local, act_bytes)
         logits_forward, logits_backward = loss_bytes(inputs.loss_impl, inputs.loss_chunks, shape)
     saved = 0
+    if standard and model.final_logit_softcap is not None:
+        # the capped logits: tanh's output (in the logits' dtype), kept for its backward
+        saved += tokens * vocab_local * act_bytes
     if coeffs.head_hidden_tensors:
         whole = tp if inputs.sequence_parallel else 1
         head = int(coeffs.head_hidden_tensors * tokens * model.hidden_size * act_bytes)

@@ -19,10 +19,28 @@ from headroom.planner._keys import FewUnknownKeys
 from headroom.planner.errors import SpecError
 
 #: options a profile's traces may never have run (``planner.untraced``), by the field naming
-#: them: eager attention, multi-head latent attention, multi-token prediction layers, context
-#: parallelism, 32-bit activations
+#: them (and, for an architecture's field, the value): eager attention, multi-head latent
+#: attention, multi-token prediction layers, context parallelism, 32-bit activations, and the
+#: layer shapes of the families ``planner.hf`` reads (MLPs, norms and where they sit, per-head
+#: query/key norm weights, soft-capping)
 UntracedOption = Literal[
-    "attention", "model.mla", "model.num_mtp_layers", "parallel.cp", "precision.params"
+    "attention",
+    "model.mla",
+    "model.num_mtp_layers",
+    "parallel.cp",
+    "precision.params",
+    "model.ffn_kind=gelu",
+    "model.ffn_kind=geglu",
+    "model.norm=layernorm",
+    "model.norm_params=weight",
+    "model.norm_params=weight_and_bias",
+    "model.norm_params=none",
+    "model.norm_placement=sandwich",
+    "model.norm_placement=post",
+    "model.norm_placement=parallel",
+    "model.qk_norm_weights=per_head",
+    "model.attn_logit_softcap",
+    "model.final_logit_softcap",
 ]
 
 

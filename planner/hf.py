@@ -1,8 +1,10 @@
 """Read Hugging Face ``config.json`` files offline into a ModelSpec.
 
 Recognised by ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe,
-deepseek_v3 (and deepseek_v2, which shares the layout). Nothing is downloaded; only the JSON is
-read.
+deepseek_v3 (and deepseek_v2, which shares the layout), gemma, gemma2, gemma3 (its language
+model) and gemma3_text, phi3, olmo, olmo2, starcoder2, granite, cohere, cohere2 and internlm2.
+Where a config leaves a key out, the family's config class's default is read (its
+``tie_word_embeddings`` above all). Nothing is downloaded; only the JSON is read.
 """
 
 from __future__ import annotations
@@ -75,18 +77,60 @@ def _ints(config: Mapping[str, Any], key: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _ffn_kind(config: Mapping[str, Any]) -> str:
-    act = str(_get(config, "hidden_act", "silu"))
+def _ffn_kind(config: Mapping[str, Any], gelu: bool = False, gated_gelu: bool = False) -> str:
+    """The MLP's kind from its activation (``hidden_act``, or Gemma's ``hidden_activation``;
+    absent: the family's, GELU where ``gelu``, else SiLU): SiLU gates a SwiGLU MLP; GELU gates
+    Gemma's (``gated_gelu``) and is a two-matrix MLP's elsewhere."""
+    default = "gelu_pytorch_tanh" if gelu or gated_gelu else "silu"
+    act = str(_get(config, "hidden_activation", None) or _get(config, "hidden_act", default))
     if act in ("silu", "swish"):
         return "swiglu"
     if act.startswith("gelu"):
-        return "gelu"
+        return "geglu" if gated_gelu else "gelu"
     raise SpecError(
         f"config.json: hidden_act must be silu or gelu*, got {act!r}", field="hidden_act"
     )
 
 
-def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+def _sliding(config: Mapping[str, Any], every: int | None) -> dict[str, Any]:
+    """The sliding window and which layers attend globally: from ``layer_types`` where the
+    config lists them (transformers 4.53 and later), else every ``every``-th layer (None: every
+    layer slides)."""
+    window = _optional_int(config, "sliding_window")
+    if window is None or config.get("use_sliding_window") is False:
+        return {}
+    types = _get(config, "layer_types")
+    if types is not None:
+        if not isinstance(types, list | tuple) or not all(isinstance(t, str) for t in types):
+            raise SpecError(
+                f"config.json: layer_types must be a list of names, got {_show(types)}",
+                field="layer_types",
+            )
+        full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+        if len(full) == len(types):
+            return {}
+        every = full[0] + 1 if full else None
+        if every is not None and any(
+            (kind == "full_attention") != ((i + 1) % every == 0) for i, kind in enumerate(types)
+        ):
+            raise SpecError(
+                "config.json: layer_types must repeat one pattern (every k-th layer "
+                f"full_attention, the rest sliding_attention), got {_show(types)}",
+                field="layer_types",
+            )
+    return {"sliding_window": window, "global_attention_every": every}
+
+
+def _common(
+    config: Mapping[str, Any],
+    name: str,
+    *,
+    tied: bool = False,
+    gelu: bool = False,
+    gated_gelu: bool = False,
+) -> dict[str, Any]:
+    """The fields every family reads alike; ``tied``, ``gelu``: the family's defaults for
+    ``tie_word_embeddings`` and the activation (its config class's)."""
     heads = _required_int(config, "num_attention_heads")
     return {
         "name": name,
@@ -97,9 +141,9 @@ def _common(config: Mapping[str, Any], name: str) -> dict[str, Any]:
         "num_kv_heads": _int(config, "num_key_value_heads", heads),
         "head_dim": _optional_int(config, "head_dim"),
         "ffn_hidden_size": _required_int(config, "intermediate_size"),
-        "ffn_kind": _ffn_kind(config),
+        "ffn_kind": _ffn_kind(config, gelu, gated_gelu),
         "norm": "rmsnorm",
-        "tied_embeddings": _bool(config, "tie_word_embeddings", False),
+        "tied_embeddings": _bool(config, "tie_word_embeddings", tied),
     }
 
 
@@ -117,7 +161,8 @@ def _llama(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _mistral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
-    return _common(config, name)  # no biases, whatever the config says
+    # no biases, whatever the config says; v0.1's window slides over every layer
+    return _common(config, name) | _sliding(config, None)
 
 
 def _mixtral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -133,6 +178,134 @@ def _mixtral(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _qwen2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _common(config, name)
     spec["qkv_bias"] = True
+    return spec
+
+
+def _gemma(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Gemma: a GeGLU MLP, 256-wide heads, the embedding tied to the head."""
+    return _attention_bias(_common(config, name, tied=True, gated_gelu=True), config)
+
+
+def _gemma2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Gemma 2: Gemma with a norm before and after attention and the MLP, every other layer
+    sliding (from the first), and tanh soft-capping of the scores and the logits."""
+    spec = _gemma(config, name)
+    spec["norm_placement"] = "sandwich"
+    spec.update(_sliding(config, 2))
+    for key, field in (
+        ("attn_logit_softcapping", "attn_logit_softcap"),
+        ("final_logit_softcapping", "final_logit_softcap"),
+    ):
+        spec[field] = _get(config, key)
+    return spec
+
+
+#: Gemma3TextConfig's defaults for the keys read here: the multimodal configs (model_type
+#: gemma3) leave much of their text_config to them (a test holds them to transformers')
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+}
+
+
+def _gemma3_text(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Gemma 3's language model: Gemma 2's sandwich norms with query/key norms, five sliding
+    layers to one global one, no soft-capping."""
+    config = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    spec = _gemma(config, name)
+    spec.update(norm_placement="sandwich", qk_norm=True)
+    spec.update(_sliding(config, _int(config, "sliding_window_pattern", 6)))
+    for key, field in (
+        ("attn_logit_softcapping", "attn_logit_softcap"),
+        ("final_logit_softcapping", "final_logit_softcap"),
+    ):
+        spec[field] = _get(config, key)
+    return spec
+
+
+def _gemma3(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A multimodal Gemma 3 config: its language model (``text_config``); the vision tower
+    and its projector are not priced, which the spec's source says."""
+    text = _get(config, "text_config", {})
+    if not isinstance(text, Mapping):
+        raise SpecError(
+            f"config.json: text_config must be an object, got {_show(text)}", field="text_config"
+        )
+    return _gemma3_text(text, name)
+
+
+def _phi3(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Phi-3: Llama's shape with fused Q/K/V and gate/up projections (the same weights), and
+    a window over every layer where the config sets one."""
+    return _common(config, name) | _sliding(config, None)
+
+
+def _olmo(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """OLMo: LayerNorms that learn nothing (no weight, no bias)."""
+    spec = _attention_bias(_common(config, name), config)
+    spec.update(norm="layernorm", norm_params="none")
+    return spec
+
+
+def _olmo2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """OLMo 2: RMSNorms after attention and the MLP (none before), and query/key norms over
+    all heads at once (a weight per head's width)."""
+    spec = _attention_bias(_common(config, name), config)
+    spec.update(norm_placement="post", qk_norm=True, qk_norm_weights="per_head")
+    return spec
+
+
+def _starcoder2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """StarCoder2: LayerNorms with biases, a two-matrix GELU MLP, every linear biased
+    (``use_bias``), dropout, and a window over every layer."""
+    spec = _common(config, name, tied=True, gelu=True)
+    dropout = any(
+        float(_get(config, key, 0.0) or 0.0) > 0
+        for key in ("residual_dropout", "embedding_dropout", "attention_dropout")
+    )
+    spec.update(
+        norm="layernorm",
+        linear_bias=_bool(config, "use_bias", True),
+        dropout=dropout,
+    )
+    spec.update(_sliding(config, None))
+    return spec
+
+
+def _cohere(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Cohere (Command R): one LayerNorm without a bias before attention and the MLP, which
+    run side by side on its output; per-head query/key norms where ``use_qk_norm``."""
+    spec = _attention_bias(_common(config, name, tied=True), config)
+    qk_norm = _bool(config, "use_qk_norm", False)
+    spec.update(norm="layernorm", norm_params="weight", norm_placement="parallel")
+    if qk_norm:
+        spec.update(qk_norm=True, qk_norm_weights="per_head")
+    return spec
+
+
+def _cohere2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """Cohere 2 (Command R7B): Cohere's parallel block, three sliding layers to one global."""
+    spec = _cohere(config, name)
+    spec.update(_sliding(config, _int(config, "sliding_window_pattern", 4)))
+    return spec
+
+
+def _internlm2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """InternLM2 (its own modeling code, ``trust_remote_code``): Llama's shape with the Q/K/V
+    projection fused (``wqkv``), and ``bias`` on it and the output projection only."""
+    spec = _common(config, name)
+    bias = _bool(config, "bias", True)  # InternLM2Config's default
+    spec.update(qkv_bias=bias, attention_out_bias=bias)
     return spec
 
 
@@ -212,6 +385,18 @@ _READERS: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "mistral": _mistral,
     "mixtral": _mixtral,
     "qwen2": _qwen2,
+    "gemma": _gemma,
+    "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text,
+    "gemma3": _gemma3,
+    "phi3": _phi3,
+    "olmo": _olmo,
+    "olmo2": _olmo2,
+    "starcoder2": _starcoder2,
+    "granite": _llama,  # Llama's weights; its multipliers scale, they add no tensor
+    "cohere": _cohere,
+    "cohere2": _cohere2,
+    "internlm2": _internlm2,
     "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3,
     "qwen3_moe": _qwen3_moe,
@@ -235,4 +420,6 @@ def from_hf_config(config: Mapping[str, Any], *, name: str | None = None) -> Mod
     display = name or str(config.get("_name_or_path") or model_type)
     fields = reader(config, display)
     fields["source"] = f"Hugging Face config.json (model_type={model_type})"
+    if model_type == "gemma3":
+        fields["source"] += ": its text_config; the vision tower is not priced"
     return ModelSpec(**fields)

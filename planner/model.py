@@ -134,8 +134,23 @@ class ModelSpec(_Frozen):
         default=None, description="Default hidden / heads."
     )
     ffn_hidden_size: Int = Field(ge=1, le=_MAX_SIZE, description="Dense FFN intermediate size.")
-    ffn_kind: Literal["swiglu", "gelu"] = "swiglu"
+    ffn_kind: Literal["swiglu", "geglu", "gelu"] = Field(
+        default="swiglu",
+        description="swiglu: gated SiLU MLP, three matrices (Llama); geglu: gated GELU, three "
+        "matrices (Gemma); gelu: two matrices (GPT).",
+    )
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    norm_params: Literal["weight", "weight_and_bias", "none"] | None = Field(
+        default=None,
+        description="What each norm learns (default: rmsnorm a weight, layernorm a weight and a "
+        "bias); Cohere's LayerNorm has no bias, OLMo's none at all.",
+    )
+    norm_placement: Literal["pre", "sandwich", "post", "parallel"] = Field(
+        default="pre",
+        description="pre: a norm before attention and before the MLP (Llama); sandwich: also "
+        "one after each (Gemma 2 and 3); post: only after each (OLMo 2); parallel: one norm, "
+        "attention and the MLP side by side on its output (Cohere).",
+    )
     tied_embeddings: StrictBool = False
     qkv_bias: StrictBool = Field(
         default=False, description="Biases on Q, K, V projections (Qwen2)."
@@ -152,6 +167,31 @@ class ModelSpec(_Frozen):
         default=False,
         description="A norm over each head's queries and keys before RoPE, one head_dim weight "
         "each for Q and K (Qwen3).",
+    )
+    qk_norm_weights: Literal["shared", "per_head"] = Field(
+        default="shared",
+        description="With qk_norm: one head_dim weight the heads share (Qwen3, Gemma 3), or a "
+        "weight per head (OLMo 2's norm over all heads, Cohere's per-head norm).",
+    )
+    sliding_window: Annotated[int, Field(ge=1, le=_MAX_SIZE * 16), INTEGER] | None = Field(
+        default=None,
+        description="Keys each query attends to in a sliding-window layer (Mistral, Gemma, "
+        "StarCoder2). It changes attention's FLOPs under a kernel that skips masked blocks, "
+        "not the memory a training step saves.",
+    )
+    global_attention_every: Annotated[int, Field(ge=1, le=_MAX_LAYERS), INTEGER] | None = Field(
+        default=None,
+        description="With sliding_window: every k-th layer attends to the whole sequence "
+        "(Gemma 2: 2, Gemma 3: 6); none: every layer slides.",
+    )
+    attn_logit_softcap: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(
+        default=None,
+        description="tanh soft-capping of attention scores (Gemma 2): eager attention keeps "
+        "the capped scores beside the probabilities.",
+    )
+    final_logit_softcap: Annotated[float, Field(gt=0, le=_MAX_FACTOR), NUMBER] | None = Field(
+        default=None,
+        description="tanh soft-capping of the logits (Gemma 2): one more logits-sized tensor.",
     )
     linear_bias: StrictBool = Field(
         default=False, description="Biases on every linear (GPT-2 style)."
@@ -185,12 +225,40 @@ class ModelSpec(_Frozen):
             )
         if self.qk_norm and self.mla is not None:
             raise ValueError("qk_norm must be false with mla (MLA normalises its latents)")
+        if self.global_attention_every is not None and self.sliding_window is None:
+            raise ValueError("global_attention_every needs a sliding_window")
         if self.moe is not None and self.moe.dense_first_layers > self.num_layers:
             raise ValueError(
                 f"moe.dense_first_layers must be between 0 and num_layers ({self.num_layers}), "
                 f"got {self.moe.dense_first_layers}"
             )
         return self
+
+    @property
+    def gated_ffn(self) -> bool:
+        """Whether the MLP is gated: three matrices, an activation times a linear branch."""
+        return self.ffn_kind != "gelu"
+
+    @property
+    def norm_weights(self) -> tuple[bool, bool]:
+        """(a weight, a bias) each norm learns."""
+        params = self.norm_params or ("weight" if self.norm == "rmsnorm" else "weight_and_bias")
+        return params != "none", params == "weight_and_bias"
+
+    @property
+    def norms_per_layer(self) -> int:
+        """Norms over the hidden width in each layer (query/key norms apart)."""
+        return {"pre": 2, "sandwich": 4, "post": 2, "parallel": 1}[self.norm_placement]
+
+    def sliding_layers_between(self, start: int, stop: int) -> int:
+        """How many of layers ``start`` … ``stop - 1`` attend within ``sliding_window``
+        (counted: layer i is global when ``(i + 1) % global_attention_every == 0``)."""
+        if self.sliding_window is None or stop <= start:
+            return 0
+        every = self.global_attention_every
+        if every is None:
+            return stop - start
+        return (stop - start) - (stop // every - start // every)
 
     @property
     def kv_heads(self) -> int:

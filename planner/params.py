@@ -1,8 +1,9 @@
 """Parameter inventory: every weight tensor of a ModelSpec, in module order.
 
-Counts are exact for the architectures Headroom knows (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE,
-DeepSeek-V3): a test checks the published totals. Each tensor carries a ``kind`` that says how
-tensor/expert parallelism shards it, and its 2-D shape, which factored optimizers need.
+Counts are exact for the architectures Headroom reads (``planner.hf``): tests check them against
+the published totals and against transformers' own modules. Each tensor carries a ``kind``
+that says how tensor/expert parallelism shards it, and its 2-D shape, which factored optimizers
+need.
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ class ParamCount(NamedTuple):
     mtp_excluded: int
 
 
-def _norm(name: str, model: ModelSpec, width: int) -> list[Tensor]:
-    tensors = [Tensor(f"{name}.weight", width, 1, 1, "norm")]
-    if model.norm == "layernorm":
-        tensors.append(Tensor(f"{name}.bias", width, 1, 1, "norm"))
+def _norm(name: str, model: ModelSpec, width: int, copies: int = 1) -> list[Tensor]:
+    weight, bias = model.norm_weights
+    tensors = [Tensor(f"{name}.weight", width, 1, copies, "norm")] if weight else []
+    if bias:
+        tensors.append(Tensor(f"{name}.bias", width, 1, copies, "norm"))
     return tensors
 
 
@@ -94,8 +96,10 @@ def _attention(model: ModelSpec, prefix: str) -> list[Tensor]:
                 f"{prefix}.o_proj", model, h, heads * d, "attention", bias=model.attention_out_bias
             ),
         ]
-        if model.qk_norm:
-            tensors += _norm(f"{prefix}.q_norm", model, d) + _norm(f"{prefix}.k_norm", model, d)
+        if model.qk_norm:  # one head_dim weight the heads share, or one per head
+            per_head = model.qk_norm_weights == "per_head"
+            tensors += _norm(f"{prefix}.q_norm", model, d, heads if per_head else 1)
+            tensors += _norm(f"{prefix}.k_norm", model, d, kv if per_head else 1)
         return tensors
     qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     if mla.q_lora_rank is None:
@@ -117,7 +121,7 @@ def _attention(model: ModelSpec, prefix: str) -> list[Tensor]:
 def _ffn(model: ModelSpec, prefix: str, ffn: int, kind: str, count: int = 1) -> list[Tensor]:
     h = model.hidden_size
     bias = model.mlp_bias and kind == "mlp"  # Llama's mlp_bias: the dense MLP, not experts
-    if model.ffn_kind == "swiglu":
+    if model.gated_ffn:
         return [
             *_linear(f"{prefix}.gate_proj", model, ffn, h, kind, bias=bias, count=count),
             *_linear(f"{prefix}.up_proj", model, ffn, h, kind, bias=bias, count=count),
@@ -151,15 +155,26 @@ def _moe_ffn(model: ModelSpec, prefix: str) -> list[Tensor]:
 
 def _layer(model: ModelSpec, is_moe: bool, prefix: str) -> Unit:
     h = model.hidden_size
-    tensors = [
-        *_norm(f"{prefix}.input_layernorm", model, h),
-        *_attention(model, f"{prefix}.self_attn"),
-        *_norm(f"{prefix}.post_attention_layernorm", model, h),
-    ]
+    # the norms as the checkpoints name them: Llama's two before attention and the MLP,
+    # Gemma's four around them, OLMo 2's two after them, Cohere's one before both
+    names = {
+        "pre": (("input_layernorm",), ("post_attention_layernorm",), ()),
+        "sandwich": (
+            ("input_layernorm",),
+            ("post_attention_layernorm", "pre_feedforward_layernorm"),
+            ("post_feedforward_layernorm",),
+        ),
+        "post": ((), ("post_attention_layernorm",), ("post_feedforward_layernorm",)),
+        "parallel": (("input_layernorm",), (), ()),
+    }[model.norm_placement]
+    before, between, after = (
+        [t for name in group for t in _norm(f"{prefix}.{name}", model, h)] for group in names
+    )
     if is_moe:
-        tensors += _moe_ffn(model, f"{prefix}.mlp")
+        mlp = _moe_ffn(model, f"{prefix}.mlp")
     else:
-        tensors += _ffn(model, f"{prefix}.mlp", model.ffn_hidden_size, "mlp")
+        mlp = _ffn(model, f"{prefix}.mlp", model.ffn_hidden_size, "mlp")
+    tensors = [*before, *_attention(model, f"{prefix}.self_attn"), *between, *mlp, *after]
     return Unit(prefix, tuple(tensors), is_moe)
 
 

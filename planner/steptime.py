@@ -57,6 +57,15 @@ def streaming_step_seconds(
     return max(compute, transfer, cpu + compute - hidden)
 
 
+def sliding_window_keys(seq_len: int, window: int | None) -> float:
+    """Twice the keys a query attends to on average over ``seq_len`` positions of a causal
+    layer with ``window`` (``seq_len`` itself without one): ``2·Σ min(i + 1, w) / s``."""
+    if window is None or window >= seq_len:
+        return float(seq_len)
+    w = window
+    return (w * (w + 1) + 2 * (seq_len - w) * w) / seq_len
+
+
 class StepModel:
     """The step-time model of one (model, sequence length, hardware, coefficients): the
     per-model constants are resolved once, so a search prices a candidate in a few operations."""
@@ -74,8 +83,15 @@ class StepModel:
         d_attn = model.num_heads * model.dim_per_head
         matmul = 2 * counts.per_token_active
         # causal: half of 2·L·d·s per token where the kernel skips the masked half (flash
-        # attention); eager attention computes the whole score matrix
-        attention = model.num_layers * d_attn * seq_len * (1 if causal_skip else 2)
+        # attention); eager attention computes the whole score matrix. A sliding-window layer
+        # under a kernel that skips masked blocks attends min(i + 1, w) keys at position i:
+        # 2w - w²/s on average, doubled as the causal s is (see ``sliding_window_keys``)
+        if causal_skip:
+            sliding = model.sliding_layers_between(0, model.num_layers)
+            keys = sliding_window_keys(seq_len, model.sliding_window)
+            attention = d_attn * ((model.num_layers - sliding) * seq_len + sliding * keys)
+        else:
+            attention = model.num_layers * d_attn * seq_len * 2
         self.seq_len = seq_len
         self.cp = cp
         self.flops_base = 3 * matmul + 6 * attention

@@ -17,11 +17,31 @@ TORCH_DTYPE: dict[Working, str] = {"fp32": "float32", "bf16": "bfloat16"}  # hea
 WORKING: dict[str, Working] = {name: w for w, name in TORCH_DTYPE.items()}  # --dtype -> working
 
 
+#: architecture fields the bundled trainer does not build, with what it builds instead
+_ESTIMATE_ONLY = (
+    ("norm_placement", "pre", "its layers put a norm before attention and the MLP"),
+    ("qk_norm_weights", "shared", "its query/key norms share one head_dim weight"),
+    ("sliding_window", None, "its attention is causal over the whole sequence"),
+    ("attn_logit_softcap", None, "it caps no attention score"),
+    ("final_logit_softcap", None, "it caps no logit"),
+)
+
+
 def check_supported(spec: ModelSpec) -> None:
     """The runtime trains the decoder family (GQA or multi-head latent attention, dense or
-    MoE); dropout models are estimate-only."""
+    MoE, SwiGLU, GeGLU or GeLU MLPs, any norm's parameters); dropout, Gemma's and OLMo 2's
+    norm placements, Cohere's parallel block, per-head query/key norm weights, sliding windows
+    and soft-capping are estimate-only, refused naming the field."""
     if spec.dropout:
         raise SpecError("model.dropout: the bundled trainer trains without dropout", field="model")
+    for field, built, what in _ESTIMATE_ONLY:
+        value = getattr(spec, field)
+        if value != built:
+            raise SpecError(
+                f"model.{field}: the bundled trainer does not build {value!r} ({what}); "
+                f"allowed: {built if built is not None else 'null'}",
+                field=f"model.{field}",
+            )
 
 
 def check_recompute(train: TrainSpec) -> None:

@@ -26,7 +26,51 @@ _WHAT: dict[UntracedOption, str] = {
     "model.num_mtp_layers": "model.num_mtp_layers (multi-token prediction layers)",
     "parallel.cp": "parallel.cp > 1 (context parallelism)",
     "precision.params": "precision.params: fp32 (32-bit activations)",
+    "model.ffn_kind=gelu": "model.ffn_kind: gelu (a two-matrix GeLU MLP)",
+    "model.ffn_kind=geglu": "model.ffn_kind: geglu (a gated GELU MLP)",
+    "model.norm=layernorm": "model.norm: layernorm",
+    "model.norm_params=weight": "model.norm_params: weight (a norm without a bias)",
+    "model.norm_params=weight_and_bias": "model.norm_params: weight_and_bias",
+    "model.norm_params=none": "model.norm_params: none (norms that learn nothing)",
+    "model.norm_placement=sandwich": "model.norm_placement: sandwich (norms before and "
+    "after attention and the MLP)",
+    "model.norm_placement=post": "model.norm_placement: post (norms after attention and the "
+    "MLP only)",
+    "model.norm_placement=parallel": "model.norm_placement: parallel (attention and the MLP "
+    "side by side on one norm's output)",
+    "model.qk_norm_weights=per_head": "model.qk_norm_weights: per_head",
+    "model.attn_logit_softcap": "model.attn_logit_softcap (soft-capped attention scores)",
+    "model.final_logit_softcap": "model.final_logit_softcap (soft-capped logits)",
 }
+
+#: the architecture's options, each named ``field=value`` (or the field, for a number that is
+#: set or not): a profile whose records run none of one flags it (``architecture_options``)
+ARCHITECTURE_OPTIONS: tuple[UntracedOption, ...] = tuple(
+    option
+    for option in _WHAT
+    if option.startswith("model.") and option != "model.mla" and option != "model.num_mtp_layers"
+)
+
+
+def architecture_options(model: ModelSpec) -> tuple[UntracedOption, ...]:
+    """The options of ``ARCHITECTURE_OPTIONS`` ``model`` uses (a Llama uses none)."""
+    weight, bias = model.norm_weights
+    default_params = (True, model.norm == "layernorm")
+    params = {(True, False): "weight", (True, True): "weight_and_bias", (False, False): "none"}
+    used = {
+        f"model.ffn_kind={model.ffn_kind}",
+        f"model.norm={model.norm}",
+        f"model.norm_placement={model.norm_placement}",
+    }
+    if (weight, bias) != default_params:
+        used.add(f"model.norm_params={params.get((weight, bias), 'none')}")
+    if model.qk_norm:
+        used.add(f"model.qk_norm_weights={model.qk_norm_weights}")
+    if model.attn_logit_softcap is not None:
+        used.add("model.attn_logit_softcap")
+    if model.final_logit_softcap is not None:
+        used.add("model.final_logit_softcap")
+    return tuple(option for option in ARCHITECTURE_OPTIONS if option in used)
 
 
 def untraced_options(
@@ -40,7 +84,7 @@ def untraced_options(
         ("parallel.cp", cp > 1),
         ("precision.params", act_bytes > 2),
     )
-    return tuple(option for option, uses in used if uses)
+    return tuple(option for option, uses in used if uses) + architecture_options(model)
 
 
 def untraced_warnings(
@@ -50,8 +94,8 @@ def untraced_warnings(
     if not coeffs.untraced:  # the profiles without such options: nothing to look at
         return []
     return [
-        f"{option}: the {coeffs.profile} profile's traces never ran {_WHAT[option]}; "
-        "priced by the planner's derived terms, unchecked against a trace"
+        f"{option.split('=')[0]}: the {coeffs.profile} profile's traces never ran "
+        f"{_WHAT[option]}; priced by the planner's derived terms, unchecked against a trace"
         for option in untraced_options(model, eager_attention, cp, act_bytes)
         if option in coeffs.untraced
     ]

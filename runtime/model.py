@@ -39,11 +39,14 @@ INIT_STD = 0.02
 
 
 class Norm(nn.Module):
-    def __init__(self, width: int, kind: str) -> None:
+    """The spec's norm over ``width``, learning what ``spec.norm_params`` says."""
+
+    def __init__(self, width: int, spec: ModelSpec) -> None:
         super().__init__()
-        self.kind = kind
-        self.weight = nn.Parameter(torch.ones(width))
-        self.bias = nn.Parameter(torch.zeros(width)) if kind == "layernorm" else None
+        self.kind = spec.norm
+        weight, bias = spec.norm_weights
+        self.weight = nn.Parameter(torch.ones(width)) if weight else None
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "layernorm":
@@ -52,7 +55,9 @@ class Norm(nn.Module):
         # it once; two casts would keep two)
         xf = x.float()
         variance = xf.pow(2).mean(-1, keepdim=True)
-        return (xf * torch.rsqrt(variance + NORM_EPS)).to(x.dtype) * self.weight
+        out = (xf * torch.rsqrt(variance + NORM_EPS)).to(x.dtype)
+        out = out if self.weight is None else out * self.weight
+        return out if self.bias is None else out + self.bias
 
 
 def _linear(inp: int, out: int, bias: bool) -> nn.Linear:
@@ -113,8 +118,8 @@ class Attention(nn.Module):
         self.v_proj = _linear(h, self.kv_heads * d, qkv_bias)
         self.o_proj = _linear(self.heads * d, h, spec.linear_bias or spec.attention_out_bias)
         # Qwen3: each head's queries and keys normalised over head_dim, before RoPE
-        self.q_norm = Norm(d, spec.norm) if spec.qk_norm else None
-        self.k_norm = Norm(d, spec.norm) if spec.qk_norm else None
+        self.q_norm = Norm(d, spec) if spec.qk_norm else None
+        self.k_norm = Norm(d, spec) if spec.qk_norm else None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -159,10 +164,10 @@ class LatentAttention(nn.Module):
             self.q_proj = _linear(h, heads * qk, bias)
         else:
             self.q_a_proj = _linear(h, mla.q_lora_rank, bias)
-            self.q_a_layernorm = Norm(mla.q_lora_rank, spec.norm)
+            self.q_a_layernorm = Norm(mla.q_lora_rank, spec)
             self.q_b_proj = _linear(mla.q_lora_rank, heads * qk, bias)
         self.kv_a_proj_with_mqa = _linear(h, self.kv_rank + self.rope_dim, bias)
-        self.kv_a_layernorm = Norm(self.kv_rank, spec.norm)
+        self.kv_a_layernorm = Norm(self.kv_rank, spec)
         self.kv_b_proj = _linear(self.kv_rank, heads * (self.nope + self.v_dim), bias)
         self.o_proj = _linear(heads * self.v_dim, h, bias)
 
@@ -198,13 +203,22 @@ def rope_dim(spec: ModelSpec) -> int:
     return spec.mla.qk_rope_head_dim if spec.mla is not None else spec.dim_per_head
 
 
+def gate_activation(spec: ModelSpec) -> Callable[[Tensor], Tensor]:
+    """The activation on a gated MLP's gate: SiLU (SwiGLU) or tanh-approximated GELU (GeGLU,
+    as Gemma's ``gelu_pytorch_tanh``)."""
+    if spec.ffn_kind == "geglu":
+        return functools.partial(F.gelu, approximate="tanh")
+    return F.silu
+
+
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, ffn: int, *, bias: bool | None = None) -> None:
         super().__init__()
         h = spec.hidden_size
         # Llama's mlp_bias biases the dense MLP; shared experts take only linear_bias
         bias = spec.linear_bias or spec.mlp_bias if bias is None else bias
-        self.swiglu = spec.ffn_kind == "swiglu"
+        self.swiglu = spec.gated_ffn  # SwiGLU, or GeGLU (a tanh GELU on the gate)
+        self.gate = gate_activation(spec)
         if self.swiglu:
             self.gate_proj = _linear(h, ffn, bias)
             self.up_proj = _linear(h, ffn, bias)
@@ -215,7 +229,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.swiglu:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.gate(self.gate_proj(x)) * self.up_proj(x))
         return self.fc2(F.gelu(self.fc1(x)))
 
 
@@ -243,7 +257,8 @@ class StackedExperts(nn.Module):
     def __init__(self, spec: ModelSpec, ffn: int, count: int) -> None:
         super().__init__()
         h = spec.hidden_size
-        self.swiglu = spec.ffn_kind == "swiglu"
+        self.swiglu = spec.gated_ffn
+        self.gate = gate_activation(spec)
         self.bias = spec.linear_bias
         shapes = (
             {"gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
@@ -261,7 +276,7 @@ class StackedExperts(nn.Module):
 
     def _mlp(self, project: Callable[[str, Tensor], Tensor], x: Tensor) -> Tensor:
         if self.swiglu:
-            hidden = F.silu(project("gate_proj", x)) * project("up_proj", x)
+            hidden = self.gate(project("gate_proj", x)) * project("up_proj", x)
             return project("down_proj", hidden)
         return project("fc2", F.gelu(project("fc1", x)))
 
@@ -425,11 +440,11 @@ class MoE(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, is_moe: bool, capacity_factor: float) -> None:
         super().__init__()
-        self.input_layernorm = Norm(spec.hidden_size, spec.norm)
+        self.input_layernorm = Norm(spec.hidden_size, spec)
         self.self_attn: nn.Module = (
             LatentAttention(spec) if spec.mla is not None else Attention(spec)
         )
-        self.post_attention_layernorm = Norm(spec.hidden_size, spec.norm)
+        self.post_attention_layernorm = Norm(spec.hidden_size, spec)
         self.mlp: nn.Module = (
             MoE(spec, capacity_factor) if is_moe else MLP(spec, spec.ffn_hidden_size)
         )
@@ -467,7 +482,7 @@ class DecoderLM(nn.Module):
             DecoderLayer(spec, spec.is_moe_layer(i), capacity_factor)
             for i in range(spec.num_layers)
         )
-        self.norm = Norm(spec.hidden_size, spec.norm)
+        self.norm = Norm(spec.hidden_size, spec)
         self.lm_head = (
             None
             if spec.tied_embeddings

@@ -817,7 +817,7 @@ def _train_streaming(
             DecoderLayer(spec, spec.is_moe_layer(i), init.capacity_factor)
             for i in range(spec.num_layers)
         ]
-        head_norm = type(init.norm)(spec.hidden_size, spec.norm)
+        head_norm = type(init.norm)(spec.hidden_size, spec)
     del init
     largest = max(u.numel for u in units)
     pool = Pool(train.offload.num_buffers, largest, dtype, device)

@@ -29,6 +29,116 @@ TOTALS = {
     "deepseek-v3": 671_026_419_200,
 }
 
+LEADERBOARD = "https://huggingface.co/datasets/open-llm-leaderboard/requests/blob"
+#: published totals in billions, rounded as published (the Open LLM Leaderboard's requests
+#: record the parameter count of each model evaluated), for the bundled configs whose
+#: publishers give no exact total: (billions, its decimals, where, what it says)
+PUBLISHED: dict[str, tuple[float, int, str, str]] = {
+    "gemma-2-2b": (
+        2.61,
+        2,
+        "https://huggingface.co/datasets/la-leaderboard/requests "
+        "(google/gemma-2-2b_eval_request_False_float32_Original.json)",
+        '"params": 2.61',
+    ),
+    "gemma-2-9b": (
+        9.242,
+        3,
+        "https://huggingface.co/datasets/le-leadboard/requests (google/gemma-2-9b eval request)",
+        '"params": 9.242',
+    ),
+    "gemma-2-27b": (
+        27.227,
+        3,
+        "https://huggingface.co/datasets/OALL/requests_v2 "
+        "(google/gemma-2-27b_eval_request_False_float16_Original.json)",
+        '"params": 27.227',
+    ),
+    "phi-3-mini-4k-instruct": (
+        3.821,
+        3,
+        "https://huggingface.co/datasets/le-leadboard/requests/blob/main/microsoft/"
+        "Phi-3-mini-4k-instruct_eval_request_False_bfloat16_Original.json",
+        '"params": 3.821',
+    ),
+    "phi-3-medium-4k-instruct": (
+        13.96,
+        2,
+        "https://huggingface.co/datasets/open-llm-leaderboard/requests "
+        "(microsoft/Phi-3-medium-4k-instruct, revision d194e4e)",
+        '"params": 13.96',
+    ),
+    "olmo-2-1124-13b": (
+        13.72,
+        2,
+        "https://raw.githubusercontent.com/jakemanger/whatmodel/main/pages/model/olmo-2-13b.md",
+        "13.72B params (OLMo 2 13B Instruct, the same architecture)",
+    ),
+    "starcoder2-3b": (
+        3.03,
+        2,
+        "https://huggingface.co/datasets/open-llm-leaderboard/requests/commit/"
+        "b84bad5f538f2593d7e1642b87c6ce97155e1b86",
+        '"params": 3.03',
+    ),
+    "starcoder2-7b": (
+        7.174,
+        3,
+        f"{LEADERBOARD}/51c0d39b4031034cf21dd283b595e4567976e053/bigcode/"
+        "starcoder2-7b_eval_request_False_bfloat16_Original.json",
+        '"params": 7.174',
+    ),
+    "starcoder2-15b": (
+        15.958,
+        3,
+        "https://huggingface.co/datasets/open-llm-leaderboard/requests "
+        "(bigcode/starcoder2-15b_eval_request_False_float32_Original.json)",
+        '"params": 15.958',
+    ),
+    "granite-3.1-8b-instruct": (
+        8.171,
+        3,
+        "https://huggingface.co/datasets/la-leaderboard/requests "
+        "(ibm-granite/granite-3.0-8b-instruct, the same architecture)",
+        '"params": 8.171',
+    ),
+    "internlm2-20b": (
+        19.861,
+        3,
+        f"{LEADERBOARD}/86b1162196b2b98f70037eb9fbcc269e8d9ebff5/internlm/"
+        "internlm2-chat-20b_eval_request_False_bfloat16_Original.json",
+        '"params": 19.861 (internlm2-chat-20b, the same architecture)',
+    ),
+}
+#: bundled configs with no published total found: transformers' own count of the same config
+#: holds them (``tests/planner/test_hf_families.py``)
+UNPUBLISHED = {
+    "gemma-3-1b-it": "Google's model card names the size (1B) only",
+    "olmo-2-1124-7b": "no total found beside the name (7B)",
+}
+#: Gemma 2's paper (arXiv 2408.00118) gives each model's non-embedding count exactly: "The 2B
+#: model has 2,024,517,888 non-embedding parameters, the 9B model has 8,324,201,984, and the
+#: 27B model has 26,047,480,320."
+GEMMA2_NON_EMBEDDING = {
+    "gemma-2-2b": 2_024_517_888,
+    "gemma-2-9b": 8_324_201_984,
+    "gemma-2-27b": 26_047_480_320,
+}
+
+
+@pytest.mark.parametrize(("name", "published"), sorted(PUBLISHED.items()))
+def test_published_rounded_totals(name: str, published: tuple[float, int, str, str]) -> None:
+    billions, decimals, _, _ = published
+    assert round(planner.count_params(planner.load_model(name)).total / 1e9, decimals) == billions
+
+
+@pytest.mark.parametrize(("name", "count"), sorted(GEMMA2_NON_EMBEDDING.items()))
+def test_gemma2_non_embedding_counts_are_the_papers(name: str, count: int) -> None:
+    counts = planner.count_params(planner.load_model(name))
+    assert counts.total - counts.embedding == count
+    assert counts.head == 0  # the head is the embedding (tied)
+
+
 SUPPORTED_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -39,13 +149,29 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "starcoder2",
+    "granite",
+    "cohere",
+    "cohere2",
+    "internlm2",
 )
 
 
 def test_every_hf_fixture_has_an_expected_total() -> None:
+    """Each bundled config has its published total: exact (``TOTALS``), or rounded as its
+    publisher gives it (``PUBLISHED``), and transformers' own count besides
+    (``tests/planner/test_hf_families.py``)."""
     fixtures = {p.stem for p in HF_DIR.glob("*.json")}
-    assert fixtures == set(TOTALS)
-    assert set(TOTALS) <= set(planner.model_names())
+    assert fixtures == set(TOTALS) | set(PUBLISHED) | set(UNPUBLISHED)
+    assert len(fixtures) == len(TOTALS) + len(PUBLISHED) + len(UNPUBLISHED)
+    assert fixtures <= set(planner.model_names())
 
 
 @pytest.mark.parametrize(("name", "total"), sorted(TOTALS.items()))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from headroom import planner
 from headroom.runtime.model import Norm
 
 
 def test_rmsnorm_keeps_one_fp32_copy_of_its_input() -> None:
-    norm = Norm(64, "rmsnorm")
+    norm = Norm(64, planner.load_model("tiny-dense"))
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
     saved: dict[int, torch.Tensor] = {}
 
