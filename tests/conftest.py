@@ -13,6 +13,8 @@ user, and no test runs past its time limit.
 - Whatever the session starts carries its mark and is killed once the session is gone, even
   when it is SIGKILLed, and what a killed earlier run left is killed at the start
   (``tests/processes.py``: ``guard``).
+- A run that is stopped can leave a half-written kernel in inductor's cache: the next run
+  finds the stopped run's mark and removes the compiled caches first (``tests/caches.py``).
 - ``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): the tests that
   share one thing of the machine run on one worker, in turn (``SHARED``).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import caches
 import processes
 import pytest
 
@@ -42,6 +45,28 @@ CACHES = {
 }
 for _variable, _folder in CACHES.items():
     os.environ[_variable] = str(CACHE / _folder)
+
+
+#: where the run keeps its mark on the caches (``caches.claim``)
+_CACHE_MARK = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run (not each xdist worker) claims the caches before any test compiles."""
+    if not hasattr(config, "workerinput"):
+        mark, removed = caches.claim(CACHE)
+        config.stash[_CACHE_MARK] = mark
+        if removed:
+            print(f"removed {', '.join(removed)} under {CACHE}: a run that used them was stopped")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run that ends by itself (its tests passed or failed; not interrupted) releases the
+    caches; one that is stopped leaves its mark for the next run to find."""
+    mark = session.config.stash.get(_CACHE_MARK, None)
+    ended = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if mark is not None and exitstatus in ended:
+        caches.release(mark)
 
 
 #: the tests that share one thing of the machine, by file: each group runs on one xdist worker,
