@@ -34,7 +34,7 @@ from headroom.api.settings import Settings
 from headroom.calibration.stored import record_measurement
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner.measurement import Measurement
-from headroom.planner.trainable import check_supported
+from headroom.planner.trainable import check_supported, trainer_profile
 from headroom.store import Calibration, Run
 
 #: every route here reads or writes the store: 503 (with Retry-After) while it is unavailable;
@@ -220,6 +220,7 @@ def add_run(body: RunIn, db: SessionDep, response: Response) -> RunOut:
     allocation = _allocation(body)
     model, train, hw = _specs(body)
     check_supported(model)  # what the bundled trainer cannot build is no run at all
+    train = trainer_profile(train)  # priced by the bundled trainer's own profile
     asked = idempotency.run_request(
         model=model,
         train=train,

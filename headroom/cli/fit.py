@@ -133,9 +133,10 @@ def fit_command(
     with user_errors():
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
         if probe:
-            from headroom.planner.trainable import check_supported
+            from headroom.planner.trainable import check_supported, trainer_profile
 
             check_supported(spec)
+            train_spec = trainer_profile(train_spec)  # the probes run the bundled trainer
             auto = run_autofit(
                 model,
                 spec,

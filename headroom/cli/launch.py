@@ -65,6 +65,9 @@ def _summary(run: Any, plan: Any) -> dict[str, Any]:
             "recompute": train.recompute,
             "offload": train.offload.mode,
             "parallel": train.parallel.model_dump(),
+            # the profile the prediction priced its activations with (the bundled trainer's
+            # own, runtime, unless the spec named another)
+            "activation_profile": train.activation_profile,
         },
         "predicted_gpu_peak_bytes": predicted.gpu_peak_bytes,
         # like with like: the trainer measures allocated bytes (torch.cuda's, or the simulated
@@ -92,7 +95,7 @@ def _summary_text(summary: dict[str, Any]) -> str:
     allocated = planner.format_bytes(summary["predicted_allocated_peak_bytes"])
     peak = (
         f"allocated peak predicted {allocated}"
-        f" ({summary['predicted_peak_phase']}; the whole GPU "
+        f" ({summary['predicted_peak_phase']}, {p['activation_profile']} profile; the whole GPU "
         f"{planner.format_bytes(summary['predicted_gpu_peak_bytes'])})"
     )
     if summary["measured_gpu_peak_bytes"] is not None:
@@ -295,9 +298,10 @@ def launch_command(
     with user_errors():
         _dry_run(backend, dry_run, probe)
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
-        from headroom.planner.trainable import check_supported
+        from headroom.planner.trainable import check_supported, trainer_profile
 
         check_supported(spec)
+        train_spec = trainer_profile(train_spec)  # the bundled trainer's own profile
         from headroom.launch.k8s import K8sOverrides, K8sSettings
         from headroom.launch.settings import from_environment
         from headroom.launch.slurm import SlurmOverrides, SlurmSettings

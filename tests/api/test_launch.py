@@ -46,6 +46,8 @@ def test_a_run_is_fitted_launched_and_succeeds(client: TestClient, backend: str)
     assert created.status_code == 201, created.text
     run = created.json()
     assert run["status"] == "queued" and run["plan"]["fit"]["candidates_considered"] > 0
+    # priced by the bundled trainer's own profile (the request named none)
+    assert run["plan"]["train"]["activation_profile"] == "runtime"
     done = run_ended(client, run["id"])
     assert done["status"] == "succeeded", done
     assert done["exit_code"] == 0 and done["reason"] == "completed 2 step(s)"
