@@ -79,18 +79,144 @@ class _HFConfig(BaseModel):
     tie_word_embeddings: StrictBool | None = None
 
 
-class HFLlamaConfig(_HFConfig):
-    """A Llama ``config.json``."""
+#: a sliding window's keys, a soft-cap, a dropout probability, the layers' attention kinds
+_WINDOW = Annotated[int, Field(ge=1, le=2**28)]
+_CAP = Annotated[float, Field(gt=0, le=10_000)]
+_DROPOUT = Annotated[float, Field(ge=0, le=1)]
+_LAYER_TYPES = Annotated[
+    list[Literal["sliding_attention", "full_attention"]], Field(max_length=4096)
+]
 
-    model_type: Literal["llama"]
+
+class HFLlamaConfig(_HFConfig):
+    """A Llama or Granite ``config.json`` (Granite's multipliers are not read: they add no
+    tensor)."""
+
+    model_type: Literal["llama", "granite"]
     attention_bias: StrictBool | None = None
     mlp_bias: StrictBool | None = None
 
 
 class HFMistralConfig(_HFConfig):
-    """A Mistral or Qwen2 ``config.json`` (no bias keys read: Qwen2 has Q, K, V biases)."""
+    """A Mistral or Phi-3 ``config.json``: a window over every layer where ``sliding_window``
+    is set."""
 
-    model_type: Literal["mistral", "qwen2"]
+    model_type: Literal["mistral", "phi3"]
+    sliding_window: _WINDOW | None = None
+
+
+class HFQwen2Config(_HFConfig):
+    """A Qwen2 ``config.json`` (no bias keys read: Qwen2 has Q, K, V biases)."""
+
+    model_type: Literal["qwen2"]
+
+
+_ACTIVATION = Annotated[str, StringConstraints(pattern=r"^(silu|swish|gelu.*)$")]
+
+
+class HFGemmaConfig(_HFConfig):
+    """A Gemma ``config.json``: a GeGLU MLP (``hidden_activation``, else ``hidden_act``)."""
+
+    model_type: Literal["gemma"]
+    hidden_activation: _ACTIVATION | None = None
+    attention_bias: StrictBool | None = None
+
+
+class HFGemma2Config(HFGemmaConfig):
+    """A Gemma 2 ``config.json``: Gemma with sandwich norms, every other layer sliding (or as
+    ``layer_types`` lists them) and soft-capping."""
+
+    model_type: Literal["gemma2"]  # type: ignore[assignment]
+    sliding_window: _WINDOW | None = None
+    layer_types: _LAYER_TYPES | None = None
+    attn_logit_softcapping: _CAP | None = None
+    final_logit_softcapping: _CAP | None = None
+
+
+class HFGemma3Text(BaseModel):
+    """Gemma 3's language model, each key absent taking Gemma3TextConfig's default."""
+
+    model_config = ConfigDict(extra="allow")
+
+    vocab_size: _SIZE | None = None
+    hidden_size: _SIZE | None = None
+    num_hidden_layers: _LAYERS | None = None
+    num_attention_heads: _COUNT | None = None
+    num_key_value_heads: _COUNT | None = None
+    head_dim: _SIZE | None = None
+    intermediate_size: _SIZE | None = None
+    hidden_activation: _ACTIVATION | None = None
+    hidden_act: _ACTIVATION | None = None
+    tie_word_embeddings: StrictBool | None = None
+    attention_bias: StrictBool | None = None
+    sliding_window: _WINDOW | None = None
+    sliding_window_pattern: _LAYERS | None = None
+    layer_types: _LAYER_TYPES | None = None
+    attn_logit_softcapping: _CAP | None = None
+    final_logit_softcapping: _CAP | None = None
+
+
+class HFGemma3TextConfig(HFGemma3Text):
+    """A Gemma 3 text-only ``config.json``: Gemma 2's shape with query/key norms, one global
+    layer in ``sliding_window_pattern``."""
+
+    model_type: Literal["gemma3_text"]
+
+
+class HFGemma3Config(BaseModel):
+    """A multimodal Gemma 3 ``config.json``: its language model (``text_config``) is read;
+    the vision tower is not priced."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_type: Literal["gemma3"]
+    text_config: HFGemma3Text | None = None
+
+
+class HFOlmoConfig(_HFConfig):
+    """An OLMo (norms that learn nothing) or OLMo 2 (norms after attention and the MLP,
+    query/key norms over all heads) ``config.json``."""
+
+    model_type: Literal["olmo", "olmo2"]
+    attention_bias: StrictBool | None = None
+
+
+class HFStarcoder2Config(_HFConfig):
+    """A StarCoder2 ``config.json``: LayerNorms with biases, a GeLU MLP, every linear biased
+    (``use_bias``), dropout where any of its three is above zero, a window over every layer."""
+
+    model_type: Literal["starcoder2"]
+    use_bias: StrictBool | None = None
+    residual_dropout: _DROPOUT | None = None
+    embedding_dropout: _DROPOUT | None = None
+    attention_dropout: _DROPOUT | None = None
+    sliding_window: _WINDOW | None = None
+
+
+class HFCohereConfig(_HFConfig):
+    """A Cohere (Command R) ``config.json``: one bias-free LayerNorm before attention and the
+    MLP side by side, per-head query/key norms where ``use_qk_norm``."""
+
+    model_type: Literal["cohere"]
+    attention_bias: StrictBool | None = None
+    use_qk_norm: StrictBool | None = None
+
+
+class HFCohere2Config(HFCohereConfig):
+    """A Cohere 2 (Command R7B) ``config.json``: Cohere's layers, one global in
+    ``sliding_window_pattern`` (or as ``layer_types`` lists them)."""
+
+    model_type: Literal["cohere2"]  # type: ignore[assignment]
+    sliding_window: _WINDOW | None = None
+    sliding_window_pattern: _LAYERS | None = None
+    layer_types: _LAYER_TYPES | None = None
+
+
+class HFInternLM2Config(_HFConfig):
+    """An InternLM2 ``config.json`` (``bias``: on the fused Q/K/V and output projections)."""
+
+    model_type: Literal["internlm2"]
+    bias: StrictBool | None = None
 
 
 class HFQwen3Config(_HFConfig):
@@ -169,6 +295,16 @@ class HFDeepSeekMoEConfig(_HFDeepSeekConfig):
 HFConfig = (
     HFLlamaConfig
     | HFMistralConfig
+    | HFQwen2Config
+    | HFGemmaConfig
+    | HFGemma2Config
+    | HFGemma3TextConfig
+    | HFGemma3Config
+    | HFOlmoConfig
+    | HFStarcoder2Config
+    | HFCohereConfig
+    | HFCohere2Config
+    | HFInternLM2Config
     | HFQwen3Config
     | HFMixtralConfig
     | HFQwen2MoEConfig

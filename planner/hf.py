@@ -46,6 +46,14 @@ def _int(config: Mapping[str, Any], key: str, default: int) -> int:
     return value
 
 
+def _float(config: Mapping[str, Any], key: str, default: float) -> float:
+    """A number field (absent or null: ``default``; a bool or text is no number)."""
+    value = _get(config, key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"config.json: {key} must be a number, got {_show(value)}", field=key)
+    return float(value)
+
+
 def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
     """A boolean field (absent or null: ``default``); ``1`` or ``"true"`` is no boolean."""
     value = _get(config, key, default)
@@ -82,14 +90,55 @@ def _ffn_kind(config: Mapping[str, Any], gelu: bool = False, gated_gelu: bool = 
     absent: the family's, GELU where ``gelu``, else SiLU): SiLU gates a SwiGLU MLP; GELU gates
     Gemma's (``gated_gelu``) and is a two-matrix MLP's elsewhere."""
     default = "gelu_pytorch_tanh" if gelu or gated_gelu else "silu"
-    act = str(_get(config, "hidden_activation", None) or _get(config, "hidden_act", default))
+    given = {key: _get(config, key) for key in ("hidden_activation", "hidden_act")}
+    for key, act in given.items():  # each one given is an activation, read or not
+        if act is not None and not (
+            isinstance(act, str) and (act in ("silu", "swish") or act.startswith("gelu"))
+        ):
+            raise SpecError(
+                f"config.json: {key} must be silu, swish or gelu*, got {_show(act)}", field=key
+            )
+    act = given["hidden_activation"] or given["hidden_act"] or default
     if act in ("silu", "swish"):
         return "swiglu"
-    if act.startswith("gelu"):
-        return "geglu" if gated_gelu else "gelu"
-    raise SpecError(
-        f"config.json: hidden_act must be silu or gelu*, got {act!r}", field="hidden_act"
-    )
+    return "geglu" if gated_gelu else "gelu"
+
+
+#: the attention kinds ``layer_types`` may list, and how many layers it may list
+LAYER_TYPES = ("sliding_attention", "full_attention")
+_MAX_LAYER_TYPES = 4096
+#: the widest window a spec takes (``ModelSpec.sliding_window``)
+_MAX_WINDOW = 2**28
+
+
+def _layer_types(config: Mapping[str, Any]) -> list[str] | None:
+    """``layer_types``, each ``sliding_attention`` or ``full_attention`` (absent: None)."""
+    types = _get(config, "layer_types")
+    if types is None:
+        return None
+    if (
+        not isinstance(types, list | tuple)
+        or len(types) > _MAX_LAYER_TYPES
+        or not all(kind in LAYER_TYPES for kind in types)
+    ):
+        raise SpecError(
+            f"config.json: layer_types must be a list of at most {_MAX_LAYER_TYPES} of "
+            f"{', '.join(LAYER_TYPES)}, got {_show(types)}",
+            field="layer_types",
+        )
+    return list(types)
+
+
+def _pattern(config: Mapping[str, Any], default: int) -> int:
+    """``sliding_window_pattern``: one global layer in this many (1 to 4096)."""
+    every = _int(config, "sliding_window_pattern", default)
+    if not 1 <= every <= _MAX_LAYER_TYPES:
+        raise SpecError(
+            f"config.json: sliding_window_pattern must be between 1 and {_MAX_LAYER_TYPES}, "
+            f"got {every}",
+            field="sliding_window_pattern",
+        )
+    return every
 
 
 def _sliding(config: Mapping[str, Any], every: int | None) -> dict[str, Any]:
@@ -97,15 +146,15 @@ def _sliding(config: Mapping[str, Any], every: int | None) -> dict[str, Any]:
     config lists them (transformers 4.53 and later), else every ``every``-th layer (None: every
     layer slides)."""
     window = _optional_int(config, "sliding_window")
+    if window is not None and not 1 <= window <= _MAX_WINDOW:
+        raise SpecError(
+            f"config.json: sliding_window must be between 1 and {_MAX_WINDOW}, got {window}",
+            field="sliding_window",
+        )
+    types = _layer_types(config)
     if window is None or config.get("use_sliding_window") is False:
         return {}
-    types = _get(config, "layer_types")
     if types is not None:
-        if not isinstance(types, list | tuple) or not all(isinstance(t, str) for t in types):
-            raise SpecError(
-                f"config.json: layer_types must be a list of names, got {_show(types)}",
-                field="layer_types",
-            )
         full = [i for i, kind in enumerate(types) if kind == "full_attention"]
         if len(full) == len(types):
             return {}
@@ -224,7 +273,7 @@ def _gemma3_text(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     config = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
     spec = _gemma(config, name)
     spec.update(norm_placement="sandwich", qk_norm=True)
-    spec.update(_sliding(config, _int(config, "sliding_window_pattern", 6)))
+    spec.update(_sliding(config, _pattern(config, 6)))
     for key, field in (
         ("attn_logit_softcapping", "attn_logit_softcap"),
         ("final_logit_softcapping", "final_logit_softcap"),
@@ -269,10 +318,12 @@ def _starcoder2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     """StarCoder2: LayerNorms with biases, a two-matrix GELU MLP, every linear biased
     (``use_bias``), dropout, and a window over every layer."""
     spec = _common(config, name, tied=True, gelu=True)
-    dropout = any(
-        float(_get(config, key, 0.0) or 0.0) > 0
-        for key in ("residual_dropout", "embedding_dropout", "attention_dropout")
-    )
+    dropout = False
+    for key in ("residual_dropout", "embedding_dropout", "attention_dropout"):
+        p = _float(config, key, 0.0)
+        if not 0 <= p <= 1:
+            raise SpecError(f"config.json: {key} must be between 0 and 1, got {p}", field=key)
+        dropout = dropout or p > 0
     spec.update(
         norm="layernorm",
         linear_bias=_bool(config, "use_bias", True),
@@ -296,7 +347,7 @@ def _cohere(config: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _cohere2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     """Cohere 2 (Command R7B): Cohere's parallel block, three sliding layers to one global."""
     spec = _cohere(config, name)
-    spec.update(_sliding(config, _int(config, "sliding_window_pattern", 4)))
+    spec.update(_sliding(config, _pattern(config, 4)))
     return spec
 
 

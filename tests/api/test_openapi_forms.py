@@ -62,6 +62,16 @@ def test_model_is_a_preset_name_our_spec_or_a_config_json(
         "HFQwen3MoEConfig",
         "HFDeepSeekConfig",
         "HFDeepSeekMoEConfig",
+        "HFQwen2Config",
+        "HFGemmaConfig",
+        "HFGemma2Config",
+        "HFGemma3TextConfig",
+        "HFGemma3Config",
+        "HFOlmoConfig",
+        "HFStarcoder2Config",
+        "HFCohereConfig",
+        "HFCohere2Config",
+        "HFInternLM2Config",
     }
 
 

@@ -295,3 +295,26 @@ def test_megatrons_traces_ran_gpt_layers_but_no_gemma_ones() -> None:
     assert _flagged(_estimate(starcoder, **train)) == []  # LayerNorm, GeLU: traced
     olmo2 = planner.load_model("olmo-2-1124-7b")
     assert _flagged(_estimate(olmo2, **train)) == ["model.norm_placement", "model.qk_norm_weights"]
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"model_type": "starcoder2", "attention_dropout": [None, None]}, "attention_dropout"),
+        ({"model_type": "starcoder2", "residual_dropout": 1.5}, "residual_dropout"),
+        ({"model_type": "cohere2", "sliding_window": 0}, "sliding_window"),
+        ({"model_type": "gemma2", "layer_types": ["sliding_attention", 0]}, "layer_types"),
+        ({"model_type": "cohere2", "sliding_window_pattern": 0}, "sliding_window_pattern"),
+        ({"model_type": "gemma2", "hidden_activation": "gelu", "hidden_act": "AAA"}, "hidden_act"),
+        ({"model_type": "gemma", "hidden_activation": ""}, "hidden_activation"),
+    ],
+)
+def test_a_key_a_family_reads_is_checked_even_where_another_decides(
+    config: dict[str, Any], field: str
+) -> None:
+    """Every key a reader takes is checked as the API's schema documents it, used or not (a
+    layer list without a window, an activation the other key overrides): what the schema
+    refuses, the reader refuses too, naming the key."""
+    with pytest.raises(planner.SpecError) as err:
+        from_hf_config({**SMALL, **config})
+    assert err.value.field == field
