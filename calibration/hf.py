@@ -22,25 +22,20 @@ from typing import Any
 
 from headroom import planner
 from headroom.planner.errors import SpecError
-from headroom.planner.hf import from_hf_config
+from headroom.planner.hf import SUPPORTED_MODEL_TYPES, from_hf_config
 
 #: the architectures a spec is mapped to
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 #: the architectures a trace also builds from a user's (or a bundled) config.json, which no
-#: spec is mapped to: their norms, MLPs and attention differ from the families above
+#: spec is mapped to: every type the planner reads that transformers builds as a causal LM on
+#: its own (not DeepSeek-V2's remote code, InternLM2's, nor Gemma 3's multimodal model)
 CONFIG_ARCHITECTURES = (
     *ARCHITECTURES,
-    "mistral",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-    "olmo",
-    "olmo2",
-    "starcoder2",
-    "granite",
-    "cohere",
-    "cohere2",
+    *(
+        t
+        for t in SUPPORTED_MODEL_TYPES
+        if t not in ARCHITECTURES and t not in ("deepseek_v2", "internlm2", "gemma3")
+    ),
 )
 #: config keys every built model gets (a training run's settings, not the architecture's)
 TRAINING_KEYS: dict[str, Any] = {"use_cache": False, "attention_dropout": 0.0}
