@@ -793,10 +793,11 @@ def _point_layout(flags: Sequence[int], k: int | None, edges: bool) -> tuple[Poi
         is_moe = int(flags[0])
         size = min(size, n)
         full = n // size
+        starts = {0, (full - 1) * size, full * size}
+        if edges:  # the blocks next to an edge layer's: runs of blocks are linear between them
+            starts |= {size, (full - 2) * size}
         tops = {
-            b0 + layers - 1
-            for b0 in {0, (full - 1) * size, full * size} - {n}
-            for layers in {1, min(size, n - b0)}
+            b0 + layers - 1 for b0 in starts if 0 <= b0 < n for layers in {1, min(size, n - b0)}
         }
         uniform = []
         for j in sorted(tops | near_edges):
