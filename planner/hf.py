@@ -152,7 +152,7 @@ def _sliding(config: Mapping[str, Any], every: int | None) -> dict[str, Any]:
             field="sliding_window",
         )
     types = _layer_types(config)
-    if window is None or config.get("use_sliding_window") is False:
+    if window is None:
         return {}
     if types is not None:
         full = [i for i, kind in enumerate(types) if kind == "full_attention"]
@@ -235,17 +235,21 @@ def _gemma(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     return _attention_bias(_common(config, name, tied=True, gated_gelu=True), config)
 
 
+def _softcaps(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma's tanh soft-caps of the attention scores and the logits (null: none)."""
+    return {
+        "attn_logit_softcap": _get(config, "attn_logit_softcapping"),
+        "final_logit_softcap": _get(config, "final_logit_softcapping"),
+    }
+
+
 def _gemma2(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     """Gemma 2: Gemma with a norm before and after attention and the MLP, every other layer
     sliding (from the first), and tanh soft-capping of the scores and the logits."""
     spec = _gemma(config, name)
     spec["norm_placement"] = "sandwich"
     spec.update(_sliding(config, 2))
-    for key, field in (
-        ("attn_logit_softcapping", "attn_logit_softcap"),
-        ("final_logit_softcapping", "final_logit_softcap"),
-    ):
-        spec[field] = _get(config, key)
+    spec.update(_softcaps(config))
     return spec
 
 
@@ -274,11 +278,7 @@ def _gemma3_text(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     spec = _gemma(config, name)
     spec.update(norm_placement="sandwich", qk_norm=True)
     spec.update(_sliding(config, _pattern(config, 6)))
-    for key, field in (
-        ("attn_logit_softcapping", "attn_logit_softcap"),
-        ("final_logit_softcapping", "final_logit_softcap"),
-    ):
-        spec[field] = _get(config, key)
+    spec.update(_softcaps(config))
     return spec
 
 

@@ -28,6 +28,20 @@ _MAX_FACTOR = 10_000.0
 _TEXT = r"^[^\x00]*$"
 
 
+#: each norm placement's norms, as checkpoints name them: Llama's two before attention and the
+#: MLP, Gemma's four around them, OLMo 2's two after them, Cohere's one before both
+_LAYER_NORMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "pre": (("input_layernorm",), ("post_attention_layernorm",), ()),
+    "sandwich": (
+        ("input_layernorm",),
+        ("post_attention_layernorm", "pre_feedforward_layernorm"),
+        ("post_feedforward_layernorm",),
+    ),
+    "post": ((), ("post_attention_layernorm",), ("post_feedforward_layernorm",)),
+    "parallel": (("input_layernorm",), (), ()),
+}
+
+
 class _Frozen(FewUnknownKeys):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -246,9 +260,15 @@ class ModelSpec(_Frozen):
         return params != "none", params == "weight_and_bias"
 
     @property
+    def layer_norms(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The hidden-width norms of each layer as checkpoints name them: (before attention,
+        between attention and the MLP, after the MLP)."""
+        return _LAYER_NORMS[self.norm_placement]
+
+    @property
     def norms_per_layer(self) -> int:
         """Norms over the hidden width in each layer (query/key norms apart)."""
-        return {"pre": 2, "sandwich": 4, "post": 2, "parallel": 1}[self.norm_placement]
+        return sum(map(len, self.layer_norms))
 
     def sliding_layers_between(self, start: int, stop: int) -> int:
         """How many of layers ``start`` … ``stop - 1`` attend within ``sliding_window``

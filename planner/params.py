@@ -155,20 +155,9 @@ def _moe_ffn(model: ModelSpec, prefix: str) -> list[Tensor]:
 
 def _layer(model: ModelSpec, is_moe: bool, prefix: str) -> Unit:
     h = model.hidden_size
-    # the norms as the checkpoints name them: Llama's two before attention and the MLP,
-    # Gemma's four around them, OLMo 2's two after them, Cohere's one before both
-    names = {
-        "pre": (("input_layernorm",), ("post_attention_layernorm",), ()),
-        "sandwich": (
-            ("input_layernorm",),
-            ("post_attention_layernorm", "pre_feedforward_layernorm"),
-            ("post_feedforward_layernorm",),
-        ),
-        "post": ((), ("post_attention_layernorm",), ("post_feedforward_layernorm",)),
-        "parallel": (("input_layernorm",), (), ()),
-    }[model.norm_placement]
     before, between, after = (
-        [t for name in group for t in _norm(f"{prefix}.{name}", model, h)] for group in names
+        [t for name in group for t in _norm(f"{prefix}.{name}", model, h)]
+        for group in model.layer_norms
     )
     if is_moe:
         mlp = _moe_ffn(model, f"{prefix}.mlp")

@@ -217,9 +217,9 @@ class MLP(nn.Module):
         h = spec.hidden_size
         # Llama's mlp_bias biases the dense MLP; shared experts take only linear_bias
         bias = spec.linear_bias or spec.mlp_bias if bias is None else bias
-        self.swiglu = spec.gated_ffn  # SwiGLU, or GeGLU (a tanh GELU on the gate)
+        self.gated = spec.gated_ffn  # SwiGLU, or GeGLU (a tanh GELU on the gate)
         self.gate = gate_activation(spec)
-        if self.swiglu:
+        if self.gated:
             self.gate_proj = _linear(h, ffn, bias)
             self.up_proj = _linear(h, ffn, bias)
             self.down_proj = _linear(ffn, h, bias)
@@ -228,7 +228,7 @@ class MLP(nn.Module):
             self.fc2 = _linear(ffn, h, bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.swiglu:
+        if self.gated:
             return self.down_proj(self.gate(self.gate_proj(x)) * self.up_proj(x))
         return self.fc2(F.gelu(self.fc1(x)))
 
@@ -257,12 +257,12 @@ class StackedExperts(nn.Module):
     def __init__(self, spec: ModelSpec, ffn: int, count: int) -> None:
         super().__init__()
         h = spec.hidden_size
-        self.swiglu = spec.gated_ffn
+        self.gated = spec.gated_ffn
         self.gate = gate_activation(spec)
         self.bias = spec.linear_bias
         shapes = (
             {"gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
-            if self.swiglu
+            if self.gated
             else {"fc1": (ffn, h), "fc2": (h, ffn)}
         )
         self.count = count
@@ -275,7 +275,7 @@ class StackedExperts(nn.Module):
         return proj
 
     def _mlp(self, project: Callable[[str, Tensor], Tensor], x: Tensor) -> Tensor:
-        if self.swiglu:
+        if self.gated:
             hidden = self.gate(project("gate_proj", x)) * project("up_proj", x)
             return project("down_proj", hidden)
         return project("fc2", F.gelu(project("fc1", x)))
