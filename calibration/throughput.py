@@ -54,6 +54,8 @@ def published() -> dict[str, Any]:
 def _model(case: dict[str, Any], doc: dict[str, Any]) -> planner.ModelSpec:
     if "preset" in case:
         return planner.load_model(case["preset"])
+    if "model_spec" in case:  # a model no preset holds, as a model file would give it
+        return planner.load_model(case["model_spec"])
     m = case["model"]
     h = m["hidden_size"]
     return planner.ModelSpec(
@@ -85,14 +87,23 @@ def published_seconds(case: dict[str, Any], doc: dict[str, Any]) -> float:
     return float(flops / (case["gpus"] * case["published_tflops_per_gpu"] * 1e12))
 
 
-def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = None) -> Replay:
-    """Price one published run's own layout (see the module docstring)."""
+def replay(
+    case: dict[str, Any],
+    coefficients: planner.Coefficients | None = None,
+    efficiency: float | None = None,
+) -> Replay:
+    """Price one published run's own layout (see the module docstring); ``efficiency`` stands
+    for its GPU's ``compute_efficiency`` (a fit tries values)."""
     doc = published()
     model = _model(case, doc)
-    cl = cluster_preset(doc["cluster"])
-    hw = cl.hardware()
+    cl = cluster_preset(case.get("cluster", doc["cluster"]))
+    # a GPU that differs from its preset (a power cap, another memory) says how
+    hw = cl.hardware().model_copy(update=case.get("gpu", {}))
+    if efficiency is not None:
+        hw = hw.model_copy(update={"compute_efficiency": efficiency})
     tp, pp, gpus = case["tp"], case["pp"], case["gpus"]
-    dp = gpus // (tp * pp)
+    cp, vpp = case.get("cp", 1), case.get("vpp", 1)
+    dp = gpus // (tp * pp * cp)
     seq = case.get("seq_len", doc["seq_len"])
     recompute = case.get("recompute", "full")
     train = planner.TrainSpec(
@@ -100,12 +111,24 @@ def replay(case: dict[str, Any], coefficients: planner.Coefficients | None = Non
         recompute=recompute,
         attention=case.get("attention", "eager"),
         framework=case.get("framework", "none"),
-        parallel={"dp": dp, "tp": tp, "pp": pp, "zero_stage": case["zero_stage"]},
+        parallel={
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "zero_stage": case["zero_stage"],
+            **(
+                {"sequence_parallel": case["sequence_parallel"]}
+                if "sequence_parallel" in case
+                else {}
+            ),
+        },
         max_grad_norm=1.0,
+        **({"precision": case["precision"]} if "precision" in case else {}),
     )
     coeffs = coefficients or planner.default_coefficients("textbook", hw.name)
     plan = Planner(model, train, cl, hw, gpus, case["global_batch"], seq, coeffs)
-    lay = Layout(gpus, tp, pp, 1, 1, dp, 1)
+    lay = Layout(gpus, tp, pp, vpp, cp, dp, 1)
     costs = plan.costs(lay)
     per_rank = case["global_batch"] // dp
     given = case["micro_batch_size"]
@@ -152,6 +175,27 @@ def fit_efficiency(ids: list[str]) -> float:
     return (lo + hi) / 2
 
 
+def gpu_name(case: dict[str, Any]) -> str:
+    """The GPU a case ran on: its cluster's."""
+    return cluster_preset(case.get("cluster", published()["cluster"])).hardware().name
+
+
+def summary(rows: list[Replay]) -> list[tuple[str, str, str, int, float, float]]:
+    """(stack, GPU, split, cases, median |error|, worst |error|) over every case the model
+    prices as it ran (compiled cases left out: torch.compile is not a knob of the model)."""
+    cases = {c["id"]: c for c in published()["cases"]}
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        c = cases[r.id]
+        if c.get("compile"):
+            continue
+        groups.setdefault((c["stack"], gpu_name(c), c["split"]), []).append(r.error)
+    return [
+        (*key, len(e), statistics.median(abs(x) for x in e), max(abs(x) for x in e))
+        for key, e in sorted(groups.items())
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--efficiency", type=float, default=None)
@@ -161,12 +205,24 @@ def main() -> None:
         coeffs = planner.default_coefficients("textbook", "A100-80GB").model_copy(
             update={"compute_efficiency": args.efficiency}
         )
-    for r in replay_all(coeffs):
-        print(
-            f"{r.id:34s} mb {r.micro_batch:2d} published {r.published_seconds:8.2f} s "
-            f"predicted {r.predicted_seconds:8.2f} s error {100 * r.error:+6.1f} %"
-            + ("" if r.fits else "  (estimate: does not fit)")
+    cases = {c["id"]: c for c in published()["cases"]}
+    rows = replay_all(coeffs)
+    for r in rows:
+        c = cases[r.id]
+        notes = ("" if r.fits else "  (estimate: does not fit)") + (
+            "  (compiled: not modelled)" if c.get("compile") else ""
         )
+        print(
+            f"{r.id:42s} {c['stack']:10s} {gpu_name(c):10s} {c['split']:8s} mb {r.micro_batch:2d} "
+            f"published {r.published_seconds:8.2f} s predicted {r.predicted_seconds:8.2f} s "
+            f"error {100 * r.error:+6.1f} %{notes}"
+        )
+    print()
+    print(
+        f"{'stack':10s} {'GPU':10s} {'split':8s} {'cases':>5s} {'median |err|':>12s} {'worst':>7s}"
+    )
+    for stack, gpu, split, n, med, worst in summary(rows):
+        print(f"{stack:10s} {gpu:10s} {split:8s} {n:5d} {100 * med:11.1f}% {100 * worst:6.1f}%")
 
 
 if __name__ == "__main__":

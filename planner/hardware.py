@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from headroom.planner._keys import FewUnknownKeys, at_most
-from headroom.planner._numbers import INTEGER, Float, Int
+from headroom.planner._numbers import INTEGER, NUMBER, Float, Int
 from headroom.planner.errors import UnknownPresetError, did_you_mean
 
 #: text ends up in database columns and JSON responses: no NUL, and valid Unicode (the pattern
@@ -54,6 +54,12 @@ class Hardware(FewUnknownKeys):
     allocator_overhead_fraction: Float = Field(
         ge=0, lt=1, description="Uncalibrated default: reserved minus allocated, over allocated."
     )
+    compute_efficiency: Annotated[float, Field(gt=0, le=1), NUMBER] | None = Field(
+        default=None,
+        description="Achieved over peak bf16 FLOP/s of training's matrix multiplies on this GPU, "
+        "fitted to published runs on it (calibration/throughput.py); wins over the "
+        "coefficients' compute_efficiency, which a GPU without a fit of its own uses.",
+    )
     host_memory_bytes: Annotated[int, Field(ge=1, le=MAX_HOST_MEMORY_BYTES), INTEGER] | None = (
         Field(default=None, description="Host RAM available to the GPUs of one node.")
     )
@@ -63,6 +69,12 @@ class Hardware(FewUnknownKeys):
     source: str = Field(
         default="custom", max_length=4000, pattern=_TEXT, description="Where the numbers come from."
     )
+
+
+def compute_efficiency(hw: Hardware, coeffs_efficiency: float) -> float:
+    """The fraction of ``hw.bf16_flops`` the step-time model prices matrix multiplies at: the
+    GPU's own fit where published runs on it gave one, else the coefficients'."""
+    return coeffs_efficiency if hw.compute_efficiency is None else hw.compute_efficiency
 
 
 @cache

@@ -104,7 +104,7 @@ from headroom.planner.estimator import (
     selective_op_offered,
     stages_states,
 )
-from headroom.planner.hardware import Hardware
+from headroom.planner.hardware import Hardware, compute_efficiency
 from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.stage import check_layout, stage_params
@@ -584,7 +584,7 @@ class Planner:
         self.price = StepModel(
             model, seq_len, 1, hardware, self.coeffs, causal_skip=train.attention == "flash"
         )
-        self.rate = hardware.bf16_flops * self.coeffs.compute_efficiency
+        self.rate = self.price.flops_per_s
         self.layer_overhead = self.price.layer_overhead_s
         self.elementwise = self.price.elementwise_s
         self.d_attn = model.num_heads * model.dim_per_head
@@ -1706,7 +1706,7 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
                 "cp": lay.cp,
                 "recompute": _spec_value(planner.recompute_table[cand.recompute][0]),
                 "bf16_flops": hw.bf16_flops,
-                "compute_efficiency": planner.coeffs.compute_efficiency,
+                "compute_efficiency": compute_efficiency(hw, planner.coeffs.compute_efficiency),
                 "elementwise_bytes_per_hidden": planner.coeffs.elementwise_bytes_per_hidden,
                 "layer_overhead_seconds": planner.coeffs.layer_overhead_seconds,
                 "memory_bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s,

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from headroom.planner.activations import selective_op_matmuls
 from headroom.planner.coefficients import Coefficients
 from headroom.planner.estimator import Knobs, StageTerms
-from headroom.planner.hardware import Hardware
+from headroom.planner.hardware import Hardware, compute_efficiency
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import count_params
 
@@ -101,7 +101,7 @@ class StepModel:
         self.flops_selective_op = model.num_layers * sum(
             2 * m.in_features * m.out_features for m in selective_op_matmuls(model) if not m.kept
         )
-        self.flops_per_s = hw.bf16_flops * coeffs.compute_efficiency
+        self.flops_per_s = hw.bf16_flops * compute_efficiency(hw, coeffs.compute_efficiency)
         self.link = hw.host_link_bytes_per_s * coeffs.host_link_efficiency
         self.cpu_rate = coeffs.cpu_optimizer_params_per_s
         # memory-bound seconds per token, layer and pass (before TP): the elementwise traffic

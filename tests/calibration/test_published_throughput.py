@@ -1,6 +1,7 @@
 """The plan's step-time model against published throughput (``calibration/throughput.py``):
 its default ``compute_efficiency`` is what the fitting half of Narayanan et al.'s Table 1
-gives, and the other cases are held to the errors docs/ESTIMATOR.md reports."""
+gives, the H100's is what its fitting runs give (``calibration/sweep.py``), and the other cases
+are held to the errors docs/ESTIMATOR.md reports."""
 
 from __future__ import annotations
 
@@ -16,14 +17,27 @@ TABLE_1 = [i for i in IDS if "-t1-" in i]
 FITTED = TABLE_1[0::2]
 PTD_P = [i for i in IDS if "-ptdp-" in i]
 ZERO_3 = [i for i in IDS if "-zero3-" in i]
-TORCHTITAN = [i for i in IDS if i.startswith("torchtitan-")]
+TORCHTITAN = [i for i in IDS if i.startswith("torchtitan-llama3-")]
+CASES = {c["id"]: c for c in published()["cases"]}
 
 
 def test_the_cases_carry_their_sources() -> None:
-    doc = published()
     assert len(TABLE_1) == 10 and len(PTD_P) == 6 and len(ZERO_3) == 6 and len(TORCHTITAN) == 2
-    for c in doc["cases"]:
-        assert ("arXiv 2104.04473" in c["source"]) != ("torchtitan" in c["source"])
+    for c in CASES.values():
+        assert c["split"] in ("fit", "held_out") and c["stack"]
+        source = c["source"]
+        if isinstance(source, str):  # the file's first cases: a paper or a docs page
+            assert ("arXiv 2104.04473" in source) != ("torchtitan" in source)
+        else:  # a repository file at a commit, and the row that holds the number
+            assert source["commit"] in source["url"] and len(source["commit"]) == 40
+            tps = f"{c['published_tokens_per_second_per_gpu']:,}".replace(",", "")
+            assert tps in source["quote"].replace(",", "")
+
+
+def test_the_fit_split_is_what_the_file_says() -> None:
+    assert {i for i in IDS if CASES[i]["split"] == "fit" and i.startswith("narayanan")} == set(
+        FITTED
+    )
 
 
 def test_the_default_efficiency_is_the_fit_to_half_of_table_1() -> None:
@@ -59,3 +73,22 @@ def test_torchtitans_fsdp2_runs_are_within_the_reported_error() -> None:
     errors = {r.id: r.error for r in replay_all(ids=TORCHTITAN)}
     assert 0.01 <= errors["torchtitan-llama3-8b-sac-op"] <= 0.035
     assert 0.06 <= errors["torchtitan-llama3-70b-full"] <= 0.09
+
+
+def test_the_h100s_held_out_run_is_within_the_reported_error() -> None:
+    """torchtitan's 128-GPU Llama 3.1 8B run on Grand Teton H100s (500 W, HBM2e at 2.4 TB/s),
+    held out of the H100's fit: -2.1 % (with the A100's efficiency it was -31 %); its 8-GPU run,
+    fitted, +1.0 %."""
+    errors = {r.id: r.error for r in replay_all(ids=[i for i in IDS if "-h100-" in i])}
+    assert -0.04 <= errors["torchtitan-h100-llama3-8b-fsdp128"] <= 0.0
+    assert 0.0 <= errors["torchtitan-h100-llama3-8b-fsdp8"] <= 0.02
+    # torch.compile is not a knob of the model: the compiled runs are predicted slower, as
+    # uncompiled runs (the fused elementwise work), and reported
+    assert 0.10 <= errors["torchtitan-h100-llama3-8b-fsdp128-compile"] <= 0.20
+
+
+def test_torchtitans_llama2_runs_on_a100s_are_within_the_reported_error() -> None:
+    """Held out: torchtitan's Llama 2 13B and 70B on 64 A100s, with and without checkpointing:
+    -7.0 ... +8.9 % (docs/ESTIMATOR.md)."""
+    errors = [r.error for r in replay_all(ids=[i for i in IDS if "-llama2-" in i])]
+    assert len(errors) == 4 and all(-0.08 <= e <= 0.10 for e in errors)

@@ -1,0 +1,319 @@
+"""The step-time model against a published sweep of layouts: does it rank them as they ran?
+
+``calibration/data/nanotron-sweep.json`` holds every run of the Ultra-Scale Playbook's cluster
+benchmark (nanotron on 1-64 nodes of 8 H100s; Llama-shaped models of 1B, 3B, 8B, 80B and 469B
+parameters; sequence 4,096; 256 sequences a step; every DP x TP x PP x micro-batch x ZeRO 0/1
+it could run), each as the verbatim hover text of the playbook's figure. ``runs`` parses them;
+``replay`` prices each finished run's own layout with the plan's step-time model
+(``calibration/throughput.py``: a DGX H100 cluster, nanotron's stack as its base config sets it:
+bf16 with fp32 gradient accumulation, 1F1B, sequence parallelism under TP, no recomputation,
+flash attention); ``groups`` compares, for every (model, GPUs) group of at least five distinct
+layouts:
+
+- ``spearman``: the rank correlation of predicted with measured tokens/s per GPU;
+- ``median_error``: the median of (predicted - measured) / measured step time;
+- ``pick_ratio``: the measured throughput of the layout the model ranks first, over the group's
+  best measured (1.0: the model picks the fastest).
+
+The file names its held-out runs (every run on 16, 32 and 128 GPUs), chosen before any fit;
+``fit_runs`` are the rest.
+
+Run: python -m headroom.calibration.sweep [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from headroom.calibration import throughput
+
+#: one hover text of the figure (``nan`` where the run crashed or ran out of memory)
+_QUOTE = re.compile(
+    r"Nodes: (?P<nodes>\d+)<br>MBS: (?P<mbs>\d+)<br>GradAcc: (?P<ga>\d+)<br>GBS: (?P<gbs>\d+)"
+    r"<br>DP: (?P<dp>\d+)<br>PP: (?P<pp>\d+)<br>TP: (?P<tp>\d+)<br>ZeRO: (?P<zero>\d+)<br><br>"
+    r"<b>Performance:</b><br>MFU:\s+(?P<mfu>\S+)<br>tok/s/gpu:\s+(?P<tps>\S+)<br>tok/s: \S+"
+    r"<br>Mem Res \(GB\): (?P<mem>\S+)$"
+)
+#: the fewest distinct layouts a group is ranked over
+MIN_LAYOUTS = 5
+
+
+@cache
+def load() -> dict[str, Any]:
+    """The committed file, parsed once."""
+    path = resources.files("headroom.calibration") / "data" / "nanotron-sweep.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of the sweep, as its quote gives it (``tokens_per_s_per_gpu`` None: it crashed
+    or ran out of memory)."""
+
+    model: str
+    nodes: int
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int
+    grad_accum: int
+    zero_stage: int
+    global_batch: int
+    tokens_per_s_per_gpu: float | None
+    reserved_gib: float | None
+    quote: str
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def layout(self) -> tuple[int, int, int, int, int]:
+        return (self.dp, self.tp, self.pp, self.micro_batch, self.zero_stage)
+
+    @property
+    def consistent(self) -> bool:
+        """Its GPUs fill its nodes and its batch is the sweep's (26 quotes are not)."""
+        doc = load()
+        return (
+            self.gpus == self.nodes * doc["gpus_per_node"]
+            and self.dp * self.micro_batch * self.grad_accum == self.global_batch
+        )
+
+    @property
+    def held_out(self) -> bool:
+        return self.gpus in load()["held_out"]["gpus"]
+
+
+def _number(text: str) -> float | None:
+    return None if text == "nan" else float(text)
+
+
+def parse(model: str, quote: str) -> SweepRun:
+    """A run from its hover text (ValueError if the text is not one)."""
+    m = _QUOTE.search(quote)
+    if m is None:
+        raise ValueError(f"not a run of the sweep: {quote!r}")
+    g = {k: v for k, v in m.groupdict().items()}
+    return SweepRun(
+        model=model,
+        nodes=int(g["nodes"]),
+        dp=int(g["dp"]),
+        tp=int(g["tp"]),
+        pp=int(g["pp"]),
+        micro_batch=int(g["mbs"]),
+        grad_accum=int(g["ga"]),
+        zero_stage=int(g["zero"]),
+        global_batch=int(g["gbs"]),
+        tokens_per_s_per_gpu=_number(g["tps"]),
+        reserved_gib=_number(g["mem"]),
+        quote=quote,
+    )
+
+
+@cache
+def runs() -> tuple[SweepRun, ...]:
+    """Every run of the file, in its order."""
+    return tuple(parse(r["model"], r["quote"]) for r in load()["runs"])
+
+
+def priced(run: SweepRun) -> bool:
+    """A run the comparison uses: it finished, its quote is consistent, and its model has a
+    layer for every pipeline stage."""
+    layers = load()["models"][run.model]["layers"]
+    return run.tokens_per_s_per_gpu is not None and run.consistent and run.pp <= layers
+
+
+def case(run: SweepRun) -> dict[str, Any]:
+    """The run as a throughput case (``throughput.replay``)."""
+    doc = load()
+    shape = doc["models"][run.model]
+    return {
+        "id": f"nanotron-{run.model}-{run.gpus}-{_layout(run.layout).replace(' ', '-')}",
+        "model_spec": {
+            "name": f"nanotron-{run.model}",
+            "vocab_size": shape["vocab"],
+            "hidden_size": shape["hidden"],
+            "num_layers": shape["layers"],
+            "num_heads": shape["heads"],
+            "ffn_hidden_size": shape["ffn"],
+            "tied_embeddings": shape["tied"],
+        },
+        "cluster": "DGX-H100",
+        "tp": run.tp,
+        "pp": run.pp,
+        "gpus": run.gpus,
+        "global_batch": run.global_batch,
+        "seq_len": doc["seq_len"],
+        "zero_stage": run.zero_stage,
+        "micro_batch_size": run.micro_batch,
+        "framework": "none",
+        "attention": "flash",
+        "recompute": "none",
+        "sequence_parallel": run.tp > 1,
+        # nanotron's accumulate_grad_in_fp32: fp32 gradients, reduced in fp32
+        "precision": {
+            "params": "bf16",
+            "grads": "fp32",
+            "master": "fp32",
+            "optimizer_states": "fp32",
+        },
+        "published_tokens_per_second_per_gpu": run.tokens_per_s_per_gpu,
+    }
+
+
+def replay(run: SweepRun, efficiency: float | None = None) -> throughput.Replay:
+    """The model's step time for the run's own layout."""
+    return throughput.replay(case(run), efficiency=efficiency)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (ties take their mean rank)."""
+
+    def ranks(x: Sequence[float]) -> list[float]:
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        out = [0.0] * len(x)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return num / den if den else math.nan
+
+
+@dataclass(frozen=True)
+class Group:
+    """One (model, GPUs) group of the sweep against the model."""
+
+    model: str
+    gpus: int
+    runs: int
+    layouts: int
+    held_out: bool
+    spearman: float
+    median_error: float
+    pick_ratio: float
+    pick: tuple[int, int, int, int, int]
+    best: tuple[int, int, int, int, int]
+
+
+def groups(efficiency: float | None = None) -> list[Group]:
+    """Every group of at least ``MIN_LAYOUTS`` distinct priced layouts, by GPUs then model."""
+    found: dict[tuple[str, int], list[tuple[SweepRun, throughput.Replay]]] = defaultdict(list)
+    for run in runs():
+        if priced(run):
+            found[(run.model, run.gpus)].append((run, replay(run, efficiency)))
+    out = []
+    for (model, gpus), pairs in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        layouts = {run.layout for run, _ in pairs}
+        if len(layouts) < MIN_LAYOUTS:
+            continue
+        measured = [run.tokens_per_s_per_gpu or 0.0 for run, _ in pairs]
+        predicted = [1 / r.predicted_seconds for _, r in pairs]  # the group's tokens are fixed
+        pick = max(range(len(pairs)), key=lambda i: predicted[i])
+        best = max(range(len(pairs)), key=lambda i: measured[i])
+        out.append(
+            Group(
+                model=model,
+                gpus=gpus,
+                runs=len(pairs),
+                layouts=len(layouts),
+                held_out=pairs[0][0].held_out,
+                spearman=spearman(predicted, measured),
+                median_error=statistics.median(r.error for _, r in pairs),
+                pick_ratio=measured[pick] / measured[best],
+                pick=pairs[pick][0].layout,
+                best=pairs[best][0].layout,
+            )
+        )
+    return out
+
+
+def one_node_fit_runs() -> list[SweepRun]:
+    """The runs that fit the H100's compute efficiency: priced, not held out, on one node (no
+    collective crosses the network the model prices least well)."""
+    per_node = load()["gpus_per_node"]
+    return [r for r in runs() if priced(r) and not r.held_out and r.gpus <= per_node]
+
+
+def source_errors(
+    efficiency: float, ids: Sequence[str], sweep_runs: Sequence[SweepRun]
+) -> dict[str, float]:
+    """Each source's median error at a GPU ``compute_efficiency``: the throughput cases
+    ``ids`` (``published-throughput.json``) by their stack, and the sweep's runs."""
+    by: dict[str, list[float]] = defaultdict(list)
+    cases = {c["id"]: c for c in throughput.published()["cases"]}
+    for i in ids:
+        by[cases[i]["stack"]].append(throughput.replay(cases[i], efficiency=efficiency).error)
+    for run in sweep_runs:
+        by["nanotron"].append(replay(run, efficiency).error)
+    return {source: statistics.median(errors) for source, errors in sorted(by.items())}
+
+
+def fit_gpu_efficiency(ids: Sequence[str], sweep_runs: Sequence[SweepRun]) -> float:
+    """The GPU ``compute_efficiency`` at which the sources' median errors average zero, each
+    source weighing the same however many runs it has (bisection: the predicted time falls as
+    the efficiency rises)."""
+    lo, hi = 0.05, 1.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if statistics.fmean(source_errors(mid, ids, sweep_runs).values()) > 0:
+            lo = mid  # predicted slower than measured: more efficiency
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _layout(lay: tuple[int, int, int, int, int]) -> str:
+    dp, tp, pp, mb, zero = lay
+    return f"dp{dp} tp{tp} pp{pp} mb{mb} z{zero}"
+
+
+def render(rows: Sequence[Group]) -> str:
+    lines = [
+        f"{'model':6s} {'GPUs':>4s} {'split':8s} {'runs':>4s} {'rho':>6s} {'median err':>10s} "
+        f"{'pick/best':>9s}  {'model picks':22s} {'fastest measured':22s}"
+    ]
+    for g in rows:
+        lines.append(
+            f"{g.model:6s} {g.gpus:4d} {'held_out' if g.held_out else 'fit':8s} {g.runs:4d} "
+            f"{g.spearman:+6.2f} {100 * g.median_error:+9.1f}% {g.pick_ratio:9.2f}  "
+            f"{_layout(g.pick):22s} {_layout(g.best):22s}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the groups as JSON")
+    args = parser.parse_args(argv)
+    rows = groups()
+    if args.json:
+        print(json.dumps([asdict(g) for g in rows], indent=1))
+    else:
+        print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

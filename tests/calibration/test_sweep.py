@@ -1,0 +1,114 @@
+"""The step-time model against the Ultra-Scale Playbook's sweep of layouts on H100s
+(``calibration/sweep.py``): the file is the figure's runs, verbatim; the H100's efficiency is
+the fit the module gives; the errors and rank correlations docs/ESTIMATOR.md reports hold."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from headroom import planner
+from headroom.calibration import sweep as S
+from headroom.calibration.throughput import published
+
+GROUPS = S.groups()
+
+
+def _group(model: str, gpus: int) -> S.Group:
+    return next(g for g in GROUPS if (g.model, g.gpus) == (model, gpus))
+
+
+def test_every_run_of_the_figure_is_in_the_file_and_parses_back_to_its_quote() -> None:
+    runs = S.runs()
+    # the blog: "over 4,100 distributed experiments"; the figure's crashed or OOM runs read nan
+    assert len(runs) == 4104
+    assert sum(r.tokens_per_s_per_gpu is not None for r in runs) == 1765
+    for r in runs[:50]:
+        assert S.parse(r.model, r.quote) == r
+    # 26 quotes do not add up (GPUs or batch): never compared
+    assert sum(not r.consistent for r in runs) == 26
+    assert not any(S.priced(r) for r in runs if not r.consistent)
+    with pytest.raises(ValueError, match="not a run of the sweep"):
+        S.parse("1B", "Nodes: 1<br>MBS: 2")
+
+
+def test_the_models_shapes_give_the_published_mfu() -> None:
+    """The shapes are nanotron's benchmark script's, not printed beside the figure: each run's
+    MFU x 989.5 TFLOP/s over its tokens/s is 6N + 12 L h s with N as Headroom counts it (runs
+    without pipeline parallelism: with it, the figure counts the 1B's and 3B's tied embedding
+    twice)."""
+    checked = 0
+    for run in S.runs():
+        if run.tokens_per_s_per_gpu is None or run.pp != 1 or not run.consistent:
+            continue
+        shape = S.load()["models"][run.model]
+        n = planner.count_params(planner.load_model(S.case(run)["model_spec"])).total
+        flops = 6 * n + 12 * shape["layers"] * shape["hidden"] * S.load()["seq_len"]
+        m = re.search(r"MFU:\s+(\S+)<br>", run.quote)
+        assert m is not None
+        implied = float(m.group(1)) / 100 * 989.5e12 / run.tokens_per_s_per_gpu
+        assert implied == pytest.approx(flops, rel=4e-3), run.quote
+        checked += 1
+    assert checked > 450
+
+
+def test_a_third_of_the_runs_is_held_out_by_the_file() -> None:
+    priced = [r for r in S.runs() if S.priced(r)]
+    held = [r for r in priced if r.held_out]
+    assert len(held) >= len(priced) / 3
+    assert {r.gpus for r in held} == set(S.load()["held_out"]["gpus"])
+
+
+def test_the_h100s_efficiency_is_the_fit_of_its_fitting_runs() -> None:
+    """torchtitan's 8-GPU run and the sweep's one-node runs (fit split), each source weighing
+    the same: 0.454 (the A100s' 0.648 made every H100 run 20-30 % too fast)."""
+    ids = [
+        c["id"]
+        for c in published()["cases"]
+        if c["split"] == "fit" and c.get("cluster") == "DGX-H100" and not c.get("compile")
+    ]
+    runs = S.one_node_fit_runs()
+    assert ids == ["torchtitan-h100-llama3-8b-fsdp8"] and len(runs) == 67
+    assert all(not r.held_out and r.gpus == 8 for r in runs)
+    fitted = S.fit_gpu_efficiency(ids, runs)
+    assert fitted == pytest.approx(planner.gpu("H100-80GB").compute_efficiency, abs=5e-3)
+    errors = S.source_errors(fitted, ids, runs)
+    assert set(errors) == {"nanotron", "torchtitan"}
+    assert all(abs(e) <= 0.02 for e in errors.values())
+
+
+def test_one_and_two_node_groups_are_within_the_reported_error() -> None:
+    """Median step-time error per group, reported in docs/ESTIMATOR.md: one node (fit) -3.0 ..
+    +4.9 %, two nodes (held out) -7.8 ... +2.6 %."""
+    for gpus in (8, 16):
+        for model in ("1B", "3B", "8B"):
+            g = _group(model, gpus)
+            assert g.held_out == (gpus == 16)
+            assert -0.10 <= g.median_error <= 0.06, g
+
+
+def test_many_nodes_are_under_predicted_as_documented() -> None:
+    """From four nodes up the sweep's steps are far slower than the model prices them (-32 % at
+    32 GPUs to -97 % at 512, worse with more data-parallel ranks): its cluster's network is not
+    a DGX H100's, and its runs there repeat with differences of seconds. Reported, not fitted
+    away: no coefficient of the model is fitted to these groups."""
+    many = [g for g in GROUPS if g.gpus >= 32]
+    assert len(many) == 20 and all(g.median_error < -0.25 for g in many)
+    by_gpus = {gpus: min(g.median_error for g in many if g.gpus == gpus) for gpus in (32, 512)}
+    assert by_gpus[512] < by_gpus[32]
+
+
+def test_the_ranking_of_layouts_is_the_reported_one() -> None:
+    """Spearman's rho of predicted with measured tokens/s per GPU (docs/ESTIMATOR.md): 0.51 ...
+    0.90 on one and two nodes, 0.20 ... 0.80 beyond; the model's first layout is the fastest
+    measured (within 3 %) in the 1B's and 3B's one- and two-node groups. The 8B's is 0.37 of
+    it on both: data parallelism with two pipeline stages, micro-batch 1 and ZeRO-1, which ran
+    at 2,700 tokens/s per GPU where its neighbours ran at 6,000-7,500; the model does not know
+    why."""
+    few = [g for g in GROUPS if g.gpus <= 16]
+    assert len(few) == 6
+    assert all(0.5 <= g.spearman <= 0.95 for g in few)
+    assert all((g.pick_ratio >= 0.97) == (g.model != "8B") for g in few)
+    assert all(g.pick == (g.gpus // 2, 1, 2, 1, 1) for g in few if g.model == "8B")
+    assert all(0.15 <= g.spearman <= 0.85 for g in GROUPS if g.gpus > 16)
