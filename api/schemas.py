@@ -30,7 +30,7 @@ from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
 from headroom.planner.cluster import cluster_preset
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.layout import MAX_PLAN_GPUS
+from headroom.planner.layout import MAX_PLAN_GPUS, TIE_BAND_PCT
 
 PhaseName = Literal[PHASES]  # type: ignore[valid-type]
 BucketName = Literal[GPU_BUCKETS]  # type: ignore[valid-type]
@@ -200,6 +200,11 @@ class PlanRequest(_In):
         default=None, description="GPUs per node (default: the cluster's)."
     )
     margin_pct: MarginPct | None = Field(default=None, description=_MARGIN)
+    tie_band_pct: Annotated[float, Field(ge=0, le=50), NUMBER] = Field(
+        default=TIE_BAND_PCT,
+        description="Steps within this % of the fastest count as equally fast: the plan is the "
+        "one of them with the most GPU headroom.",
+    )
 
     _cluster_is_preset = field_validator("cluster")(_preset_cluster)
 

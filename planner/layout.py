@@ -170,6 +170,11 @@ SELECTIVE_OP = 2
 #: passes of the tensor-parallel collectives under it: forward, backward and the recompute's
 #: all-gathers (the policy keeps the reduce-scatters' outputs), half a pass of the pairs
 SELECTIVE_OP_TP_PASSES = 2.5
+#: steps within this % of the fastest are equally fast: the plan takes the roomiest of them (the
+#: step model's held-out errors on published runs are a few % at best)
+TIE_BAND_PCT = 2.0
+#: a plan whose GPU peak is within this % of the GPU's memory is flagged
+NEAR_CAPACITY_PCT = 3.0
 
 
 class Layout(NamedTuple):
@@ -402,6 +407,22 @@ class PlanResult(BaseModel):
     )
     layout_rejections: list[str] = Field(description="Why layouts were refused (the first few).")
     margin_pct: float | None
+    margin_pct_used: float = Field(
+        default=0.0,
+        description="The margin the verdicts added to each peak, % (margin_pct, or the "
+        "coefficients' default: the worst under-prediction the published GPU runs showed).",
+    )
+    tie_band_pct: float = Field(
+        default=0.0,
+        description="Candidates within this % of the fastest step count as equally fast: the "
+        "plan is the one of them with the most GPU headroom.",
+    )
+    near_capacity: bool = Field(
+        default=False,
+        description="The plan's GPU peak (margin left out) is within NEAR_CAPACITY_PCT % of "
+        "the GPU's memory: a run may fail on what the estimate does not see (fragmentation, "
+        "a larger batch of a data loader, another process).",
+    )
     reason: str
     constraints: dict[str, Any] = Field(
         default_factory=dict,
@@ -1462,8 +1483,14 @@ class Planner:
             comm += 2 * lay.vpp * c.pp_b
         return compute + per_rank * comm
 
-    def run(self, max_listed: int = 10, budget: PlanBudget | None = None) -> PlanResult:
-        """The fastest candidate that fits, the runners-up and the rejections.
+    def run(
+        self,
+        max_listed: int = 10,
+        budget: PlanBudget | None = None,
+        tie_band_pct: float = TIE_BAND_PCT,
+    ) -> PlanResult:
+        """The fastest candidate that fits (of those within ``tie_band_pct`` % of its step, the
+        one with the most GPU headroom), the runners-up and the rejections.
 
         The search's size is counted first and refused over ``budget``'s layouts or candidates
         (``check_size``). Layouts are taken in batches in the order of their ``floor``; once a
@@ -1567,6 +1594,8 @@ class Planner:
             "rejected_by_reason": rejected_by,
             "layout_rejections": self.layout_rejections,
             "margin_pct": self.margin_pct,
+            "margin_pct_used": 100 * self.margin_fraction,
+            "tie_band_pct": tie_band_pct,
             "constraints": self.want.given(),
             "zero_stages": list(self.zero_stages),
             "zero_stages_reason": self.zero_reason(),
@@ -1588,14 +1617,24 @@ class Planner:
                 ),
                 **common,
             )
-        best = fitting[0][3]
+        # as fast as the fastest (within the band): the one with the most headroom
+        fastest = fitting[0][0]
+        tied = [f for f in fitting if f[0] <= fastest * (1 + tie_band_pct / 100)]
+        first = min(tied, key=lambda f: (f[1], f[0]))
+        ordered = [first, *(f for f in fitting if f is not first)]
+        best = first[3]
         plan = self.spec(best)
         chosen = estimate(model, plan, hw, coeffs)
         tokens = self.batch * self.seq
         runners_up = [
             self._listed(c, peak, host_peak, plan=self.spec(c).model_dump(mode="json"))
-            for _, peak, _, c, host_peak in fitting[1:]
+            for _, peak, _, c, host_peak in ordered[1:]
         ]
+        chose = (
+            f"the most GPU headroom within {tie_band_pct:g} % of the fastest predicted step, "
+            if first is not fitting[0]
+            else "fastest "
+        )
         return PlanResult(
             fits=True,
             plan=plan.model_dump(mode="json"),
@@ -1605,7 +1644,9 @@ class Planner:
             step=explain_step(self, best),
             gpus_used=best.layout.world,
             runners_up=runners_up,
-            reason=f"fastest of {considered} candidates over {layouts_considered} layouts"
+            near_capacity=hw.memory_bytes - chosen.gpu_peak_bytes
+            < hw.memory_bytes * NEAR_CAPACITY_PCT / 100,
+            reason=f"{chose}of {considered} candidates over {layouts_considered} layouts"
             f"{self._with()} by predicted step time" + (f" ({truncated})" if truncated else ""),
             **common,
         )
@@ -1808,9 +1849,11 @@ def plan(
     budget: PlanBudget = PLAN_BUDGET,
     check: Callable[[], None] | None = None,
     constraints: PlanConstraints | None = None,
+    tie_band_pct: float = TIE_BAND_PCT,
 ) -> PlanResult:
     """The fastest layout of at most ``gpus`` GPUs that fits (see the module docstring), within
-    ``budget``; ``check`` is called between the search's steps and may raise to stop it;
+    ``budget``; of the layouts within ``tie_band_pct`` % of its step, the one with the most GPU
+    headroom; ``check`` is called between the search's steps and may raise to stop it;
     ``constraints`` (``planner.constraints.split_plan_train``: the layout keys a training
     spec named) narrow the search to their values. ``train``'s own layout keys are the
     plan's to choose."""
@@ -1828,4 +1871,4 @@ def plan(
         check,
         constraints,
     )
-    return planner.run(max_listed)
+    return planner.run(max_listed, tie_band_pct=tie_band_pct)

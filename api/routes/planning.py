@@ -339,6 +339,7 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
         budget=SERVED_PLAN_BUDGET,
         check=check,
         constraints=constraints,
+        tie_band_pct=body.tie_band_pct,
     )
     return result, result.model_dump_json()
 

@@ -24,7 +24,13 @@ from headroom.cli.options import (
 from headroom.planner.cluster import cluster_and_gpu, load_cluster
 from headroom.planner.constraints import split_plan_train
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.layout import MAX_PLAN_GPUS, PlanCandidate, PlanResult
+from headroom.planner.layout import (
+    MAX_PLAN_GPUS,
+    NEAR_CAPACITY_PCT,
+    TIE_BAND_PCT,
+    PlanCandidate,
+    PlanResult,
+)
 
 GpusOpt = Annotated[
     int,
@@ -59,6 +65,16 @@ ClusterOpt = Annotated[
 ]
 ExplainOpt = Annotated[
     bool, typer.Option("--explain", help="Show each term of the chosen layout's step.")
+]
+TieBandOpt = Annotated[
+    float,
+    typer.Option(
+        "--tie-band",
+        min=0,
+        max=50,
+        help="Steps within this % of the fastest count as equally fast: the plan is the one "
+        "of them with the most GPU headroom.",
+    ),
 ]
 
 
@@ -112,6 +128,19 @@ def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
         f"{planner.format_bytes(result.budget.gpu.peak_bytes)} ({result.budget.peak_phase}) "
         f"of {planner.format_bytes(result.budget.gpu.capacity_bytes)}"
     )
+    default = "" if result.margin_pct is not None else " (the default: the worst under-prediction"
+    default += "" if result.margin_pct is not None else " of the published GPU runs)"
+    console.print(
+        f"margin {result.margin_pct_used:g} % of each peak{default}; tie band "
+        f"{result.tie_band_pct:g} % (the roomiest of the layouts as fast as the fastest)",
+        markup=False,
+    )
+    if result.near_capacity:
+        console.print(
+            f"near capacity: the peak is within {NEAR_CAPACITY_PCT:g} % of the GPU's memory; "
+            "a run may fail on what the estimate does not see",
+            markup=False,
+        )
     if explain:
         table = Table("term", "seconds", "formula")
         for t in result.step:
@@ -145,6 +174,7 @@ def plan_command(
     set_: SetOpt = None,
     cluster: ClusterOpt = None,
     margin: MarginOpt = None,
+    tie_band: TieBandOpt = TIE_BAND_PCT,
     explain: ExplainOpt = False,
     format: FormatOpt = TextOrJson.text,
 ) -> None:
@@ -154,7 +184,17 @@ def plan_command(
     a plan, 1 when nothing fits, 2 on invalid input (a constraint no layout can meet too)."""
     with user_errors():
         result = run_plan(
-            model, gpus, global_batch, seq, gpus_per_node, gpu, train, set_, cluster, margin
+            model,
+            gpus,
+            global_batch,
+            seq,
+            gpus_per_node,
+            gpu,
+            train,
+            set_,
+            cluster,
+            margin,
+            tie_band,
         )
     if format is TextOrJson.json:
         typer.echo(json.dumps(result.model_dump(mode="json"), indent=2))
@@ -174,6 +214,7 @@ def run_plan(
     set_: list[str] | None,
     cluster: str | None,
     margin: float | None,
+    tie_band: float = TIE_BAND_PCT,
 ) -> PlanResult:
     """The specs the options name, and the plan."""
     spec = planner.load_model(model)
@@ -192,4 +233,5 @@ def run_plan(
         seq,
         margin_pct=margin,
         constraints=constraints,
+        tie_band_pct=tie_band,
     )

@@ -71,6 +71,8 @@ def test_nothing_fitting_is_a_200(client: TestClient) -> None:
         ({"gpu": "RTX-4090"}, "cluster"),
         ({"train": {"parallel": {"vpp": 0}}}, "vpp"),
         ({"cluster": {"name": "x"}}, "cluster"),
+        ({"tie_band_pct": 51}, "tie_band_pct"),
+        ({"tie_band_pct": -1}, "tie_band_pct"),
     ],
 )
 def test_bad_input_is_a_422_naming_the_field(
@@ -109,3 +111,23 @@ def test_a_framework_plans_its_own_zero_stages(client: TestClient) -> None:
     out = response.json()
     assert out["zero_stages"] == [3] and "fsdp2" in out["zero_stages_reason"]
     assert out["plan"]["parallel"]["zero_stage"] == 3
+
+
+def test_the_tie_band_is_the_plans(client: TestClient) -> None:
+    """The band the body gives is the plan's: 0 gives the fastest layout, the default 2 % the
+    roomiest of those within 2 % of it (planner.plan's; Llama 3 70B on 64 H100s at 512 x 8k,
+    where the two differ)."""
+    cl = cluster_preset("DGX-H100")
+    model = planner.load_model("llama-3-70b")
+    body = {**BODY, "gpus": 64, "global_batch": 512, "seq_len": 8192, "gpu": "H100-80GB"}
+    plans = []
+    for band in (None, 0.0):
+        out = post(client, body | ({} if band is None else {"tie_band_pct": band})).json()
+        given = {} if band is None else {"tie_band_pct": band}
+        expected = planner.plan(
+            model, planner.TrainSpec(), cl, cl.hardware(), 64, 512, 8192, **given
+        )
+        assert out["plan"] == expected.plan and out["tie_band_pct"] == expected.tie_band_pct
+        assert out["margin_pct_used"] == 6.0 and out["near_capacity"] == expected.near_capacity
+        plans.append(out["plan"])
+    assert plans[0] != plans[1]

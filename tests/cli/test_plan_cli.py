@@ -190,3 +190,19 @@ def test_the_plan_text_explains_its_layout_keys() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "ppNxV: each rank holds V interleaved virtual stages" in proc.stdout
     assert "zeroS ZeRO stage S" in proc.stdout
+
+
+def test_the_text_states_the_margin_and_band_and_flags_a_plan_near_capacity() -> None:
+    """Llama 3 8B on two H100s at 16 x 8k: with --margin 0 --tie-band 0 the fastest layout
+    peaks within 3 % of the GPU and is flagged; by default the margin and band are stated."""
+    args = ("--gpus", "2", "--gpu", "H100-80GB", "--global-batch", "16", "--seq", "8192")
+    tight = run_wide("plan", "llama-3-8b", *args, "--margin", "0", "--tie-band", "0")
+    assert tight.returncode == 0, tight.stderr
+    assert "margin 0 % of each peak; tie band 0 %" in tight.stdout
+    assert "near capacity: the peak is within 3 % of the GPU's memory" in tight.stdout
+    default = run_wide("plan", "llama-3-8b", *args)
+    assert default.returncode == 0, default.stderr
+    assert "margin 6 % of each peak (the default: the worst under-prediction" in default.stdout
+    assert "tie band 2 %" in default.stdout and "near capacity" not in default.stdout
+    bad = run("plan", "llama-3-8b", *args, "--tie-band", "80")
+    assert bad.returncode == 2 and "--tie-band" in bad.stderr
