@@ -42,6 +42,7 @@ from headroom.planner.phases import StageAllocated
 from headroom.planner.states import ModelStates
 from headroom.planner.steptime import StepModel, StepTime
 from headroom.planner.train import MAX_GRAD_ACCUM, TrainSpec
+from headroom.planner.units import over_gpu, over_host
 
 #: optimizer-offload fractions (whole tensors in order, so a finer grid buys little)
 OFFLOAD_FRACTIONS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
@@ -347,9 +348,9 @@ def fit(
                         rejected_total += 1
                         if len(rejected) < max_listed:
                             reason = (
-                                f"GPU peak {peak_bytes} B + margin {margin} B > capacity {cap} B"
+                                over_gpu(peak_bytes, margin, cap)
                                 if too_big
-                                else f"host RAM {host_peak} B > capacity {host_cap} B"
+                                else over_host(host_peak, host_cap or 0)
                             )
                             rejected.append(
                                 Considered(

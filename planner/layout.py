@@ -110,6 +110,7 @@ from headroom.planner.model import ModelSpec
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
 from headroom.planner.train import Loss, Recompute, RecomputePolicy, TrainSpec
+from headroom.planner.units import over_gpu, over_host
 
 #: most GPUs a plan is asked about (the search walks every world size up to it)
 MAX_PLAN_GPUS = 16384
@@ -1562,10 +1563,10 @@ class Planner:
                     host_peak = sum(hosts[where]) * min(hw.gpus_per_node, lay.world)
                     margin = math.ceil(peak * self.margin_fraction)
                     if peak + margin > cap:
-                        reason = f"GPU peak {peak} B + margin {margin} B > capacity {cap} B"
+                        reason = over_gpu(peak, margin, cap)
                         kind = "gpu_memory"
                     elif host_cap is not None and host_peak > host_cap:
-                        reason = f"host RAM {host_peak} B > capacity {host_cap} B"
+                        reason = over_host(host_peak, host_cap)
                         kind = "host_memory"
                     else:
                         _list(fitting, listed, (step, peak, key, cand, host_peak), max_listed)

@@ -63,3 +63,16 @@ def format_bytes(num_bytes: int | float) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024.0
     return f"{value:.2f} TiB"
+
+
+def over_gpu(peak: int, margin: int, capacity: int) -> str:
+    """Why a candidate was rejected for its GPU peak, in binary units."""
+    return (
+        f"GPU peak {format_bytes(peak)} + margin {format_bytes(margin)} > capacity "
+        f"{format_bytes(capacity)}"
+    )
+
+
+def over_host(peak: int, capacity: int) -> str:
+    """Why a candidate was rejected for its node's host RAM, in binary units."""
+    return f"host RAM {format_bytes(peak)} > capacity {format_bytes(capacity)}"

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from headroom.planner.budget import Budget
+from headroom.planner.units import format_bytes
 
 #: exit codes of ``headroom gate`` (2 is invalid input, raised before a verdict exists)
 EXIT_FITS, EXIT_OOM, EXIT_UNDECIDED = 0, 1, 3
@@ -60,17 +61,21 @@ def gate(
         )
     if peak + margin > gpu.capacity_bytes:
         reason = (
-            f"predicted GPU peak {peak} B in {budget.peak_phase} plus margin {margin} B exceeds "
-            f"capacity {gpu.capacity_bytes} B"
+            f"predicted GPU peak {format_bytes(peak)} in {budget.peak_phase} plus margin "
+            f"{format_bytes(margin)} exceeds capacity {format_bytes(gpu.capacity_bytes)}"
         )
         return Verdict(decision="oom", exit_code=EXIT_OOM, fits=False, reason=reason, **common)
     if host.capacity_bytes is not None and host.peak_bytes > host.capacity_bytes:
-        reason = f"host RAM {host.peak_bytes} B exceeds capacity {host.capacity_bytes} B"
+        reason = (
+            f"host RAM {format_bytes(host.peak_bytes)} exceeds capacity "
+            f"{format_bytes(host.capacity_bytes)}"
+        )
         return Verdict(decision="oom", exit_code=EXIT_OOM, fits=False, reason=reason, **common)
     return Verdict(
         decision="fits",
         exit_code=EXIT_FITS,
         fits=True,
-        reason=f"predicted GPU peak {peak} B + margin {margin} B within {gpu.capacity_bytes} B",
+        reason=f"predicted GPU peak {format_bytes(peak)} + margin {format_bytes(margin)} within "
+        f"{format_bytes(gpu.capacity_bytes)}",
         **common,
     )

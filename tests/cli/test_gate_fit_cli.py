@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -111,3 +112,21 @@ def test_gate_invalid_input_still_writes_the_ci_report(tmp_path: Path) -> None:
     assert github.stdout.startswith("::error title=Headroom gate::invalid input: train.micro_batch")
     as_json = json.loads(run(*args, "--format", "json").stdout)
     assert as_json["decision"] == "invalid_input" and as_json["exit_code"] == 2
+
+
+def test_every_size_the_gate_and_the_plan_print_is_in_binary_units() -> None:
+    """A reason read by a person names GiB (or MiB, TiB), never raw bytes: the gate's verdict
+    in each format, and the plan's rejections. The JSON keeps the exact bytes in its fields."""
+    raw = re.compile(r"\b\d{4,} B\b")
+    for fmt in ("text", "github", "json"):
+        proc = run("gate", "llama-3-70b", "--gpu", "RTX-4090", "--format", fmt)
+        assert proc.returncode == 1 and not raw.search(proc.stdout), proc.stdout
+    verdict = json.loads(run("gate", "llama-3-70b", "--gpu", "RTX-4090", "--format", "json").stdout)
+    assert "GiB" in verdict["reason"] and verdict["gpu_peak_bytes"] > 2**30
+    args = ("--gpus", "64", "--gpu", "H100-80GB", "--global-batch", "512", "--seq", "8192")
+    plan = run("plan", "llama-3-70b", *args)
+    assert plan.returncode == 0 and "rejected tp" in plan.stdout
+    assert not raw.search(plan.stdout), plan.stdout
+    assert re.search(
+        r"GPU peak [\d.]+ TiB \+ margin [\d.]+ GiB\s+> capacity 79.65 GiB", plan.stdout
+    )
