@@ -18,7 +18,10 @@ layouts:
 The file names its held-out runs (every run on 16, 32 and 128 GPUs), chosen before any fit;
 ``fit_runs`` are the rest.
 
-Run: python -m headroom.calibration.sweep [--json]
+``memory_rows`` holds each finished run's reserved peak (the figure's "Mem Res", world rank 0's:
+the first pipeline stage's) against the first stage's estimate, by how the run splits the model.
+
+Run: python -m headroom.calibration.sweep [--memory] [--json]
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from headroom import planner
 from headroom.calibration import throughput
+from headroom.planner.estimator import stage_peaks
 
 #: one hover text of the figure (``nan`` where the run crashed or ran out of memory)
 _QUOTE = re.compile(
@@ -249,6 +254,68 @@ def groups(efficiency: float | None = None) -> list[Group]:
     return out
 
 
+def train_spec(run: SweepRun) -> planner.TrainSpec:
+    """The run's training spec as nanotron's base config runs it (``case``)."""
+    c = case(run)
+    return planner.TrainSpec(
+        micro_batch_size=run.micro_batch,
+        seq_len=c["seq_len"],
+        grad_accum_steps=run.grad_accum,
+        recompute="none",
+        attention="flash",
+        framework="none",
+        precision=c["precision"],
+        parallel={
+            "dp": run.dp,
+            "tp": run.tp,
+            "pp": run.pp,
+            "zero_stage": run.zero_stage,
+            "sequence_parallel": run.tp > 1,
+        },
+    )
+
+
+def memory_error(run: SweepRun) -> float:
+    """(predicted - measured) / measured of the run's reserved peak. The figure's memory is
+    world rank 0's ``torch.cuda.max_memory_reserved()`` (nanotron's ``log_throughput`` writes
+    the row from rank 0): the first pipeline stage's, so the first stage's estimate."""
+    model = planner.load_model(case(run)["model_spec"])
+    first = stage_peaks(model, train_spec(run), planner.gpu("H100-80GB"))[0]
+    measured = (run.reserved_gib or 0.0) * 2**30
+    return (first.reserved_bytes - measured) / measured
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """The sweep's reserved peaks against the estimate, by how the runs split the model."""
+
+    kind: str
+    runs: int
+    median_error: float
+    p10: float
+    p90: float
+
+
+#: how a run splits the model: (TP > 1, PP > 1)
+_KINDS = {(False, False): "dp", (True, False): "tp", (False, True): "pp", (True, True): "tp+pp"}
+
+
+def memory_rows() -> list[MemoryRow]:
+    """Every priced run's memory error, by parallelism kind (data only, TP, PP, both)."""
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for run in runs():
+        if priced(run) and run.reserved_gib is not None:
+            kind = _KINDS[(run.tp > 1, run.pp > 1)]
+            kinds[kind].append(memory_error(run))
+    out = []
+    for kind in _KINDS.values():
+        e = sorted(kinds[kind])
+        out.append(
+            MemoryRow(kind, len(e), statistics.median(e), e[len(e) // 10], e[9 * len(e) // 10])
+        )
+    return out
+
+
 def one_node_fit_runs() -> list[SweepRun]:
     """The runs that fit the H100's compute efficiency: priced, not held out, on one node (no
     collective crosses the network the model prices least well)."""
@@ -306,7 +373,22 @@ def render(rows: Sequence[Group]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the groups as JSON")
+    parser.add_argument(
+        "--memory", action="store_true", help="the reserved peaks against the estimate instead"
+    )
     args = parser.parse_args(argv)
+    if args.memory:
+        mem = memory_rows()
+        if args.json:
+            print(json.dumps([asdict(m) for m in mem], indent=1))
+        else:
+            print(f"{'kind':6s} {'runs':>5s} {'median':>8s} {'p10':>8s} {'p90':>8s}")
+            for m in mem:
+                print(
+                    f"{m.kind:6s} {m.runs:5d} {100 * m.median_error:+7.1f}% "
+                    f"{100 * m.p10:+7.1f}% {100 * m.p90:+7.1f}%"
+                )
+        return 0
     rows = groups()
     if args.json:
         print(json.dumps([asdict(g) for g in rows], indent=1))

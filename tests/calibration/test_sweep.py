@@ -112,3 +112,22 @@ def test_the_ranking_of_layouts_is_the_reported_one() -> None:
     assert all((g.pick_ratio >= 0.97) == (g.model != "8B") for g in few)
     assert all(g.pick == (g.gpus // 2, 1, 2, 1, 1) for g in few if g.model == "8B")
     assert all(0.15 <= g.spearman <= 0.85 for g in GROUPS if g.gpus > 16)
+
+
+def test_the_sweeps_memory_is_the_reported_one() -> None:
+    """Reserved peaks (world rank 0's: the first stage's) against the first stage's estimate
+    (docs/ESTIMATOR.md): data parallelism alone -0.8 % (median of 30); under TP -16 %, growing
+    with the TP degree (TP 2 -6 %, TP 32 -34 %); under PP -25 % whatever the stages; both -34 %.
+    Not fitted: the under-prediction is reported, and no coefficient moved for it."""
+    rows = {m.kind: m for m in S.memory_rows()}
+    assert [rows[k].runs for k in ("dp", "tp", "pp", "tp+pp")] == [30, 453, 159, 1110]
+    assert abs(rows["dp"].median_error) <= 0.02
+    assert -0.20 <= rows["tp"].median_error <= -0.12
+    assert -0.30 <= rows["pp"].median_error <= -0.20
+    assert -0.40 <= rows["tp+pp"].median_error <= -0.28
+    by_tp: dict[int, list[float]] = {}
+    for run in S.runs():
+        if S.priced(run) and run.reserved_gib and run.pp == 1 and run.tp in (2, 32):
+            by_tp.setdefault(run.tp, []).append(S.memory_error(run))
+    tp2, tp32 = (sorted(by_tp[t])[len(by_tp[t]) // 2] for t in (2, 32))
+    assert tp32 < tp2 - 0.2 < 0
