@@ -31,6 +31,7 @@ from headroom.cli.options import (
     TrainOpt,
     load_specs,
 )
+from headroom.cli.render import changes_text, offload_text, recompute_text
 
 if TYPE_CHECKING:
     from headroom.launch.probing import AutoFitResult
@@ -84,8 +85,8 @@ def _print_fit(result: planner.FitResult, hw: planner.Hardware, console: Console
         p = result.plan
         console.print(
             f"plan: micro_batch_size={p['micro_batch_size']} "
-            f"grad_accum_steps={p['grad_accum_steps']} recompute={p['recompute']} "
-            f"offload={p['offload']} zero_stage={p['parallel']['zero_stage']} "
+            f"grad_accum_steps={p['grad_accum_steps']} recompute={recompute_text(p['recompute'])} "
+            f"offload={offload_text(p['offload'])} zero_stage={p['parallel']['zero_stage']} "
             f"expandable_segments={p['expandable_segments']}"
         )
         console.print(
@@ -108,7 +109,7 @@ def _print_probes(auto: AutoFitResult, console: Console) -> None:
         console.print(
             f"probe {p.attempt}: {verdict} in {o.seconds:.1f} s; predicted "
             f"{planner.format_bytes(p.predicted_peak_bytes)}, measured {measured}, "
-            f"margin {p.margin_pct:g}%, changes {p.changes}"
+            f"margin {p.margin_pct:g}%, changes: {changes_text(p.changes)}"
         )
     console.print(auto.reason)
 

@@ -29,6 +29,7 @@ from headroom.cli.options import (
     TrainOpt,
     load_specs,
 )
+from headroom.cli.render import offload_text, recompute_text
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -89,7 +90,8 @@ def _summary_text(summary: dict[str, Any]) -> str:
     par = p["parallel"]
     lines = [
         f"plan: micro-batch {p['micro_batch_size']} x {p['grad_accum_steps']} accumulated, "
-        f"recompute {p['recompute']}, offload {p['offload']}, dp {par['dp']} "
+        f"recompute {recompute_text(p['recompute'])}, offload {offload_text(p['offload'])}, "
+        f"dp {par['dp']} "
         f"(ZeRO {par['zero_stage']}), tp {par['tp']}, pp {par['pp']}",
     ]
     allocated = planner.format_bytes(summary["predicted_allocated_peak_bytes"])

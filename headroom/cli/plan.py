@@ -21,6 +21,7 @@ from headroom.cli.options import (
     TrainOpt,
     train_dict,
 )
+from headroom.cli.render import offload_text, recompute_text
 from headroom.planner.cluster import cluster_and_gpu, load_cluster
 from headroom.planner.constraints import split_plan_train
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
@@ -119,7 +120,7 @@ def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
     console.print(
         f"plan: {_layout(p)} on {result.gpus_used} GPUs, micro_batch_size="
         f"{p['micro_batch_size']} grad_accum_steps={p['grad_accum_steps']} "
-        f"recompute={p['recompute']} offload={p['offload']['mode']}"
+        f"recompute={recompute_text(p['recompute'])} offload={offload_text(p['offload'])}"
     )
     console.print(LAYOUT_LEGEND, markup=False, highlight=False)
     console.print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -148,3 +149,42 @@ def render_comparison(comparisons: list[Comparison], console: Console) -> None:
             c.framework, c.activation_profile, _fmt(c.gpu_peak_bytes), c.peak_phase, fits, note
         )
     console.print(table)
+
+
+def recompute_text(recompute: object) -> str:
+    """A recompute policy as a person reads it: its name, or "every K layers"."""
+    if isinstance(recompute, dict):
+        k = recompute.get("every_k")
+        return f"every {k} layers" if k else "blocks"
+    return str(recompute)
+
+
+def offload_text(offload: dict[str, Any] | str) -> str:
+    """An offload placement (its mode, or the spec's offload object) as a person reads it,
+    not a dict's repr."""
+    if isinstance(offload, str):
+        return offload
+    mode = offload.get("mode", "none")
+    if mode == "optimizer":
+        return f"optimizer ({offload.get('fraction', 1.0):g} of its state in host RAM)"
+    if mode == "streaming":
+        every = offload.get("checkpoint_every") or 1
+        buffers = offload.get("num_buffers")
+        return f"streaming (checkpoint every {every}" + (
+            f", {buffers} buffers)" if buffers else ")"
+        )
+    return str(mode)
+
+
+def changes_text(changes: dict[str, Any]) -> str:
+    """The keys a candidate changed, ``key=value`` each, or "none"."""
+    if not changes:
+        return "none"
+    shown = []
+    for key, value in changes.items():
+        if key == "offload" and isinstance(value, dict):
+            value = offload_text(value)
+        elif key == "recompute":
+            value = recompute_text(value)
+        shown.append(f"{key}={value}")
+    return ", ".join(shown)

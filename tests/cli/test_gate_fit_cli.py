@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -11,6 +12,9 @@ from xml.etree import ElementTree as ET
 from headroom_process import run_headroom
 
 from headroom import planner
+from headroom.cli.render import changes_text, offload_text, recompute_text
+
+WIDE = {**os.environ, "COLUMNS": "400"}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -130,3 +134,26 @@ def test_every_size_the_gate_and_the_plan_print_is_in_binary_units() -> None:
     assert re.search(
         r"GPU peak [\d.]+ TiB \+ margin [\d.]+ GiB\s+> capacity 79.65 GiB", plan.stdout
     )
+
+
+def test_the_fit_text_reads_as_words_not_python_reprs() -> None:
+    """The chosen recompute and offload, and each probe's changes, read as a person writes
+    them: no dict repr, no "changes {}"."""
+    proc = run_headroom("fit", "llama-3-8b", "--gpu", "H100-80GB", env=WIDE)
+    assert proc.returncode == 0, proc.stderr
+    assert "{" not in proc.stdout and "}" not in proc.stdout, proc.stdout
+    assert "offload=optimizer (0.625 of its state in host RAM)" in proc.stdout
+
+
+def test_changes_and_placements_render_as_words() -> None:
+    assert changes_text({}) == "none"
+    assert (
+        changes_text(
+            {"micro_batch_size": 2, "recompute": {"every_k": 8}, "offload": {"mode": "none"}}
+        )
+        == "micro_batch_size=2, recompute=every 8 layers, offload=none"
+    )
+    assert offload_text({"mode": "streaming", "checkpoint_every": 4, "num_buffers": 2}) == (
+        "streaming (checkpoint every 4, 2 buffers)"
+    )
+    assert recompute_text("selective_op") == "selective_op" and offload_text("none") == "none"
