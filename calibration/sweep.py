@@ -110,7 +110,7 @@ def parse(model: str, quote: str) -> SweepRun:
     m = _QUOTE.search(quote)
     if m is None:
         raise ValueError(f"not a run of the sweep: {quote!r}")
-    g = {k: v for k, v in m.groupdict().items()}
+    g = m.groupdict()
     return SweepRun(
         model=model,
         nodes=int(g["nodes"]),
@@ -254,33 +254,15 @@ def groups(efficiency: float | None = None) -> list[Group]:
     return out
 
 
-def train_spec(run: SweepRun) -> planner.TrainSpec:
-    """The run's training spec as nanotron's base config runs it (``case``)."""
-    c = case(run)
-    return planner.TrainSpec(
-        micro_batch_size=run.micro_batch,
-        seq_len=c["seq_len"],
-        grad_accum_steps=run.grad_accum,
-        recompute="none",
-        attention="flash",
-        framework="none",
-        precision=c["precision"],
-        parallel={
-            "dp": run.dp,
-            "tp": run.tp,
-            "pp": run.pp,
-            "zero_stage": run.zero_stage,
-            "sequence_parallel": run.tp > 1,
-        },
-    )
-
-
 def memory_error(run: SweepRun) -> float:
     """(predicted - measured) / measured of the run's reserved peak. The figure's memory is
     world rank 0's ``torch.cuda.max_memory_reserved()`` (nanotron's ``log_throughput`` writes
     the row from rank 0): the first pipeline stage's, so the first stage's estimate."""
-    model = planner.load_model(case(run)["model_spec"])
-    first = stage_peaks(model, train_spec(run), planner.gpu("H100-80GB"))[0]
+    c = case(run)
+    train = throughput.train_spec(c).model_copy(
+        update={"micro_batch_size": run.micro_batch, "grad_accum_steps": run.grad_accum}
+    )
+    first = stage_peaks(planner.load_model(c["model_spec"]), train, planner.gpu("H100-80GB"))[0]
     measured = (run.reserved_gib or 0.0) * 2**30
     return (first.reserved_bytes - measured) / measured
 
@@ -329,7 +311,7 @@ def source_errors(
     """Each source's median error at a GPU ``compute_efficiency``: the throughput cases
     ``ids`` (``published-throughput.json``) by their stack, and the sweep's runs."""
     by: dict[str, list[float]] = defaultdict(list)
-    cases = {c["id"]: c for c in throughput.published()["cases"]}
+    cases = throughput.cases_by_id()
     for i in ids:
         by[cases[i]["stack"]].append(throughput.replay(cases[i], efficiency=efficiency).error)
     for run in sweep_runs:

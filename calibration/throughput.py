@@ -51,6 +51,12 @@ def published() -> dict[str, Any]:
     return data
 
 
+@cache
+def cases_by_id() -> dict[str, dict[str, Any]]:
+    """The committed cases by their ids."""
+    return {c["id"]: c for c in published()["cases"]}
+
+
 def _model(case: dict[str, Any], doc: dict[str, Any]) -> planner.ModelSpec:
     if "preset" in case:
         return planner.load_model(case["preset"])
@@ -87,6 +93,31 @@ def published_seconds(case: dict[str, Any], doc: dict[str, Any]) -> float:
     return float(flops / (case["gpus"] * case["published_tflops_per_gpu"] * 1e12))
 
 
+def train_spec(case: dict[str, Any]) -> planner.TrainSpec:
+    """The training spec a case ran (its micro-batch and accumulation are the replay's)."""
+    tp, pp, cp = case["tp"], case["pp"], case.get("cp", 1)
+    return planner.TrainSpec(
+        seq_len=case.get("seq_len", published()["seq_len"]),
+        recompute=case.get("recompute", "full"),
+        attention=case.get("attention", "eager"),
+        framework=case.get("framework", "none"),
+        parallel={
+            "dp": case["gpus"] // (tp * pp * cp),
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "zero_stage": case["zero_stage"],
+            **(
+                {"sequence_parallel": case["sequence_parallel"]}
+                if "sequence_parallel" in case
+                else {}
+            ),
+        },
+        max_grad_norm=1.0,
+        **({"precision": case["precision"]} if "precision" in case else {}),
+    )
+
+
 def replay(
     case: dict[str, Any],
     coefficients: planner.Coefficients | None = None,
@@ -106,26 +137,7 @@ def replay(
     dp = gpus // (tp * pp * cp)
     seq = case.get("seq_len", doc["seq_len"])
     recompute = case.get("recompute", "full")
-    train = planner.TrainSpec(
-        seq_len=seq,
-        recompute=recompute,
-        attention=case.get("attention", "eager"),
-        framework=case.get("framework", "none"),
-        parallel={
-            "dp": dp,
-            "tp": tp,
-            "pp": pp,
-            "cp": cp,
-            "zero_stage": case["zero_stage"],
-            **(
-                {"sequence_parallel": case["sequence_parallel"]}
-                if "sequence_parallel" in case
-                else {}
-            ),
-        },
-        max_grad_norm=1.0,
-        **({"precision": case["precision"]} if "precision" in case else {}),
-    )
+    train = train_spec(case)
     coeffs = coefficients or planner.default_coefficients("textbook", hw.name)
     plan = Planner(model, train, cl, hw, gpus, case["global_batch"], seq, coeffs)
     lay = Layout(gpus, tp, pp, vpp, cp, dp, 1)
@@ -183,7 +195,7 @@ def gpu_name(case: dict[str, Any]) -> str:
 def summary(rows: list[Replay]) -> list[tuple[str, str, str, int, float, float]]:
     """(stack, GPU, split, cases, median |error|, worst |error|) over every case the model
     prices as it ran (compiled cases left out: torch.compile is not a knob of the model)."""
-    cases = {c["id"]: c for c in published()["cases"]}
+    cases = cases_by_id()
     groups: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         c = cases[r.id]
@@ -205,7 +217,7 @@ def main() -> None:
         coeffs = planner.default_coefficients("textbook", "A100-80GB").model_copy(
             update={"compute_efficiency": args.efficiency}
         )
-    cases = {c["id"]: c for c in published()["cases"]}
+    cases = cases_by_id()
     rows = replay_all(coeffs)
     for r in rows:
         c = cases[r.id]

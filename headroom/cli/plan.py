@@ -129,8 +129,11 @@ def _print_plan(result: PlanResult, explain: bool, console: Console) -> None:
         f"{planner.format_bytes(result.budget.gpu.peak_bytes)} ({result.budget.peak_phase}) "
         f"of {planner.format_bytes(result.budget.gpu.capacity_bytes)}"
     )
-    default = "" if result.margin_pct is not None else " (the default: the worst under-prediction"
-    default += "" if result.margin_pct is not None else " of the published GPU runs)"
+    default = (
+        " (the default: the worst under-prediction of the published GPU runs)"
+        if result.margin_pct is None
+        else ""
+    )
     console.print(
         f"margin {result.margin_pct_used:g} % of each peak{default}; tie band "
         f"{result.tie_band_pct:g} % (the roomiest of the layouts as fast as the fastest)",
