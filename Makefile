@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SERVICE_STAMP := $(VENV)/.installed-service
 
-.PHONY: install install-service browser slurm run test lint typecheck pytest bench clean
+.PHONY: install install-service browser slurm ccache run test lint typecheck pytest bench clean
 
 install: $(STAMP)
 
@@ -69,12 +69,15 @@ browser:
 slurm:
 	scripts/install-slurm.sh
 
+ccache:
+	scripts/install-ccache.sh
+
 # two workers on two cores take the suite from 17 to about 10 minutes; tests that share a thing
 # of the machine stay on one worker (tests/conftest.py: SHARED); the few that assert a
 # wall-clock bound (marked timing) run alone afterwards, on an otherwise idle machine
 PYTEST_WORKERS ?= 2
 
-pytest: install browser slurm
+pytest: install browser slurm ccache
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
 	$(BIN)/python -m pytest -q -m timing
 

@@ -13,6 +13,9 @@ user, and no test runs past its time limit.
 - Whatever the session starts carries its mark and is killed once the session is gone, even
   when it is SIGKILLed, and what a killed earlier run left is killed at the start
   (``tests/processes.py``: ``guard``).
+- C++ compiles through ccache where it is installed, its store in this clone
+  (``tests/compilers.py``): DeepSpeed's op, built from scratch in two folders (the killed
+  build's test builds into one of its own), is compiled once.
 - A run that is stopped can leave a half-written kernel in inductor's cache: the next run
   finds the stopped run's mark and removes the compiled caches first (``tests/caches.py``).
 - ``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): the tests that
@@ -25,6 +28,7 @@ import os
 from pathlib import Path
 
 import caches
+import compilers
 import processes
 import pytest
 
@@ -45,6 +49,7 @@ CACHES = {
 }
 for _variable, _folder in CACHES.items():
     os.environ[_variable] = str(CACHE / _folder)
+compilers.use_ccache(CACHE)
 
 
 #: where the run keeps its mark on the caches (``caches.claim``)
