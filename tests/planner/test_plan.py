@@ -366,6 +366,31 @@ def test_the_blackwell_and_instinct_presets_are_their_sources_figures() -> None:
     assert "Infinity Fabric" in cluster_preset("mi300x-8").source
 
 
+def test_the_b300_gb200_and_mi325x_presets_are_their_sources_figures() -> None:
+    """Blackwell Ultra, one GPU of a GB200 superchip and the MI325X: the memory the device
+    reports, dense BF16 (half the sparse figure NVIDIA publishes) and the host link, each
+    with its source named; a GB200's node is its superchip: two GPUs on one Grace's RAM."""
+    b300, gb200, mi325x = planner.gpu("B300-SXM6"), planner.gpu("gb200"), planner.gpu("mi325x")
+    assert b300.memory_bytes == 275040 * 2**20 == 288_400_343_040  # nvidia-smi's "275040MiB"
+    assert b300.bf16_flops == 4.5e15 / 2 and "4.5 PFLOP/s with sparsity, halved" in b300.source
+    assert gb200.memory_bytes == 189471 * 2**20 and gb200.bf16_flops == 360e15 / 72 / 2
+    assert gb200.host_link == "NVLink-C2C" and gb200.host_memory_bytes == 480_000_000_000
+    assert gb200.gpus_per_node == 2 and "two GPUs share" in gb200.source
+    assert round(mi325x.memory_bytes / 2**30, 2) == 255.98  # "total capacity of 255.98 GiB"
+    assert mi325x.bf16_flops == 1307.4e12 == pytest.approx(304 * 2048 * 2.1e9, rel=1e-4)
+    assert mi325x.memory_bytes > planner.gpu("MI300X").memory_bytes
+    for hw in (b300, gb200, mi325x):
+        assert "@" in hw.source and "uncalibrated" in hw.source  # a commit, and what is not fitted
+        assert hw.compute_efficiency is None  # no published run fits one: the coefficients'
+    # a 70B with ZeRO-3 on 8 of them: the bigger memories fit what an H100 cannot
+    train = planner.TrainSpec.model_validate({"parallel": {"dp": 8, "zero_stage": 3}})
+    model = planner.load_model("llama-3-70b")
+    fits = {
+        n: planner.estimate(model, train, planner.gpu(n)).fits for n in ("H100", "B300", "MI325X")
+    }
+    assert fits == {"H100": False, "B300": True, "MI325X": True}
+
+
 def test_a_plan_explains_its_step_and_names_its_rejections() -> None:
     p = _planner("llama-3-70b", "H100-80GB", 32, 256, 4096)
     result = p.run(max_listed=3)
