@@ -221,6 +221,10 @@ def probes_ending(probed: LadderOutcome, code: int | None) -> Ending:
     return Ending("failed", f"{NOT_CONFIRMED}: {probed.result.reason}", code)
 
 
+#: the file in a run's directory where its trainer writes one JSON line per step
+PROGRESS = "progress.jsonl"
+
+
 def spec_documents(plan: RunPlan) -> dict[str, dict[str, Any]]:
     """The run's validated specs as the trainer reads them: file name -> JSON object
     (``model.json``, ``train.json``)."""
@@ -231,11 +235,18 @@ def spec_documents(plan: RunPlan) -> dict[str, dict[str, Any]]:
 
 
 def trainer_args(
-    plan: RunPlan, *, steps: int, device: str, specs: PurePath, report: PurePath
+    plan: RunPlan,
+    *,
+    steps: int,
+    device: str,
+    specs: PurePath,
+    report: PurePath,
+    progress: PurePath | None = None,
 ) -> list[str]:
     """``headroom train``'s arguments for ``plan``: the spec files in ``specs`` (as
     ``spec_documents`` names them), ``steps``, ``device`` (a CPU run simulates the planned
-    card's memory), the dtype the plan trains in and the report's path."""
+    card's memory), the dtype the plan trains in, the report's path and, given, where the
+    trainer writes a line per step (``headroom launch`` follows it)."""
     args = [
         str(specs / "model.json"),
         "--train",
@@ -249,6 +260,8 @@ def trainer_args(
         "--report",
         str(report),
     ]
+    if progress is not None:
+        args += ["--progress", str(progress)]
     if device == "cpu":  # the planned card's memory, on a simulated device
         args += ["--memory-cap", str(plan.hw.memory_bytes - plan.hw.cuda_context_bytes)]
     return args
@@ -265,6 +278,7 @@ def write_specs(plan: RunPlan, run: Run, directory: Path) -> list[str]:
         device=run.device or "cpu",
         specs=directory,
         report=directory / "report.json",
+        progress=directory / PROGRESS,
     )
 
 

@@ -108,6 +108,13 @@ class Result:
 
 
 PhaseHook = Callable[[str, int], None]
+#: called after each optimizer step with (step, the step's mean loss over its micro-batches
+#: and ranks): what ``headroom train --progress`` writes as the run goes
+StepHook = Callable[[int, float], None]
+
+
+def _no_step(step: int, loss: float) -> None:
+    pass
 
 
 def _noop(phase: str, step: int) -> None:
@@ -173,7 +180,7 @@ def recompute_every(train: TrainSpec) -> int | None:
 
 
 def _train_reference(
-    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook
+    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook, on_step: StepHook
 ) -> Result:
     device = torch.device(cfg.device)
     model = build_model(spec, seed=cfg.seed, dtype=cfg.dtype, device=device)
@@ -205,6 +212,7 @@ def _train_reference(
                 _ema_update(ema[n], p.detach(), o.ema_decay, train.ema == "host")
         on_phase("optimizer", step)
         losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
+        on_step(step, losses[-1])
     seconds = time.perf_counter() - start
     with host():
         state = {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
@@ -321,7 +329,12 @@ class FoldGrads:
 
 
 def _train_optimizer_offload(
-    spec: ModelSpec, train: TrainSpec, cfg: RunConfig, on_phase: PhaseHook, backend: CpuBackend
+    spec: ModelSpec,
+    train: TrainSpec,
+    cfg: RunConfig,
+    on_phase: PhaseHook,
+    backend: CpuBackend,
+    on_step: StepHook,
 ) -> Result:
     """Placement ``optimizer`` (and ``none`` when the spec's state is not what torch AdamW
     keeps: an fp32 master, fp32 gradient accumulation or moments in another precision)."""
@@ -460,6 +473,7 @@ def _train_optimizer_offload(
             model.zero_grad(set_to_none=True)
             on_phase("optimizer", step)
             losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
+            on_step(step, losses[-1])
     finally:
         if fold is not None:
             fold.remove()
@@ -802,6 +816,7 @@ def _train_streaming(
     cfg: RunConfig,
     on_phase: PhaseHook,
     backend: CpuBackend,
+    on_step: StepHook,
 ) -> Result:
     device = torch.device(cfg.device)
     dtype = cfg.dtype
@@ -970,6 +985,7 @@ def _train_streaming(
                     stream.host_ready[index] = work.submit(update)
             on_phase("optimizer", step)
             losses.append(ranks.mean_float(total, device) / train.grad_accum_steps)
+            on_step(step, losses[-1])
         for ready in stream.host_ready.values():
             ready.result()
         stream.host_ready.clear()
@@ -1045,16 +1061,19 @@ def train_model(
     cfg: RunConfig,
     on_phase: PhaseHook = _noop,
     backend: CpuBackend | None = None,
+    on_step: StepHook | None = None,
 ) -> Result:
-    """Train ``spec`` under ``train``'s placement (or the reference) and report."""
+    """Train ``spec`` under ``train``'s placement (or the reference) and report; ``on_step``
+    hears each step's loss as it ends."""
+    on_step = on_step or _no_step
     if cfg.reference or (train.offload.mode == "none" and torch_adamw_keeps(train, cfg)):
-        return _train_reference(spec, train, cfg, on_phase)
+        return _train_reference(spec, train, cfg, on_phase, on_step)
     backend = backend or make_backend(torch.device(cfg.device))
     try:
         if train.offload.mode in ("none", "optimizer"):
-            result = _train_optimizer_offload(spec, train, cfg, on_phase, backend)
+            result = _train_optimizer_offload(spec, train, cfg, on_phase, backend, on_step)
         else:
-            result = _train_streaming(spec, train, cfg, on_phase, backend)
+            result = _train_streaming(spec, train, cfg, on_phase, backend, on_step)
     finally:
         backend.release_host()  # unlock what the run pinned, also after an out-of-memory
     ranks = cfg.ranks

@@ -7,6 +7,7 @@ the service's and the runtime's packages, which ``pip install headroom-planner``
 from __future__ import annotations
 
 import json
+import sys
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -29,6 +30,7 @@ from headroom.cli.options import (
     TrainOpt,
     load_specs,
 )
+from headroom.cli.progress import Follower
 from headroom.cli.render import offload_text, recompute_text
 
 if TYPE_CHECKING:
@@ -364,9 +366,12 @@ def launch_command(
         if k8s is not None:
             _print_manifests(plan, steps, where, k8s, format)
             raise typer.Exit(ExitCode.OK)
+        from headroom.launch.rundirs import run_dir
+        from headroom.launch.supervisor import PROGRESS
         from headroom.store import open_store
 
         sessions = open_store()
+        settings = launching.LaunchSettings(run_device=where)
         with sessions() as session:
             row, _ = launching.queue_run(
                 session=session,
@@ -377,8 +382,12 @@ def launch_command(
                 probe=in_job,
                 slurm=slurm,
             )
-        settings = launching.LaunchSettings(run_device=where)
-        run = launching.Supervisor(sessions, settings).run_now(row.id, plan)
+            row_id, directory = row.id, run_dir(settings, row)
+        # the trainer's line per step, shown while the run goes (kept for --format json)
+        show = "none" if format is TextOrJson.json else "bar" if sys.stderr.isatty() else "lines"
+        with Follower(directory / PROGRESS, show) as follower:
+            run = launching.Supervisor(sessions, settings).run_now(row_id, plan)
+        progress = follower.lines
     summary = _summary(run, plan)
     out = {
         "summary": summary,
@@ -395,6 +404,7 @@ def launch_command(
         },
         "plan": run.plan["train"],
         "probes": probes or run.plan.get("probes", []),
+        "progress": progress,
     }
     if format is TextOrJson.json:
         typer.echo(json.dumps(out, indent=2))

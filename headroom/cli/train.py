@@ -33,6 +33,46 @@ class DType(StrEnum):
     bfloat16 = "bfloat16"
 
 
+def tokens_per_step(train: planner.TrainSpec, world: int) -> int:
+    """Tokens one optimizer step trains on, every rank's."""
+    return train.micro_batch_size * train.seq_len * train.grad_accum_steps * world
+
+
+class StepLog:
+    """``--progress``: one JSON line per optimizer step, appended and flushed as the step
+    ends, so that a launcher (or ``tail -f``) follows the run. ``seconds`` counts from the
+    trainer's start (building the model and its state included); ``tokens_per_s`` is over the
+    steps after the first, whose time holds that build and the first pass's warm-up (None
+    for the first)."""
+
+    def __init__(self, path: Path, steps: int, tokens_per_step: int) -> None:
+        import time
+
+        self.path, self.steps, self.tokens_per_step = path, steps, tokens_per_step
+        self.clock = time.monotonic
+        self.start = self.clock()
+        self.first: float | None = None  # when the first step ended
+        path.write_text("")  # this run's lines only, not an earlier run's
+
+    def __call__(self, step: int, loss: float) -> None:
+        now = self.clock()
+        rate = None
+        if self.first is None:
+            self.first = now
+        elif now > self.first:
+            rate = round((step - 1) * self.tokens_per_step / (now - self.first), 1)
+        line = {
+            "step": step,
+            "steps": self.steps,
+            "loss": loss,
+            "seconds": round(now - self.start, 4),
+            "tokens": step * self.tokens_per_step,
+            "tokens_per_s": rate,
+        }
+        with writing("--progress", self.path), self.path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
 def train_command(
     model: ModelArg,
     train: TrainOpt = None,
@@ -68,6 +108,15 @@ def train_command(
             dir_okay=False,
         ),
     ] = None,
+    progress: Annotated[
+        Path | None,
+        typer.Option(
+            "--progress",
+            help="Append one JSON line per optimizer step here as the run goes (rank 0 of a "
+            "data-parallel run): step, steps, loss, seconds, tokens, tokens_per_s.",
+            dir_okay=False,
+        ),
+    ] = None,
     memory_cap: Annotated[
         str | None,
         typer.Option(
@@ -82,6 +131,8 @@ def train_command(
         writable("--report", report)  # now, not after the training it would report
     if save_weights is not None:
         writable("--save-weights", save_weights)
+    if progress is not None:
+        writable("--progress", progress)
     with user_errors():
         spec = planner.load_model(model)
         train_spec = planner.load_train(train_dict(train, set_ or []))
@@ -155,7 +206,12 @@ def train_command(
         out.memory_cap_bytes = cap_bytes
     try:
         with cap if cap is not None else contextlib.nullcontext():
-            result = train_model(spec, train_spec, cfg, on_phase=probe)
+            on_step = (
+                StepLog(progress, steps, tokens_per_step(train_spec, ranks.world))
+                if progress is not None and ranks.rank == 0
+                else None
+            )
+            result = train_model(spec, train_spec, cfg, on_phase=probe, on_step=on_step)
         out.losses = result.losses
         out.steps = result.steps
         out.tokens_per_second = result.tokens_per_second

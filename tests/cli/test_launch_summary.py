@@ -1,6 +1,7 @@
 """``headroom launch`` ends with what a user came for: the plan it trained, the predicted peak
 against the measured one (like with like: allocated bytes), throughput and the final loss, in
-text and in ``--format json``."""
+text and in ``--format json``; while it trains it shows each step (``headroom train
+--progress``, followed by ``cli.progress``): on stderr in text, in ``progress`` in JSON."""
 
 from __future__ import annotations
 
@@ -31,8 +32,18 @@ def test_a_launch_ends_with_the_plan_the_peaks_the_throughput_and_the_loss(tmp_p
     )
     assert abs(predicted - measured) <= 0.01 * measured
     assert summary["tokens_per_second"] > 0 and summary["final_loss"] > 0
+    # every step as the trainer ended it: the last one's loss is the summary's
+    steps = out["progress"]
+    assert [s["step"] for s in steps] == [1, 2] and {s["steps"] for s in steps} == {2}
+    assert steps[-1]["loss"] == summary["final_loss"]
+    assert steps[0]["tokens_per_s"] is None and steps[1]["tokens_per_s"] > 0
+    assert steps[1]["tokens"] == 2 * steps[0]["tokens"] and steps[1]["seconds"] > 0
     text = run_headroom(*args, env=env, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
+    # not a terminal: plain lines on stderr, the first step's and the last one's
+    shown = [line for line in text.stderr.splitlines() if line.startswith("step ")]
+    assert shown[0].startswith("step 1/2, loss ") and shown[-1].startswith("step 2/2, loss ")
+    assert "tokens/s" in shown[-1]
     lines = text.stdout.splitlines()
     assert lines[1].startswith("plan: micro-batch ")
     assert lines[2].startswith("allocated peak predicted ") and "measured " in lines[2]
