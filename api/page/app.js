@@ -98,7 +98,16 @@
         optimizer: $("optimizer").value,
         ema: $("ema").value,
         offload,
-        parallel: { dp: readNumber("dp"), zero_stage: Number($("zero_stage").value) },
+        parallel: {
+          dp: readNumber("dp"),
+          tp: readNumber("tp"),
+          pp: readNumber("pp"),
+          vpp: readNumber("vpp"),
+          cp: readNumber("cp"),
+          ep: readNumber("ep"),
+          sequence_parallel: $("sequence_parallel").checked,
+          zero_stage: Number($("zero_stage").value),
+        },
         framework: $("framework").value,
         activation_profile: $("activation_profile").value,
       },
@@ -106,6 +115,7 @@
     };
     const host = $("host_memory").value.trim();
     if (host) body.host_memory = host;
+    if ($("gpus_per_node").value.trim()) body.gpus_per_node = readNumber("gpus_per_node");
     return body;
   }
 

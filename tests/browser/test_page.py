@@ -442,3 +442,56 @@ def test_the_plan_view_draws_the_chosen_layout_and_runners_up(
     _wait(page, lambda d: d.find_element(By.ID, "plan").get_attribute("data-state") == "error", "e")
     assert "no cluster preset has RTX-4090" in _text(page, "plan-error")
     assert not page.find_element(By.ID, "plan-table").is_displayed()
+
+
+def _drawn_as_posted(page: webdriver.Chrome, server: str, body: dict[str, Any], what: str) -> int:
+    """The page's peak once it draws what the API answers for ``body``."""
+    status, expected = _post(server, "/api/v1/estimate", body)
+    assert status == 200, expected
+    peak = expected["gpu"]["peak_bytes"]
+    drawn: int = _wait(page, lambda d: _peak(d) == peak and peak, f"{what} is drawn")
+    assert _text(page, "error") == ""
+    return drawn
+
+
+def test_every_parallel_degree_and_model_code_reaches_the_api(
+    page: webdriver.Chrome, server: str
+) -> None:
+    """TP, PP with virtual stages, CP, sequence parallelism, EP and GPUs per node, and the
+    Megatron-Core and torchtitan model codes, as the CLI takes them: the page draws what the
+    API answers for the same spec."""
+    _select(page, "model", "llama-3-70b")
+    before = _peak_change(page, -1, "llama-3-70b")
+    degrees = {"dp": 2, "tp": 2, "pp": 2, "vpp": 2, "cp": 2}
+    for field, value in degrees.items():
+        _type(page, field, str(value))
+    page.find_element(By.ID, "sequence_parallel").click()
+    _type(page, "gpus_per_node", "8")
+    _select(page, "framework", "megatron")
+    _select(page, "activation_profile", "megatron")
+    parallel = {**degrees, "sequence_parallel": True, "zero_stage": 0}
+    train = {"framework": "megatron", "activation_profile": "megatron", "parallel": parallel}
+    body = {"model": "llama-3-70b", "gpu": "H200-141GB", "train": train, "gpus_per_node": 8}
+    megatron = _drawn_as_posted(page, server, body, "megatron tp2 pp2 vpp2 cp2 sp")
+    assert megatron < before  # a quarter of the model's layers' width and depth per GPU
+    # 16 GPUs (2 x 2 x 2 x 2), 8 on a node: eight ranks share the node's host RAM
+    assert _text(page, "host-summary").endswith(", 8 ranks share the node")
+
+    _select(page, "framework", "fsdp2")
+    _select(page, "activation_profile", "torchtitan")
+    train = {**train, "framework": "fsdp2", "activation_profile": "torchtitan"}
+    train["parallel"] = {**parallel, "zero_stage": 3}
+    _drawn_as_posted(page, server, {**body, "train": train}, "fsdp2 with torchtitan's code")
+
+    _select(page, "framework", "none")
+    _select(page, "activation_profile", "textbook")
+    _select(page, "model", "mixtral-8x7b")
+    for field in ("tp", "pp", "vpp", "cp"):
+        _type(page, field, "1")
+    page.find_element(By.ID, "sequence_parallel").click()
+    _type(page, "ep", "2")
+    moe = {"dp": 2, "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 2, "zero_stage": 3}
+    train = {"framework": "none", "activation_profile": "textbook", "parallel": moe}
+    _drawn_as_posted(
+        page, server, {**body, "model": "mixtral-8x7b", "train": train}, "mixtral with EP 2"
+    )
