@@ -65,23 +65,34 @@
     return value;
   }
 
-  function readModel() {
-    const choice = $("model").value;
-    if (choice !== CUSTOM) return choice;
-    const text = $("model_json").value.trim();
-    if (!text) {
-      throw new InputError("Model JSON: paste our model spec or a Hugging Face config.json");
-    }
+  /** The object a JSON textarea holds; ``what`` names it in the error, ``empty`` says what
+   *  to paste. */
+  function readJsonObject(id, what, empty) {
+    const text = $(id).value.trim();
+    if (!text) throw new InputError(`${what}: ${empty}`);
     let parsed;
     try {
       parsed = JSON.parse(text);
     } catch (err) {
-      throw new InputError(`Model JSON is not valid JSON: ${err.message}`);
+      throw new InputError(`${what} is not valid JSON: ${err.message}`);
     }
     if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-      throw new InputError("Model JSON must be an object");
+      throw new InputError(`${what} must be an object`);
     }
     return parsed;
+  }
+
+  function readGpu() {
+    const choice = $("gpu").value;
+    if (choice !== CUSTOM) return choice;
+    return readJsonObject("gpu_json", "GPU JSON", "paste a GPU as a GPU file holds it");
+  }
+
+  function readModel() {
+    const choice = $("model").value;
+    if (choice !== CUSTOM) return choice;
+    return readJsonObject(
+      "model_json", "Model JSON", "paste our model spec or a Hugging Face config.json");
   }
 
   function buildRequest() {
@@ -111,7 +122,7 @@
         framework: $("framework").value,
         activation_profile: $("activation_profile").value,
       },
-      gpu: $("gpu").value,
+      gpu: readGpu(),
     };
     const host = $("host_memory").value.trim();
     if (host) body.host_memory = host;
@@ -471,6 +482,7 @@
   function syncDependentControls() {
     const custom = $("model").value === CUSTOM;
     $("model-json-group").hidden = !custom;
+    $("gpu-json-group").hidden = $("gpu").value !== CUSTOM;
     // FSDP2 shards everything (ZeRO-3) and keeps its state on the GPU
     const fsdp2 = $("framework").value === "fsdp2";
     if (fsdp2) {
@@ -525,7 +537,7 @@
     fillSelect($("model"), models, DEFAULT_MODELS);
     fillSelect($("gpu"), presets.gpus.map((g) => ({
       value: g.name, textContent: `${g.name} (${Math.round(g.memory_bytes / GIB)} GiB)`,
-    })), DEFAULT_GPUS);
+    })).concat([{ value: CUSTOM, textContent: "Custom: paste JSON…" }]), DEFAULT_GPUS);
     syncDependentControls();
     update();
   }

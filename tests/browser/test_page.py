@@ -495,3 +495,31 @@ def test_every_parallel_degree_and_model_code_reaches_the_api(
     _drawn_as_posted(
         page, server, {**body, "model": "mixtral-8x7b", "train": train}, "mixtral with EP 2"
     )
+
+
+def test_a_custom_gpu_pasted_as_json_is_what_the_page_prices(
+    page: webdriver.Chrome, server: str
+) -> None:
+    """A GPU no preset has (here an 80 GiB card at half an H100's speed), pasted as a GPU file
+    holds it: drawn against its own capacity, as the API prices it; bad JSON names the field."""
+    gpu = {
+        "name": "my-80g",
+        "memory_bytes": 80 * 2**30,
+        "bf16_flops": 500e12,
+        "memory_bandwidth_bytes_per_s": 2e12,
+        "host_link": "PCIe Gen4 x16",
+        "host_link_bytes_per_s": 32e9,
+        "cuda_context_bytes": 2**30,
+        "allocator_overhead_fraction": 0.07,
+    }
+    _select(page, "gpu", "__custom__")
+    assert page.find_element(By.ID, "gpu_json").is_displayed()
+    _type(page, "gpu_json", "{not json")
+    _wait(page, lambda d: "GPU JSON is not valid JSON" in _text(d, "error"), "the JSON error")
+    _type(page, "gpu_json", json.dumps(gpu))
+    # drawn against the card's own capacity, not a preset's (its peak is the H200's: the
+    # buckets do not depend on the card's size)
+    _wait(page, lambda d: _text(d, "gpu-capacity") == "of 80.00 GiB", "the custom GPU")
+    _drawn_as_posted(page, server, {"model": "llama-3-8b", "gpu": gpu}, "the custom GPU")
+    _select(page, "gpu", "H200-141GB")
+    assert not page.find_element(By.ID, "gpu_json").is_displayed()
