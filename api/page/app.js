@@ -52,6 +52,8 @@
   let timer = null;
   let inflight = null;
   let sequence = 0;
+  /** The request (JSON) the fit table answers; null when it shows nothing. */
+  let fitFor = null;
 
   // ---- reading the form ------------------------------------------------------------------
 
@@ -97,14 +99,25 @@
 
   function buildRequest() {
     const mode = $("offload_mode").value;
-    const offload = mode === "optimizer" ? { mode, fraction: readNumber("offload_fraction") } : { mode };
+    const offload = { mode };
+    if (mode === "optimizer") offload.fraction = readNumber("offload_fraction");
+    if (mode === "streaming") {
+      if ($("checkpoint_every").value.trim()) {
+        offload.checkpoint_every = readNumber("checkpoint_every");
+      }
+      offload.num_buffers = readNumber("num_buffers");
+    }
+    const recompute = $("recompute").value === "every"
+      ? { every_k: readNumber("recompute_every") }
+      : $("recompute").value;
     const body = {
       model: readModel(),
       train: {
         micro_batch_size: readNumber("micro_batch_size"),
         seq_len: readNumber("seq_len"),
         grad_accum_steps: readNumber("grad_accum_steps"),
-        recompute: $("recompute").value,
+        recompute,
+        expandable_segments: $("expandable_segments").checked,
         attention: $("attention").value,
         optimizer: $("optimizer").value,
         ema: $("ema").value,
@@ -186,6 +199,15 @@
     }
     clearError();
     render(data);
+    // a spec that does not fit offers the ladder's answer; one found for another spec goes
+    $("fit").hidden = data.fits;
+    if (fitFor !== JSON.stringify(body)) {
+      fitFor = null;
+      $("fit-table").hidden = true;
+      $("fit-summary").textContent = "";
+      $("fit-error").hidden = true;
+      delete $("fit").dataset.state;
+    }
   }
 
   function setBusy(busy) {
@@ -470,6 +492,129 @@
     $("plan").dataset.state = "ok";
   }
 
+  // ---- what fits instead ------------------------------------------------------------------
+
+  /** The ladder's keys of a whole training spec, as a runner-up's ``changes`` name them. */
+  function ladderKeys(t) {
+    const offload = { mode: t.offload.mode };
+    if (t.offload.mode === "optimizer") offload.fraction = t.offload.fraction;
+    if (t.offload.mode === "streaming") offload.checkpoint_every = t.offload.checkpoint_every || 1;
+    return {
+      micro_batch_size: t.micro_batch_size,
+      grad_accum_steps: t.grad_accum_steps,
+      "parallel.zero_stage": t.parallel.zero_stage,
+      expandable_segments: t.expandable_segments,
+      recompute: t.recompute,
+      offload,
+    };
+  }
+
+  function valueText(value) {
+    if (value === null || typeof value !== "object") return String(value);
+    return Object.entries(value).map(([k, v]) => `${k} ${v}`).join(", ");
+  }
+
+  function changesText(changes) {
+    const parts = Object.entries(changes).map(([k, v]) => `${k}: ${valueText(v)}`);
+    return parts.length ? parts.join("; ") : "none: this spec, as it is";
+  }
+
+  /** Set the form's fields to a fit's ``changes`` (ladder keys), then estimate again. */
+  function applyChanges(changes) {
+    for (const [key, value] of Object.entries(changes)) {
+      if (key === "micro_batch_size" || key === "grad_accum_steps") $(key).value = String(value);
+      else if (key === "parallel.zero_stage") $("zero_stage").value = String(value);
+      else if (key === "expandable_segments") $("expandable_segments").checked = Boolean(value);
+      else if (key === "recompute") {
+        if (typeof value === "string") $("recompute").value = value;
+        else {
+          $("recompute").value = "every";
+          $("recompute_every").value = String(value.every_k);
+        }
+      } else if (key === "offload") {
+        $("offload_mode").value = value.mode;
+        if (value.fraction !== undefined) $("offload_fraction").value = String(value.fraction);
+        if (value.checkpoint_every !== undefined) {
+          $("checkpoint_every").value = String(value.checkpoint_every);
+        }
+      }
+    }
+    syncDependentControls();
+    $("fit").hidden = true;
+    update();
+  }
+
+  function fitRow(changes, gpuPeak, tokensPerSecond, chosen) {
+    const apply = el("button", { type: "button", class: "apply", textContent: "Apply" });
+    apply.addEventListener("click", () => applyChanges(changes));
+    return el("tr", {
+      class: `plan-row${chosen ? " chosen" : ""}`,
+      dataset: { changes: JSON.stringify(changes), peakBytes: String(gpuPeak) },
+    }, [
+      el("th", { scope: "row" }, [changesText(changes),
+        ...(chosen ? [el("span", { class: "badge", textContent: "chosen" })] : [])]),
+      el("td", { class: "num", textContent: `${fmtGiB(gpuPeak)} GiB` }),
+      el("td", { class: "num", textContent: Math.round(tokensPerSecond).toLocaleString("en-US") }),
+      el("td", {}, [apply]),
+    ]);
+  }
+
+  async function runFit() {
+    const box = $("fit-error");
+    box.hidden = true;
+    let body;
+    try {
+      body = buildRequest();
+    } catch (err) {
+      if (!(err instanceof InputError)) throw err;
+      box.textContent = err.message;
+      box.hidden = false;
+      return;
+    }
+    $("fit").dataset.state = "loading";
+    $("fit-summary").textContent = "fitting…";
+    fitFor = JSON.stringify(body);
+    let response;
+    let data;
+    try {
+      ({ response, data } = await postJson("fit", body));
+    } catch (err) {
+      box.textContent = `Cannot reach the server: ${err.message}`;
+      box.hidden = false;
+      $("fit").dataset.state = "error";
+      return;
+    }
+    if (fitFor !== JSON.stringify(body)) return; // the form changed meanwhile: an old answer
+    if (!response.ok || !data || data.fits === undefined) {
+      box.textContent = (data && data.detail) || `HTTP ${response.status} ${response.statusText}`;
+      box.hidden = false;
+      $("fit-summary").textContent = "";
+      $("fit-table").hidden = true;
+      $("fit").dataset.state = "error";
+      return;
+    }
+    const rows = [];
+    if (data.fits) {
+      // the form sends every ladder key: the chosen plan's changes are the keys that differ
+      const asked = ladderKeys(body.train);
+      const chosen = ladderKeys(data.plan);
+      const changes = Object.fromEntries(Object.entries(chosen)
+        .filter(([k, v]) => JSON.stringify(asked[k]) !== JSON.stringify(v)));
+      rows.push(fitRow(changes, data.budget.gpu.peak_bytes, data.predicted_tokens_per_second, true));
+      for (const r of data.runners_up) {
+        rows.push(fitRow(r.changes, r.gpu_peak_bytes, r.tokens_per_second, false));
+      }
+    }
+    $("fit-table").tBodies[0].replaceChildren(...rows);
+    $("fit-table").hidden = !data.fits;
+    $("fit-summary").textContent = data.fits
+      ? `${data.candidates_fitting.toLocaleString("en-US")} of ` +
+        `${data.candidates_considered.toLocaleString("en-US")} candidates fit; the fastest first.`
+      : `Nothing fits: ${data.reason}`;
+    $("fit").dataset.fits = String(data.fits);
+    $("fit").dataset.state = "ok";
+  }
+
   // ---- start -----------------------------------------------------------------------------
 
   function fillSelect(select, items, defaults) {
@@ -502,6 +647,10 @@
     $("zero_stage").disabled = fsdp2 || megatron;
     $("offload_mode").disabled = fsdp2;
     $("offload_fraction").disabled = fsdp2 || $("offload_mode").value !== "optimizer";
+    const streaming = $("offload_mode").value === "streaming";
+    $("checkpoint_every").disabled = !streaming;
+    $("num_buffers").disabled = !streaming;
+    $("recompute_every").disabled = $("recompute").value !== "every";
   }
 
   async function init() {
@@ -510,6 +659,7 @@
       event.preventDefault();
       update();
     });
+    $("fit-run").addEventListener("click", () => runFit());
     $("plan-form").addEventListener("submit", (event) => {
       event.preventDefault();
       runPlan();

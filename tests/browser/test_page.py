@@ -523,3 +523,44 @@ def test_a_custom_gpu_pasted_as_json_is_what_the_page_prices(
     _drawn_as_posted(page, server, {"model": "llama-3-8b", "gpu": gpu}, "the custom GPU")
     _select(page, "gpu", "H200-141GB")
     assert not page.find_element(By.ID, "gpu_json").is_displayed()
+
+
+def test_a_spec_that_does_not_fit_offers_what_fits_and_applies_it(
+    page: webdriver.Chrome, server: str
+) -> None:
+    """Llama-3-8B at micro-batch 16 on one H200 does not fit: the page offers the ladder's
+    answer (POST /fit) with its runners-up, each with the changes it makes, and Apply sets the
+    form to one, which then fits with the peak the API gives for the applied spec."""
+    _type(page, "micro_batch_size", "16")
+    _wait(page, lambda d: _text(d, "verdict") == "does not fit", "the verdict")
+    fit = page.find_element(By.ID, "fit")
+    assert fit.is_displayed()
+    page.find_element(By.ID, "fit-run").click()
+    _wait(page, lambda d: d.find_element(By.ID, "fit").get_attribute("data-state") == "ok", "fit")
+    asked = {"model": "llama-3-8b", "gpu": "H200-141GB", "host_memory": "1TiB"}
+    status, expected = _post(server, "/api/v1/fit", {**asked, "train": {"micro_batch_size": 16}})
+    assert status == 200 and expected["fits"]
+    rows = page.find_elements(By.CSS_SELECTOR, "#fit-table tbody tr")
+    assert len(rows) == 1 + len(expected["runners_up"])
+    assert "chosen" in _attr(rows[0], "class")
+    assert int(_attr(rows[0], "data-peak-bytes")) == expected["budget"]["gpu"]["peak_bytes"]
+    for row, runner in zip(rows[1:], expected["runners_up"], strict=True):
+        assert json.loads(_attr(row, "data-changes")) == runner["changes"]
+    # a runner-up that changes more than one key (each set in its own field)
+    pick = next(i for i, r in enumerate(expected["runners_up"]) if len(r["changes"]) > 1)
+    runner = expected["runners_up"][pick]
+    apply = rows[1 + pick].find_element(By.CSS_SELECTOR, "button.apply")
+    page.execute_script("arguments[0].scrollIntoView({block: 'center'})", apply)
+    size = apply.size
+    assert apply.is_displayed() and size["width"] > 0, size
+    apply.click()
+    train = {"micro_batch_size": 16}
+    for key, value in runner["changes"].items():
+        if key == "parallel.zero_stage":
+            train["parallel"] = {"zero_stage": value}
+        else:
+            train[key] = value
+    status, applied = _post(server, "/api/v1/estimate", {**asked, "train": train})
+    assert status == 200 and applied["fits"]
+    _wait(page, lambda d: _peak(d) == applied["gpu"]["peak_bytes"], "the applied spec is drawn")
+    assert _text(page, "verdict") == "fits" and not fit.is_displayed()
