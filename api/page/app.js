@@ -54,6 +54,8 @@
   let sequence = 0;
   /** The request (JSON) the fit table answers; null when it shows nothing. */
   let fitFor = null;
+  /** The plan request (JSON) the plan table answers; null before the first plan. */
+  let planFor = null;
 
   // ---- reading the form ------------------------------------------------------------------
 
@@ -387,6 +389,8 @@
   }
 
   function planRow(c, capacity, chosen, buckets) {
+    const apply = el("button", { type: "button", class: "apply", textContent: "Apply" });
+    apply.addEventListener("click", () => applyPlan(c));
     const bar = el("div", {
       class: "bar mini",
       role: "img",
@@ -421,6 +425,7 @@
       el("td", { class: "num", textContent: c.step_seconds.toFixed(3) }),
       el("td", { class: "load" }, [bar, el("span", { class: "hint",
         textContent: ` ${fmtGiB(c.gpu_peak_bytes)} GiB` })]),
+      el("td", {}, [apply]),
     ]);
   }
 
@@ -470,6 +475,7 @@
     }
     $("plan").dataset.state = "loading";
     $("plan-summary").textContent = "planning…";
+    const asked = JSON.stringify(body);
     let response;
     let data;
     try {
@@ -485,10 +491,14 @@
       box.hidden = false;
       $("plan-summary").textContent = "";
       $("plan-table").hidden = true;
+      planFor = null; // no table left to be stale
+      markPlanStale();
       $("plan").dataset.state = "error";
       return;
     }
     renderPlan(data);
+    planFor = asked;
+    markPlanStale();
     $("plan").dataset.state = "ok";
   }
 
@@ -519,8 +529,8 @@
     return parts.length ? parts.join("; ") : "none: this spec, as it is";
   }
 
-  /** Set the form's fields to a fit's ``changes`` (ladder keys), then estimate again. */
-  function applyChanges(changes) {
+  /** Set the form's fields to ``changes`` (a fit's ladder keys). */
+  function setFields(changes) {
     for (const [key, value] of Object.entries(changes)) {
       if (key === "micro_batch_size" || key === "grad_accum_steps") $(key).value = String(value);
       else if (key === "parallel.zero_stage") $("zero_stage").value = String(value);
@@ -534,14 +544,49 @@
       } else if (key === "offload") {
         $("offload_mode").value = value.mode;
         if (value.fraction !== undefined) $("offload_fraction").value = String(value.fraction);
-        if (value.checkpoint_every !== undefined) {
-          $("checkpoint_every").value = String(value.checkpoint_every);
-        }
+        $("checkpoint_every").value = value.checkpoint_every ? String(value.checkpoint_every) : "";
+        if (value.num_buffers !== undefined) $("num_buffers").value = String(value.num_buffers);
       }
     }
     syncDependentControls();
+  }
+
+  /** Set the form to a fit's ``changes``, then estimate again. */
+  function applyChanges(changes) {
+    setFields(changes);
     $("fit").hidden = true;
     update();
+  }
+
+  /** Set the form to a plan's row (its layout, batch shape, recompute, offload and the node
+   *  it planned for), then estimate one of its ranks. */
+  function applyPlan(c) {
+    for (const k of ["dp", "tp", "pp", "vpp", "cp", "ep"]) {
+      if (c.parallel[k] !== undefined) $(k).value = String(c.parallel[k]);
+    }
+    $("sequence_parallel").checked = Boolean(c.parallel.sequence_parallel);
+    $("gpus_per_node").value = $("plan_gpus_per_node").value;
+    setFields({
+      micro_batch_size: c.micro_batch_size,
+      grad_accum_steps: c.grad_accum_steps,
+      "parallel.zero_stage": c.parallel.zero_stage,
+      recompute: c.recompute,
+      offload: c.offload,
+    });
+    update();
+  }
+
+  /** The plan's answer is for another request than the forms hold now: say so. */
+  function markPlanStale() {
+    let now = null;
+    try {
+      now = JSON.stringify(buildPlanRequest());
+    } catch (err) {
+      if (!(err instanceof InputError)) throw err;
+    }
+    const stale = planFor !== null && now !== planFor;
+    $("plan").dataset.stale = String(stale);
+    $("plan-stale").hidden = !stale;
   }
 
   function fitRow(changes, gpuPeak, tokensPerSecond, chosen) {
@@ -668,7 +713,9 @@
       form.addEventListener(type, () => {
         syncDependentControls();
         schedule();
+        markPlanStale();
       });
+      $("plan-form").addEventListener(type, () => markPlanStale());
     }
 
     let presets;

@@ -436,6 +436,25 @@ def test_the_plan_view_draws_the_chosen_layout_and_runners_up(
     page.execute_script("document.getElementById('plan').scrollIntoView()")
     assert page.save_screenshot(str(ARTIFACTS / "page-plan.png"))
 
+    # the chosen layout applied to the form: one of its ranks, estimated as the API estimates
+    # the plan's spec on a node of 8; the plan still answers the form (the layout is its own)
+    assert not page.find_element(By.ID, "plan-stale").is_displayed()
+    before = _peak(page)
+    chosen.find_element(By.CSS_SELECTOR, "button.apply").click()
+    assert page.find_element(By.ID, "dp").get_attribute("value") == str(p["dp"])
+    assert page.find_element(By.ID, "tp").get_attribute("value") == str(p["tp"])
+    assert page.find_element(By.ID, "pp").get_attribute("value") == str(p["pp"])
+    estimate = {"model": "llama-3-8b", "gpu": "H100-80GB", "gpus_per_node": 8}
+    drawn = _drawn_as_posted(page, server, {**estimate, "train": expected["plan"]}, "the plan")
+    assert drawn == expected["budget"]["gpu"]["peak_bytes"] != before
+    assert page.find_element(By.ID, "plan").get_attribute("data-stale") == "false"
+    # a model or GPU the plan was not made for: the table is marked stale
+    _select(page, "model", "llama-3-70b")
+    _wait(page, lambda d: d.find_element(By.ID, "plan-stale").is_displayed(), "stale")
+    assert page.find_element(By.ID, "plan").get_attribute("data-stale") == "true"
+    _select(page, "model", "llama-3-8b")
+    _wait(page, lambda d: not d.find_element(By.ID, "plan-stale").is_displayed(), "fresh again")
+
     # a GPU no cluster preset holds: the server's 422 detail, no table
     _select(page, "gpu", "RTX-4090")
     page.find_element(By.ID, "plan-run").click()
