@@ -56,6 +56,8 @@
   let fitFor = null;
   /** The plan request (JSON) the plan table answers; null before the first plan. */
   let planFor = null;
+  /** The last estimate's request and answer: what the share buttons hand out. */
+  let lastShare = null;
 
   // ---- reading the form ------------------------------------------------------------------
 
@@ -201,6 +203,7 @@
     }
     clearError();
     render(data);
+    updateShare(body, data);
     // a spec that does not fit offers the ladder's answer; one found for another spec goes
     $("fit").hidden = data.fits;
     if (fitFor !== JSON.stringify(body)) {
@@ -502,6 +505,95 @@
     $("plan").dataset.state = "ok";
   }
 
+  // ---- take it with you: the command, the files, the link --------------------------------
+
+  /** A shell word, quoted only when it needs it. */
+  function shellWord(word) {
+    return /^[A-Za-z0-9_.,:=\/+@%-]+$/.test(word) ? word : `'${word.replace(/'/g, "'\\''")}'`;
+  }
+
+  /** ``--set key=value`` for every leaf of ``value`` under ``prefix``. */
+  function setArgs(prefix, value) {
+    if (value !== null && typeof value === "object") {
+      return Object.entries(value).flatMap(([k, v]) => setArgs(prefix ? `${prefix}.${k}` : k, v));
+    }
+    return ["--set", `${prefix}=${value}`];
+  }
+
+  /** The CLI command that estimates what the form holds (a pasted model or GPU: the file the
+   *  page downloads beside it). */
+  function cliCommand(body) {
+    const words = ["headroom", "estimate", typeof body.model === "string" ? body.model : "model.json",
+      "--gpu", typeof body.gpu === "string" ? body.gpu : "gpu.json", ...setArgs("", body.train)];
+    if (body.host_memory) words.push("--host-memory", body.host_memory);
+    if (body.gpus_per_node) words.push("--gpus-per-node", String(body.gpus_per_node));
+    return words.map(shellWord).join(" ");
+  }
+
+  /** Offer ``text`` as a download named ``name``. */
+  function download(name, text) {
+    const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+    const link = el("a", { href: url, download: name });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  }
+
+  async function copy(text, what) {
+    try {
+      await navigator.clipboard.writeText(text);
+      $("share-status").textContent = `${what} copied`;
+    } catch (err) {
+      $("share-status").textContent = `${what} could not be copied here: select it instead`;
+    }
+  }
+
+  /** Every control's value in both forms, by id: what the page's link holds. */
+  function formState() {
+    const state = {};
+    for (const form of [$("controls"), $("plan-form")]) {
+      for (const field of form.querySelectorAll("input, select, textarea")) {
+        state[field.id] = field.type === "checkbox" ? field.checked : field.value;
+      }
+    }
+    return state;
+  }
+
+  /** The form as a link's state held it (unknown ids and values a select lacks are left). */
+  function restoreState(state) {
+    for (const [id, value] of Object.entries(state)) {
+      const field = document.getElementById(id);
+      if (!field || !field.closest("#controls, #plan-form")) continue;
+      if (field.type === "checkbox") field.checked = Boolean(value);
+      else if (field.tagName !== "SELECT" || [...field.options].some((o) => o.value === value)) {
+        field.value = String(value);
+      }
+    }
+  }
+
+  function readHashState() {
+    const hash = window.location.hash.replace(/^#/, "");
+    if (!hash.startsWith("s=")) return null;
+    try {
+      const state = JSON.parse(decodeURIComponent(hash.slice(2)));
+      return state && typeof state === "object" && !Array.isArray(state) ? state : null;
+    } catch (err) {
+      return null;
+    }
+  }
+
+  /** After each estimate: the command, and the link that reopens this form. */
+  function updateShare(body, budget) {
+    $("cli-command").textContent = cliCommand(body);
+    const pasted = [typeof body.model === "string" ? null : "the model JSON as model.json",
+      typeof body.gpu === "string" ? null : "the GPU JSON as gpu.json"].filter(Boolean);
+    $("share-status").textContent = pasted.length ? `Save ${pasted.join(" and ")} first.` : "";
+    lastShare = { body, budget };
+    const hash = `#s=${encodeURIComponent(JSON.stringify(formState()))}`;
+    window.history.replaceState(null, "", hash);
+  }
+
   // ---- what fits instead ------------------------------------------------------------------
 
   /** The ladder's keys of a whole training spec, as a runner-up's ``changes`` name them. */
@@ -705,6 +797,14 @@
       update();
     });
     $("fit-run").addEventListener("click", () => runFit());
+    $("copy-cli").addEventListener("click", () => copy($("cli-command").textContent, "command"));
+    $("copy-link").addEventListener("click", () => copy(window.location.href, "link"));
+    $("download-spec").addEventListener("click", () => {
+      if (lastShare) download("train.json", JSON.stringify(lastShare.body.train, null, 2));
+    });
+    $("download-budget").addEventListener("click", () => {
+      if (lastShare) download("budget.json", JSON.stringify(lastShare.budget, null, 2));
+    });
     $("plan-form").addEventListener("submit", (event) => {
       event.preventDefault();
       runPlan();
@@ -735,6 +835,8 @@
     fillSelect($("gpu"), presets.gpus.map((g) => ({
       value: g.name, textContent: `${g.name} (${Math.round(g.memory_bytes / GIB)} GiB)`,
     })).concat([{ value: CUSTOM, textContent: "Custom: paste JSON…" }]), DEFAULT_GPUS);
+    const shared = readHashState();
+    if (shared) restoreState(shared); // a link's form
     syncDependentControls();
     update();
   }

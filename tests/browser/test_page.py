@@ -8,6 +8,8 @@ ChromeDriver: ``scripts/install-browser.sh`` installs them (``make test`` runs i
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,7 +18,7 @@ from typing import Any
 
 import processes
 import pytest
-from headroom_process import serve_headroom
+from headroom_process import run_headroom, serve_headroom
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -583,3 +585,67 @@ def test_a_spec_that_does_not_fit_offers_what_fits_and_applies_it(
     assert status == 200 and applied["fits"]
     _wait(page, lambda d: _peak(d) == applied["gpu"]["peak_bytes"], "the applied spec is drawn")
     assert _text(page, "verdict") == "fits" and not fit.is_displayed()
+
+
+def _downloaded(page: webdriver.Chrome, button: str, folder: Path, name: str) -> Any:
+    """Click ``button`` and read the JSON file Chromium saves as ``name`` into ``folder``."""
+    page.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(folder)}
+    )
+    target = folder / name
+    target.unlink(missing_ok=True)
+    page.find_element(By.ID, button).click()
+    _wait(page, lambda d: target.exists() and target.stat().st_size > 0, f"{name} is saved")
+    return json.loads(target.read_text())
+
+
+def test_an_estimate_goes_out_as_a_command_files_and_a_link(
+    page: webdriver.Chrome, server: str, tmp_path: Path
+) -> None:
+    """The form as a CLI command that prints the same peak, as the spec and budget files, and
+    as a link that opens the same form."""
+    _select(page, "model", "llama-3-70b")
+    _select(page, "gpu", "H100-80GB")
+    for field, value in (("dp", "8"), ("tp", "4"), ("pp", "2"), ("micro_batch_size", "2")):
+        _type(page, field, value)
+    _select(page, "recompute", "every")
+    _type(page, "recompute_every", "4")
+    _select(page, "offload_mode", "optimizer")
+    _type(page, "offload_fraction", "0.5")
+    _type(page, "gpus_per_node", "8")
+    command = "headroom estimate llama-3-70b --gpu H100-80GB"
+    _wait(page, lambda d: _text(d, "cli-command").startswith(command), "the command")
+    _wait(page, lambda d: "recompute.every_k=4" in _text(d, "cli-command"), "the whole command")
+    peak = _peak(page)
+    words = shlex.split(_text(page, "cli-command"))
+    assert words[:2] == ["headroom", "estimate"]
+    proc = run_headroom(*words[1:], "--format", "json", env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["gpu"]["peak_bytes"] == peak
+
+    spec = _downloaded(page, "download-spec", tmp_path, "train.json")
+    assert spec["parallel"]["tp"] == 4 and spec["recompute"] == {"every_k": 4}
+    assert spec["offload"] == {"mode": "optimizer", "fraction": 0.5}
+    budget = _downloaded(page, "download-budget", tmp_path, "budget.json")
+    assert budget["gpu"]["peak_bytes"] == peak
+    # the downloaded spec is a training spec the CLI takes, with the same answer
+    again = run_headroom(
+        *("estimate", "llama-3-70b", "--gpu", "H100-80GB", "--train", str(tmp_path / "train.json")),
+        *("--gpus-per-node", "8", "--host-memory", "1TiB", "--format", "json"),
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["gpu"]["peak_bytes"] == peak
+
+    # the link reopens the same form, and so the same estimate
+    link = page.current_url
+    assert "#s=" in link
+    page.get(server + "/")
+    _wait(page, lambda d: _peak(d) not in (None, peak), "a fresh page")
+    page.get(link)
+    page.refresh()
+    _wait(page, lambda d: _peak(d) == peak, "the linked form's estimate")
+    assert page.find_element(By.ID, "tp").get_attribute("value") == "4"
+    assert page.find_element(By.ID, "recompute_every").get_attribute("value") == "4"
+    assert Select(page.find_element(By.ID, "recompute")).first_selected_option.text.startswith(
+        "full, in blocks"
+    )
