@@ -16,11 +16,11 @@
   ];
   const PHASES = ["step1_forward", "step1_backward", "forward", "backward", "optimizer"];
   const PHASE_HINTS = {
-    step1_forward: "first step, forward: optimizer states not yet allocated",
-    step1_backward: "first step, backward",
-    forward: "steady state, forward",
-    backward: "steady state, backward",
-    optimizer: "optimizer step",
+    step1_forward: "the first step's forward: no optimizer state allocated yet",
+    step1_backward: "the first step's backward: no optimizer state allocated yet",
+    forward: "a later step's forward, beside the optimizer state",
+    backward: "a later step's backward, beside the optimizer state",
+    optimizer: "the optimizer step",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -221,6 +221,9 @@
   }
 
   function showError(title, detail) {
+    // nothing was estimated: no caption of the model or GPU the last estimate was of
+    $("model-params").textContent = "";
+    $("gpu-name").textContent = "";
     const box = $("error");
     box.replaceChildren(
       el("strong", { textContent: `${title}: ` }),
@@ -344,7 +347,9 @@
         title: PHASE_HINTS[phase] || "",
         dataset: { phase, totalBytes: String(total) },
       }, [
-        el("th", { scope: "row" }, [phase, ...(isPeak ? [el("span", { class: "badge", textContent: "peak" })] : [])]),
+        el("th", { scope: "row" }, [phase,
+          ...(isPeak ? [el("span", { class: "badge", textContent: "peak" })] : []),
+          el("span", { class: "hint phase-hint", textContent: PHASE_HINTS[phase] || "" })]),
         el("td", { class: "num", textContent: fmtGiB(total) }),
         el("td", { class: "num", textContent: fmtPct(total, capacity) }),
         el("td", { class: "load" }, [el("div", { class: "minibar" }, [fill, mark])]),

@@ -649,3 +649,33 @@ def test_an_estimate_goes_out_as_a_command_files_and_a_link(
     assert Select(page.find_element(By.ID, "recompute")).first_selected_option.text.startswith(
         "full, in blocks"
     )
+
+
+def test_the_details_a_newcomer_trips_on(page: webdriver.Chrome) -> None:
+    """A refused spec leaves no caption of the last model; each phase says what it is in a
+    line of its own; at 420 px (a phone) nothing scrolls sideways."""
+    _wait(page, lambda d: _text(d, "model-params").startswith("llama-3-8b: "), "the caption")
+    rows = page.find_elements(By.CSS_SELECTOR, "#phases tbody tr")
+    hints = {
+        _attr(row, "data-phase"): row.find_element(By.CSS_SELECTOR, ".phase-hint").text
+        for row in rows
+    }
+    assert hints["optimizer"] == "the optimizer step" and "first step" in hints["step1_forward"]
+    assert all(hints.values()), hints
+    _select(page, "model", "__custom__")
+    _type(page, "model_json", json.dumps({"hidden_size": 100, "num_layers": 2, "num_heads": 3}))
+    _wait(page, lambda d: _text(d, "error") != "", "the refusal")
+    assert _text(page, "model-params") == ""
+    _select(page, "model", "llama-3-8b")
+    _wait(page, lambda d: _text(d, "model-params").startswith("llama-3-8b: "), "the caption")
+    size = page.get_window_size()
+    try:
+        width, _ = page.execute_script("return [window.innerWidth, window.innerHeight]")
+        page.set_window_size(420 + size["width"] - width, size["height"])
+        _wait(page, lambda d: d.execute_script("return window.innerWidth") == 420, "420 px")
+        overflow = page.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth"
+        )
+        assert overflow <= 0, f"{overflow} px to scroll sideways at 420 px"
+    finally:
+        page.set_window_size(size["width"], size["height"])
