@@ -360,6 +360,16 @@
 
   // ---- the cluster plan ------------------------------------------------------------------
 
+  /** The plan's cluster: none (the GPU's node preset), a preset's name or a pasted one. */
+  function readCluster() {
+    const choice = $("plan_cluster").value;
+    if (!choice) return {};
+    if (choice !== CUSTOM) return { cluster: choice };
+    return {
+      cluster: readJsonObject("cluster_json", "Cluster JSON", "paste a cluster as a cluster file holds it"),
+    };
+  }
+
   function buildPlanRequest() {
     const estimate = buildRequest();
     const t = estimate.train;
@@ -374,6 +384,7 @@
         activation_profile: t.activation_profile,
       },
       gpu: estimate.gpu,
+      ...readCluster(),
       gpus: readNumber("plan_gpus"),
       gpus_per_node: readNumber("plan_gpus_per_node"),
       global_batch: readNumber("plan_global_batch"),
@@ -770,6 +781,7 @@
     const custom = $("model").value === CUSTOM;
     $("model-json-group").hidden = !custom;
     $("gpu-json-group").hidden = $("gpu").value !== CUSTOM;
+    $("cluster-json-group").hidden = $("plan_cluster").value !== CUSTOM;
     // FSDP2 shards everything (ZeRO-3) and keeps its state on the GPU
     const fsdp2 = $("framework").value === "fsdp2";
     if (fsdp2) {
@@ -820,7 +832,10 @@
         schedule();
         markPlanStale();
       });
-      $("plan-form").addEventListener(type, () => markPlanStale());
+      $("plan-form").addEventListener(type, () => {
+        syncDependentControls();
+        markPlanStale();
+      });
     }
 
     let presets;
@@ -840,6 +855,11 @@
     fillSelect($("gpu"), presets.gpus.map((g) => ({
       value: g.name, textContent: `${g.name} (${Math.round(g.memory_bytes / GIB)} GiB)`,
     })).concat([{ value: CUSTOM, textContent: "Custom: paste JSON…" }]), DEFAULT_GPUS);
+    fillSelect($("plan_cluster"), [{ value: "", textContent: "the GPU's node preset" }]
+      .concat((presets.clusters || []).map((c) => ({
+        value: c.name, textContent: `${c.name} (${c.gpus_per_node}x ${c.gpu})`,
+      })))
+      .concat([{ value: CUSTOM, textContent: "Custom: paste JSON…" }]), [""]);
     const shared = readHashState();
     if (shared) restoreState(shared); // a link's form
     syncDependentControls();

@@ -28,7 +28,7 @@ from headroom.api.schemas import (
 )
 from headroom.api.settings import Settings
 from headroom.launch.devices import local_gpus
-from headroom.planner.cluster import cluster_and_gpu, cluster_preset
+from headroom.planner.cluster import cluster_and_gpu, cluster_names, cluster_preset
 from headroom.planner.constraints import split_plan_train
 from headroom.planner.layout import PlanBudget
 
@@ -234,10 +234,12 @@ async def _estimated(body: PlanningRequest) -> planner.Budget:
 
 @router.get("/presets")
 def presets() -> dict[str, Any]:
-    """GPU presets, bundled models and run presets (training specs projects ship)."""
+    """GPU presets, cluster presets (the nodes a plan runs on), bundled models and run presets
+    (training specs projects ship)."""
     return {
         "runs": [planner.load_run(n).model_dump() for n in planner.run_names()],
         "gpus": [planner.gpu(n).model_dump() for n in planner.gpu_names()],
+        "clusters": [cluster_preset(n).model_dump(exclude={"gpu_spec"}) for n in cluster_names()],
         "models": [
             {"name": n, "params_total": planner.count_params(planner.load_model(n)).total}
             for n in planner.model_names()

@@ -457,6 +457,28 @@ def test_the_plan_view_draws_the_chosen_layout_and_runners_up(
     _select(page, "model", "llama-3-8b")
     _wait(page, lambda d: not d.find_element(By.ID, "plan-stale").is_displayed(), "fresh again")
 
+    # on a cluster the form names (its network; the form's GPU in its nodes), and on one pasted
+    _select(page, "plan_cluster", "DGX-B200")
+    _wait(page, lambda d: d.find_element(By.ID, "plan-stale").is_displayed(), "stale")
+    page.find_element(By.ID, "plan-run").click()
+    status, on_b200 = _post(server, "/api/v1/plan", {**body, "cluster": "DGX-B200"})
+    assert status == 200 and on_b200["cluster"] == "DGX-B200"
+    _wait(page, lambda d: "(DGX-B200)" in _text(d, "plan-summary"), "the DGX-B200 plan")
+    first = page.find_element(By.CSS_SELECTOR, "#plan-table tbody tr.plan-row")
+    assert float(_attr(first, "data-step-seconds")) == on_b200["predicted_step_seconds"]
+    own = {
+        "name": "slow-net",
+        "gpu": "H100-80GB",
+        "gpus_per_node": 8,
+        "intra_node_bytes_per_s": 100e9,
+        "inter_node_bytes_per_s": 1e9,
+    }
+    _select(page, "plan_cluster", "__custom__")
+    _type(page, "cluster_json", json.dumps(own))
+    page.find_element(By.ID, "plan-run").click()
+    _wait(page, lambda d: "(slow-net)" in _text(d, "plan-summary"), "the pasted cluster's plan")
+    _select(page, "plan_cluster", "")
+
     # a GPU no cluster preset holds: the server's 422 detail, no table
     _select(page, "gpu", "RTX-4090")
     page.find_element(By.ID, "plan-run").click()
