@@ -480,43 +480,59 @@
     $("plan").dataset.fits = String(r.fits);
   }
 
-  async function runPlan() {
-    const box = $("plan-error");
+  /** A panel's request (``name``: its element ids' prefix): built by ``build`` (a form
+   *  mistake is shown in the panel's error box), posted to ``route``; ``started`` hears the
+   *  body once it is sent. The body and the answer, or null once the panel shows why none. */
+  async function panelRequest(name, build, route, busy, started) {
+    const box = $(`${name}-error`);
     box.hidden = true;
     let body;
     try {
-      body = buildPlanRequest();
+      body = build();
     } catch (err) {
       if (!(err instanceof InputError)) throw err;
       box.textContent = err.message;
       box.hidden = false;
-      return;
+      return null;
     }
-    $("plan").dataset.state = "loading";
-    $("plan-summary").textContent = "planning…";
-    const asked = JSON.stringify(body);
+    $(name).dataset.state = "loading";
+    $(`${name}-summary`).textContent = busy;
+    started(body);
     let response;
     let data;
     try {
-      ({ response, data } = await postJson("plan", body));
+      ({ response, data } = await postJson(route, body));
     } catch (err) {
       box.textContent = `Cannot reach the server: ${err.message}`;
       box.hidden = false;
-      $("plan").dataset.state = "error";
-      return;
+      $(name).dataset.state = "error";
+      return null;
     }
+    return { body, response, data };
+  }
+
+  /** The panel's request was refused: the server's reason, and no table. */
+  function panelRefused(name, response, data) {
+    const box = $(`${name}-error`);
+    box.textContent = (data && data.detail) || `HTTP ${response.status} ${response.statusText}`;
+    box.hidden = false;
+    $(`${name}-summary`).textContent = "";
+    $(`${name}-table`).hidden = true;
+    $(name).dataset.state = "error";
+  }
+
+  async function runPlan() {
+    const answer = await panelRequest("plan", buildPlanRequest, "plan", "planning…", () => {});
+    if (answer === null) return;
+    const { body, response, data } = answer;
     if (!response.ok || !data || data.fits === undefined) {
-      box.textContent = (data && data.detail) || `HTTP ${response.status} ${response.statusText}`;
-      box.hidden = false;
-      $("plan-summary").textContent = "";
-      $("plan-table").hidden = true;
+      panelRefused("plan", response, data);
       planFor = null; // no table left to be stale
       markPlanStale();
-      $("plan").dataset.state = "error";
       return;
     }
     renderPlan(data);
-    planFor = asked;
+    planFor = JSON.stringify(body);
     markPlanStale();
     $("plan").dataset.state = "ok";
   }
@@ -713,37 +729,14 @@
   }
 
   async function runFit() {
-    const box = $("fit-error");
-    box.hidden = true;
-    let body;
-    try {
-      body = buildRequest();
-    } catch (err) {
-      if (!(err instanceof InputError)) throw err;
-      box.textContent = err.message;
-      box.hidden = false;
-      return;
-    }
-    $("fit").dataset.state = "loading";
-    $("fit-summary").textContent = "fitting…";
-    fitFor = JSON.stringify(body);
-    let response;
-    let data;
-    try {
-      ({ response, data } = await postJson("fit", body));
-    } catch (err) {
-      box.textContent = `Cannot reach the server: ${err.message}`;
-      box.hidden = false;
-      $("fit").dataset.state = "error";
-      return;
-    }
+    const answer = await panelRequest("fit", buildRequest, "fit", "fitting…", (body) => {
+      fitFor = JSON.stringify(body);
+    });
+    if (answer === null) return;
+    const { body, response, data } = answer;
     if (fitFor !== JSON.stringify(body)) return; // the form changed meanwhile: an old answer
     if (!response.ok || !data || data.fits === undefined) {
-      box.textContent = (data && data.detail) || `HTTP ${response.status} ${response.statusText}`;
-      box.hidden = false;
-      $("fit-summary").textContent = "";
-      $("fit-table").hidden = true;
-      $("fit").dataset.state = "error";
+      panelRefused("fit", response, data);
       return;
     }
     const rows = [];
