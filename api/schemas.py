@@ -119,19 +119,46 @@ class PlanningRequest(_In):
     )
 
 
+def _preset_cluster(value: Any) -> Any:
+    """A cluster given by name must be a bundled preset (or alias): no server files."""
+    if isinstance(value, str):
+        try:
+            cluster_preset(value)
+        except planner.UnknownPresetError:
+            allowed = ", ".join(planner.cluster_names())
+            raise ValueError(
+                f"unknown cluster preset {value[:100]!r}; allowed: {allowed}, or an object of "
+                "cluster fields"
+            ) from None
+    return value
+
+
 class EstimateRequest(PlanningRequest):
     compare: StrictBool = Field(
         default=False,
         description="Also estimate the configuration under every framework and activation "
         "profile (the answer's 'compare'), as `headroom estimate --compare` does.",
     )
+    step: StrictBool = Field(
+        default=False,
+        description="Also price the spec's step as given (its layout fixed, fit or not): the "
+        "answer's 'step', its time term by term, tokens/s and MFU, as `headroom estimate "
+        "--step` does.",
+    )
+    cluster: ClusterInput = Field(
+        default=None,
+        description="With step: the cluster preset name or object whose links price the "
+        "collectives; default: the preset of the GPU's nodes.",
+    )
+    _cluster_is_preset = field_validator("cluster")(_preset_cluster)
 
 
 class EstimateResponse(planner.BudgetModel):
-    """The estimate, and with ``compare`` the configuration under every framework and
-    activation profile."""
+    """The estimate, with ``compare`` the configuration under every framework and activation
+    profile, and with ``step`` the spec's step."""
 
     compare: list[planner.Comparison] | None = None
+    step: planner.StepPrice | None = None
 
 
 class GateRequest(PlanningRequest):
@@ -149,20 +176,6 @@ class FitRequest(PlanningRequest):
 #: most GPUs the service plans for in one request: a search there takes about a second on one
 #: core (docs/PERFORMANCE.md), one search thread serves them all
 MAX_SERVED_PLAN_GPUS = 1024
-
-
-def _preset_cluster(value: Any) -> Any:
-    """A cluster given by name must be a bundled preset (or alias): no server files."""
-    if isinstance(value, str):
-        try:
-            cluster_preset(value)
-        except planner.UnknownPresetError:
-            allowed = ", ".join(planner.cluster_names())
-            raise ValueError(
-                f"unknown cluster preset {value[:100]!r}; allowed: {allowed}, or an object of "
-                "cluster fields"
-            ) from None
-    return value
 
 
 class PlanRequest(_In):

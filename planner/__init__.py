@@ -53,7 +53,7 @@ from headroom.planner.io import (
     run_names,
 )
 from headroom.planner.ladder import FitResult, fit
-from headroom.planner.layout import PlanResult, plan
+from headroom.planner.layout import PlanResult, StepPrice, plan, price_spec
 from headroom.planner.measurement import Measurement
 from headroom.planner.model import MLASpec, ModelSpec, MoESpec
 from headroom.planner.params import ParamCount, count_params
@@ -107,6 +107,7 @@ __all__ = [
     "Recompute",
     "RunPreset",
     "SpecError",
+    "StepPrice",
     "TrainSpec",
     "TrainerReport",
     "UnknownPresetError",
@@ -133,6 +134,7 @@ __all__ = [
     "model_names",
     "parse_size",
     "plan",
+    "price_spec",
     "profiles",
     "run_names",
 ]

@@ -107,6 +107,7 @@ from headroom.planner.estimator import (
 from headroom.planner.hardware import Hardware, compute_efficiency
 from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
+from headroom.planner.params import count_params
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
 from headroom.planner.train import Loss, Recompute, RecomputePolicy, TrainSpec
@@ -1873,3 +1874,111 @@ def plan(
         constraints,
     )
     return planner.run(max_listed, tie_band_pct=tie_band_pct)
+
+
+class StepPrice(BaseModel):
+    """The predicted step of a training spec as given (``price_spec``): its time term by term,
+    tokens/s and MFU, on the cluster its GPUs sit in."""
+
+    step_seconds: float = Field(description="One optimizer step of the spec's global batch.")
+    tokens_per_second: float = Field(description="Global batch x sequence over the step.")
+    mfu: float = Field(
+        description="Model FLOP utilisation: (6 x active parameters + 12 x layers x hidden x "
+        "sequence) FLOPs per token x tokens/s over the GPUs' peak bf16 FLOP/s (the Ultra-Scale "
+        "Playbook's count: attention as if not causal, no recompute)."
+    )
+    gpus: int = Field(description="dp x tp x pp x cp.")
+    global_batch: int = Field(description="dp x micro-batch x gradient accumulation, sequences.")
+    cluster: str = Field(description="The cluster whose links price the collectives.")
+    terms: list[StepTerm] = Field(description="The step's terms, explained.")
+
+
+def price_spec(
+    model: ModelSpec,
+    train: TrainSpec,
+    cluster: Cluster,
+    hardware: Hardware,
+    coefficients: Coefficients | None = None,
+) -> StepPrice:
+    """The step of ``train`` exactly as given (every layout key fixed: no search, fit or not),
+    priced by the plan's step model on ``cluster`` with ``hardware`` in its nodes. A layout the
+    plan would refuse for its stack (a degree that does not divide the model, an interleaved
+    schedule whose micro-batch count its framework refuses) is refused naming its key."""
+    p = train.parallel
+    world = p.dp * p.tp * p.pp * p.cp
+    mode = train.offload.mode
+    want = PlanConstraints(
+        tp=p.tp,
+        pp=p.pp,
+        vpp=p.vpp,
+        cp=p.cp,
+        ep=p.ep,
+        dp=p.dp,
+        zero_stage=p.zero_stage,
+        sequence_parallel=p.sequence_parallel,
+        micro_batch_size=train.micro_batch_size,
+        grad_accum_steps=train.grad_accum_steps,
+        recompute=train.recompute,
+        offload_mode=mode,
+        offload_fraction=train.offload.fraction if mode == "optimizer" else None,
+        offload_checkpoint_every=(train.offload.checkpoint_every or 1)
+        if mode == "streaming"
+        else None,
+        expandable_segments=train.expandable_segments,
+    )
+    batch = p.dp * train.micro_batch_size * train.grad_accum_steps
+    planner = Planner(
+        model,
+        train,
+        cluster,
+        hardware,
+        world,
+        batch,
+        train.seq_len,
+        coefficients,
+        None,
+        PLAN_BUDGET,
+        None,
+        want,
+    )
+    lay = Layout(world, p.tp, p.pp, p.vpp, p.cp, p.dp, p.ep)
+    if p.vpp > 1 and train.grad_accum_steps % p.pp:  # as Planner.micro_batches says why
+        raise SpecError(
+            f"grad_accum_steps: the interleaved schedule (parallel.vpp {p.vpp}) runs a "
+            f"micro-batch count that parallel.pp ({p.pp}) divides, as Megatron-Core checks "
+            f"it; got {train.grad_accum_steps}",
+            field="grad_accum_steps",
+        )
+    if lay not in planner.layouts():
+        why = "; ".join(planner.layout_rejections) or (
+            "the model's layers, heads or experts, or the global batch, do not divide into it"
+        )
+        raise SpecError(f"parallel: this layout is not one its stack runs: {why}", field="parallel")
+    placements = planner.placements(lay)
+    if not placements:  # streaming with TP, PP or a recompute of its own
+        raise SpecError(
+            "offload.mode: streaming prices a layout without TP or PP and with recompute none",
+            field="offload.mode",
+        )
+    if isinstance(train.recompute, Recompute):
+        recompute = len(planner.recompute_table) - 1
+    else:
+        recompute = next(i for i, r in enumerate(RECOMPUTE) if r[0] == train.recompute)
+    cand = Candidate(
+        0.0, 0, lay, p.zero_stage, 0, train.micro_batch_size, recompute, train.expandable_segments
+    )
+    terms = explain_step(planner, cand)
+    step = next(t.seconds for t in terms if t.term == "step")
+    tokens = batch * train.seq_len / step
+    flops_per_token = 6 * count_params(model).per_token_active + 12 * (
+        model.num_layers * model.hidden_size * train.seq_len
+    )
+    return StepPrice(
+        step_seconds=step,
+        tokens_per_second=tokens,
+        mfu=flops_per_token * tokens / (world * hardware.bf16_flops),
+        gpus=world,
+        global_batch=batch,
+        cluster=cluster.name,
+        terms=terms,
+    )

@@ -266,11 +266,27 @@ async def estimate(body: EstimateRequest, request: Request) -> Response:
     metrics: Metrics = request.app.state.metrics
     metrics.estimates.labels("estimate").inc()
     metrics.verdicts.labels(str(budget.fits).lower()).inc()
-    if body.compare:
-        compared = await _in_thread(_estimate_threads, _compared, body)
-        text = json.dumps({**budget.model_dump(), "compare": compared})
+    if body.compare or body.step:
+        extra: dict[str, Any] = {}
+        if body.compare:
+            extra["compare"] = await _in_thread(_estimate_threads, _compared, body)
+        if body.step:
+            extra["step"] = await _in_thread(_estimate_threads, _stepped, body)
+        text = json.dumps({**budget.model_dump(), **extra})
         return Response(text, media_type="application/json")
     return Response(budget.model_dump_json(), media_type="application/json")
+
+
+def _stepped(body: EstimateRequest) -> dict[str, Any]:
+    """``planner.price_spec`` of the body's spec as given, as JSON values."""
+    model = planner.load_model(body.model)
+    train = planner.load_train(body.train or {})
+    hw = planner.load_hardware(
+        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
+    )
+    given = cluster_preset(body.cluster) if isinstance(body.cluster, str) else body.cluster
+    cl, hardware = cluster_and_gpu(given, hw, body.gpus_per_node)
+    return planner.price_spec(model, train, cl, hardware).model_dump()
 
 
 def _compared(body: PlanningRequest) -> list[dict[str, Any]]:

@@ -313,7 +313,10 @@ _CLUSTER = {
 }
 #: a body each route accepts, with every object form given (so each nested count is reached)
 _ACCEPTED = {
-    "estimate": ("EstimateRequest", {"model": _TINY_SPEC, "gpu": _HARDWARE}),
+    "estimate": (
+        "EstimateRequest",
+        {"model": _TINY_SPEC, "gpu": _HARDWARE, "step": True, "cluster": _CLUSTER},
+    ),
     "plan": (
         "PlanRequest",
         {"model": _TINY_SPEC, "gpus": 8, "global_batch": 8, "seq_len": 128, "cluster": _CLUSTER},
