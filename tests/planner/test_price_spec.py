@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -109,10 +110,12 @@ def test_the_cli_and_the_api_price_the_same_step() -> None:
     assert cluster_preset("DGX-B200").gpu == "B200"  # the links only: the GPU stays the H100
 
 
-def test_the_api_answers_step_only_when_asked(tmp_path: object) -> None:
+def test_the_api_answers_step_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from headroom.api.main import create_app
 
-    os.environ.setdefault("HEADROOM_DATABASE_URL", f"sqlite:///{tmp_path}/h.db")
+    monkeypatch.setenv("HEADROOM_DATABASE_URL", f"sqlite:///{tmp_path}/h.db")
     with TestClient(create_app()) as client:
         body = {"model": "llama-3-70b", "gpu": "H100-80GB", "train": SPEC}
         plain = client.post("/api/v1/estimate", json=body).json()
