@@ -92,13 +92,17 @@ DEEPSPEED_TEST = (
 )
 
 
-def _pytest(cache: Path) -> subprocess.Popen[str]:
+def _pytest(cache: Path, *, ccache: bool = True) -> subprocess.Popen[str]:
     """The DeepSpeed test in a pytest of its own, its caches (the op's build) under
-    ``cache``, in a session of its own so that the whole tree can be killed."""
+    ``cache``, in a session of its own so that the whole tree can be killed; without
+    ``ccache`` its compiles are real ones (``CCACHE_DISABLE``: ``tests/compilers.py``)."""
+    env = {**os.environ, "HEADROOM_TEST_CACHE": str(cache), "DS_ACCELERATOR": "cpu"}
+    if not ccache:
+        env["CCACHE_DISABLE"] = "1"
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{DEEPSPEED_TEST}[1]"],
         cwd=ROOT,
-        env={**os.environ, "HEADROOM_TEST_CACHE": str(cache), "DS_ACCELERATOR": "cpu"},
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -114,7 +118,9 @@ def test_the_deepspeed_test_killed_in_its_first_build_passes_the_next_time(
     ninja builds its op leaves torch's ``lock``; the next run of the same test passes."""
     pytest.importorskip("deepspeed")
     lock = tmp_path / "torch_extensions" / "deepspeed_shm_comm" / "lock"
-    first = _pytest(tmp_path)
+    # compiled for real, so that the kill lands mid-compile: from a warm ccache (an earlier
+    # run of this clone's) the whole build takes under the 3 s below and leaves no lock
+    first = _pytest(tmp_path, ccache=False)
     try:
         deadline = time.monotonic() + 300
         while not lock.exists():
