@@ -1942,7 +1942,7 @@ def price_spec(
         want,
     )
     lay = Layout(world, p.tp, p.pp, p.vpp, p.cp, p.dp, p.ep)
-    if p.vpp > 1 and train.grad_accum_steps % p.pp:  # as Planner.micro_batches says why
+    if not planner.micro_batches(p.dp, p.pp, p.vpp):  # the interleaved schedule's rule
         raise SpecError(
             f"grad_accum_steps: the interleaved schedule (parallel.vpp {p.vpp}) runs a "
             f"micro-batch count that parallel.pp ({p.pp}) divides, as Megatron-Core checks "

@@ -125,10 +125,14 @@ def _noop(phase: str, step: int) -> None:
 # none / reference
 
 
+def tokens_per_step(train: TrainSpec, world: int) -> int:
+    """Tokens one optimizer step trains on, every rank's."""
+    return train.micro_batch_size * train.seq_len * train.grad_accum_steps * world
+
+
 def _tokens(train: TrainSpec, cfg: RunConfig) -> int:
     """Tokens the run trained on (every rank's)."""
-    per_rank = cfg.steps * train.grad_accum_steps * train.micro_batch_size * train.seq_len
-    return per_rank * cfg.ranks.world
+    return cfg.steps * tokens_per_step(train, cfg.ranks.world)
 
 
 def micro_batch_tokens(

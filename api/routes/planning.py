@@ -214,12 +214,29 @@ def _searches(request: Request) -> Searches:
     return found
 
 
-def _budget(body: PlanningRequest) -> planner.Budget:
+def _specs(
+    body: PlanningRequest,
+) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
+    """The body's model, training spec and GPU (its host memory and GPUs per node), validated."""
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     hw = planner.load_hardware(
         body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
     )
+    return model, train, hw
+
+
+def _cluster(
+    cluster: str | planner.Cluster | None, hw: planner.Hardware | None, gpus_per_node: int | None
+) -> tuple[planner.Cluster, planner.Hardware]:
+    """The cluster a body names (a preset's name or its fields), else the GPU's preset, and
+    its GPU (``cluster_and_gpu``)."""
+    given = cluster_preset(cluster) if isinstance(cluster, str) else cluster
+    return cluster_and_gpu(given, hw, gpus_per_node)
+
+
+def _budget(body: PlanningRequest) -> planner.Budget:
+    model, train, hw = _specs(body)
     return planner.estimate(model, train, hw)
 
 
@@ -279,23 +296,14 @@ async def estimate(body: EstimateRequest, request: Request) -> Response:
 
 def _stepped(body: EstimateRequest) -> dict[str, Any]:
     """``planner.price_spec`` of the body's spec as given, as JSON values."""
-    model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
-    hw = planner.load_hardware(
-        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
-    )
-    given = cluster_preset(body.cluster) if isinstance(body.cluster, str) else body.cluster
-    cl, hardware = cluster_and_gpu(given, hw, body.gpus_per_node)
+    model, train, hw = _specs(body)
+    cl, hardware = _cluster(body.cluster, hw, body.gpus_per_node)
     return planner.price_spec(model, train, cl, hardware).model_dump()
 
 
 def _compared(body: PlanningRequest) -> list[dict[str, Any]]:
     """``planner.compare`` of the body's configuration, as JSON values."""
-    model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
-    hw = planner.load_hardware(
-        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
-    )
+    model, train, hw = _specs(body)
     return [c.model_dump() for c in planner.compare(model, train, hw)]
 
 
@@ -311,11 +319,7 @@ async def gate(body: GateRequest, request: Request) -> planner.Verdict:
 
 def _fit(body: FitRequest, check: Callable[[], None]) -> tuple[planner.FitResult, str]:
     """The search and its JSON (both in the search thread: the loop only sends it)."""
-    model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
-    hw = planner.load_hardware(
-        body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
-    )
+    model, train, hw = _specs(body)
     result = planner.fit(model, train, hw, margin_pct=body.margin_pct, check=check)
     return result, result.model_dump_json()
 
@@ -343,8 +347,7 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
     # the layout keys the train object names are the search's constraints
     train, constraints = split_plan_train(body.train)
     hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
-    given = cluster_preset(body.cluster) if isinstance(body.cluster, str) else body.cluster
-    cl, hardware = cluster_and_gpu(given, hw, body.gpus_per_node)
+    cl, hardware = _cluster(body.cluster, hw, body.gpus_per_node)
     result = planner.plan(
         model,
         train,

@@ -33,11 +33,6 @@ class DType(StrEnum):
     bfloat16 = "bfloat16"
 
 
-def tokens_per_step(train: planner.TrainSpec, world: int) -> int:
-    """Tokens one optimizer step trains on, every rank's."""
-    return train.micro_batch_size * train.seq_len * train.grad_accum_steps * world
-
-
 class StepLog:
     """``--progress``: one JSON line per optimizer step, appended and flushed as the step
     ends, so that a launcher (or ``tail -f``) follows the run. ``seconds`` counts from the
@@ -169,7 +164,7 @@ def train_command(
     from headroom.runtime.dist import close_ranks, init_ranks
     from headroom.runtime.model import kv_layout
     from headroom.runtime.probe import MemoryProbe
-    from headroom.runtime.trainer import RunConfig, train_model
+    from headroom.runtime.trainer import RunConfig, tokens_per_step, train_model
 
     if device is Device.cuda and not torch.cuda.is_available():
         raise fail("--device: cuda is not available on this machine; allowed here: cpu")
