@@ -28,9 +28,9 @@ import time
 import torch
 
 from headroom import planner
+from headroom.calibration.comparison import compare_trace
 from headroom.calibration.design import FRAMEWORK_DESIGNS, FSDP2_PRECISION
 from headroom.calibration.trace_records import load_framework_traces
-from headroom.calibration.tracing import compare_trace
 
 GIB = 2**30
 HARDWARE = "H100-80GB"  # only the verdict's capacity; the compared bytes exclude the card's own

@@ -12,6 +12,9 @@ from typing import Any
 from headroom.planner.budget import Budget, BudgetModel
 
 NOT_ALLOCATED = ("cuda_context", "allocator_overhead")
+#: the buckets a CPU trace of framework code is compared in ("transient" is TRANSIENT_BUCKETS)
+COMPARED = ("params", "grads", "optimizer_states", "transient")
+TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
 
 
 def _relative(predicted: int, measured: int) -> float:
@@ -48,3 +51,35 @@ def compare(
             "relative_error": _relative(row[name], measured),
         }
     return out
+
+
+def compare_trace(budget: Budget, measured: dict[str, Any]) -> dict[str, Any]:
+    """The planner's prediction next to a trace, per bucket and at the peak.
+
+    Predicted bytes are the allocated buckets of the budget's peak phase (no CUDA context or
+    allocator overhead: a CPU trace has neither); a sharded run's gathered parameters
+    (``transfer_buffers``) count with ``params``, as a framework trace's unsharded parameters
+    and all-gather outputs do. ``error`` is (predicted - measured) over measured: positive is
+    the safe side."""
+    row = budget.gpu.phases[budget.peak_phase].buckets
+    predicted = {
+        "params": row["params"] + row["master_params"] + row["transfer_buffers"],
+        "grads": row["grads"],
+        "optimizer_states": row["optimizer_states"],
+        "transient": sum(row[b] for b in TRANSIENT_BUCKETS),
+    }
+    predicted["total"] = sum(predicted[b] for b in COMPARED)
+    peak = measured["peak"]
+
+    def err(p: int, m: int) -> float | None:
+        return (p - m) / m if m else None
+
+    return {
+        "phase": budget.peak_phase,
+        "predicted": predicted,
+        "measured": {k: peak[k] for k in (*COMPARED, "total")},
+        "error": {k: err(predicted[k], peak[k]) for k in (*COMPARED, "total")},
+        "predicted_peak_bytes": predicted["total"],
+        "measured_peak_bytes": peak["total"],
+        "transient_buckets": list(TRANSIENT_BUCKETS),
+    }

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from headroom import planner
+from headroom.calibration.comparison import compare_trace
 from headroom.calibration.design import FRAMEWORK_DESIGNS
 from headroom.calibration.regression import TRACE_DEVICE
 from headroom.calibration.shipped import ABOUT
@@ -61,8 +62,6 @@ def _pair(profile: str, framework: str) -> str:
 def _framework_points() -> list[dict[str, Any]]:
     """The committed FSDP2 traces against today's estimate: allocated bytes of its peak phase
     against the traced peak (a CPU trace has no CUDA context or allocator overhead)."""
-    from headroom.calibration.tracing import compare_trace
-
     records = [
         r
         for design in FRAMEWORK_DESIGNS

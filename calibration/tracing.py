@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
 from headroom import planner
+from headroom.calibration.comparison import COMPARED
 from headroom.planner.errors import SpecError
 from headroom.runtime.adam import torch_adamw
 from headroom.runtime.model import DecoderLM, loss_fn
@@ -54,8 +55,6 @@ CATEGORY_BUCKET = {
     "Temp": "transient",
     "Other": "transient",
 }
-COMPARED = ("params", "grads", "optimizer_states", "transient")
-TRANSIENT_BUCKETS = ("activations", "logits", "moe_dispatch")
 
 
 def check_traceable(train: planner.TrainSpec, impl: str = "runtime") -> torch.dtype:
@@ -430,35 +429,3 @@ def steady_forward_transient(measured: dict[str, Any]) -> int:
     """Transient bytes at the end of the last step's forward (optimizer state exists then)."""
     forwards = [p for p in measured["phases"] if p["phase"] == "forward"]
     return int(forwards[-1]["transient"])
-
-
-def compare_trace(budget: planner.Budget, measured: dict[str, Any]) -> dict[str, Any]:
-    """The planner's prediction next to a trace, per bucket and at the peak.
-
-    Predicted bytes are the allocated buckets of the budget's peak phase (no CUDA context or
-    allocator overhead: a CPU trace has neither); a sharded run's gathered parameters
-    (``transfer_buffers``) count with ``params``, as a framework trace's unsharded parameters
-    and all-gather outputs do. ``error`` is (predicted - measured) over measured: positive is
-    the safe side."""
-    row = budget.gpu.phases[budget.peak_phase].buckets
-    predicted = {
-        "params": row["params"] + row["master_params"] + row["transfer_buffers"],
-        "grads": row["grads"],
-        "optimizer_states": row["optimizer_states"],
-        "transient": sum(row[b] for b in TRANSIENT_BUCKETS),
-    }
-    predicted["total"] = sum(predicted[b] for b in COMPARED)
-    peak = measured["peak"]
-
-    def err(p: int, m: int) -> float | None:
-        return (p - m) / m if m else None
-
-    return {
-        "phase": budget.peak_phase,
-        "predicted": predicted,
-        "measured": {k: peak[k] for k in (*COMPARED, "total")},
-        "error": {k: err(predicted[k], peak[k]) for k in (*COMPARED, "total")},
-        "predicted_peak_bytes": predicted["total"],
-        "measured_peak_bytes": peak["total"],
-        "transient_buckets": list(TRANSIENT_BUCKETS),
-    }

@@ -73,6 +73,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModS
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from headroom import planner
+from headroom.calibration.comparison import COMPARED
 from headroom.calibration.tracing import decoder_layers
 from headroom.planner.errors import SpecError
 
@@ -104,7 +105,6 @@ BUCKET_OF = {
     "temporaries": "transient",
     "inputs": "transient",
 }
-COMPARED = ("params", "grads", "optimizer_states", "transient")
 #: the phases of a trace, in time order (step 1 runs before optimizer state exists)
 PHASES = ("step1_forward", "step1_backward", "step1_optimizer", "forward", "backward", "optimizer")
 #: the model types whose modules the tensor-parallel plan names

@@ -155,7 +155,8 @@ def trace_command(
             from headroom.planner.trainable import check_supported
 
             check_supported(spec)
-    from headroom.calibration.tracing import compare_trace, steady_forward_transient, trace
+    from headroom.calibration.comparison import compare_trace
+    from headroom.calibration.tracing import steady_forward_transient, trace
 
     budget = planner.estimate(spec, train_spec, hw)
     with user_errors():  # a config transformers cannot build

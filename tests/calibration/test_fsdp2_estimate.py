@@ -16,9 +16,9 @@ import statistics
 import pytest
 
 from headroom import planner
+from headroom.calibration.comparison import compare_trace
 from headroom.calibration.frameworks import fsdp2
 from headroom.calibration.trace_records import FrameworkTraceRecord, load_framework_traces
-from headroom.calibration.tracing import compare_trace
 from headroom.planner.estimator import layer_backward_bytes
 
 GPU = planner.gpu("H100-80GB")  # only the verdict's capacity: the compared bytes are allocated

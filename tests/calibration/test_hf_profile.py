@@ -15,11 +15,12 @@ from headroom_process import run_headroom
 
 from headroom import planner
 from headroom.calibration import hf
+from headroom.calibration.comparison import compare_trace
 from headroom.calibration.design import deepseek_cut
 from headroom.calibration.regression import FITTED, fit_coefficients, peak_errors
 from headroom.calibration.shipped import shipped_entry
 from headroom.calibration.trace_records import TraceRecord, TracesFile
-from headroom.calibration.tracing import compare_trace, steady_forward_transient, trace
+from headroom.calibration.tracing import steady_forward_transient, trace
 
 RECORDS = Path(__file__).resolve().parents[2] / "calibration" / "data" / "hf-traces.json"
 PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_states": "bf16"}

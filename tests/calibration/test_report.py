@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
+import processes
 import pytest
 from headroom_process import run_headroom
 
@@ -74,3 +76,22 @@ def test_report_counts_false_fits_and_draws(
         assert summary["peak"][key] is not None
     assert summary["peak"]["max"] >= 0.5  # the false fit's error is in the statistics
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_report_compares_committed_traces_without_importing_torch(
+    tmp_path: Path,
+) -> None:
+    """The committed framework traces are compared with today's estimate by arithmetic alone:
+    the report's text loads neither torch nor the tracer (2 s of a report's 3 s went to them)."""
+    code = (
+        "import sys\n"
+        "from headroom.cli import main\n"
+        "sys.argv = ['headroom', 'calibrate', 'report', '--format', 'json']\n"
+        "code = 0\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, sorted(m for m in ('torch', 'headroom.calibration.tracing') "
+        "if m in sys.modules), file=sys.stderr)\n"
+    )
+    env = os.environ | {"HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/r.db"}
+    proc = processes.run([sys.executable, "-c", code], timeout=120, env=env)
+    assert proc.stderr.strip().splitlines()[-1] == "0 []", proc.stderr
+    assert json.loads(proc.stdout)["points"] > 0

@@ -11,8 +11,8 @@ import torch
 from headroom_process import run_headroom
 
 from headroom import planner
+from headroom.calibration.comparison import compare_trace
 from headroom.calibration.tracing import (
-    compare_trace,
     layer_backward_peak,
     steady_forward_transient,
     trace,
