@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from headroom.planner.buckets import ROUTING_SLAB_ELEMENTS, routing_slabs
@@ -526,6 +527,24 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+class _SkipInit(TorchFunctionMode):
+    """Modules built under it keep their parameters as allocated: ``torch.nn.init``'s functions
+    (a module's ``reset_parameters``) return their tensor untouched. On the meta device their
+    random fills run torch's reference decompositions, which import ``torch._dynamo`` (1.2 s of
+    CPU a process) to fill tensors that hold no data."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else next(iter((kwargs or {}).values()))
+        return func(*args, **(kwargs or {}))
+
+
 def build_model(
     spec: ModelSpec,
     *,
@@ -537,7 +556,7 @@ def build_model(
     """A randomly initialised model (normal(0, 0.02) matrices, unit norms, zero biases)."""
     cf = capacity_factor or (spec.moe.capacity_factor if spec.moe else None) or 1.25
     generator = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):  # every parameter is set below: skip the modules' own init
+    with torch.device("meta"), _SkipInit():  # every parameter is set below
         model = DecoderLM(spec, cf)
     model = model.to_empty(device="cpu")
     with torch.no_grad():
