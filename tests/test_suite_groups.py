@@ -1,5 +1,6 @@
 """The suite's own scheduling: under ``make test``'s ``-n 2 --dist loadgroup`` every group of
-``SHARED`` runs on one worker, whatever xdist and pytest do with test ids (``SharedGroups``)."""
+``SHARED`` runs on one worker, whatever xdist and pytest do with test ids
+(``tests/scheduling.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import processes
-from conftest import SHARED
+from scheduling import SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a few quick tests of each group's files, and one of no group

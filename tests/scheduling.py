@@ -1,0 +1,63 @@
+"""How ``make test`` spreads the suite over its xdist workers (``-n 2 --dist loadgroup``): the
+tests that share one thing of the machine run on one worker, one after another (``SHARED``,
+``SharedGroups``); the longest start first (``FIRST``); every other test goes to whichever
+worker is free. ``tests/conftest.py`` hooks these in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: the tests that share one thing of the machine, by file: each group runs on one xdist worker,
+#: one test after another, in this order (without xdist the whole suite runs so)
+SHARED = {
+    # the one-node Slurm clusters: a cluster's jobs use every CPU
+    "slurm": (
+        "launch/test_slurm_cluster.py",
+        "launch/test_slurm_jobs.py",
+        "launch/test_slurm_runs.py",
+        "launch/test_slurm_run_files.py",
+    ),
+    # DeepSpeed's op, built once into this clone's torch_extensions folder (a second build of it
+    # at the same time would wait on the first's lock); the killed build's own second build, in
+    # a folder of its own, then comes from ccache
+    "deepspeed_op": ("planner/test_deepspeed.py", "calibration/test_killed_build.py"),
+}
+#: the longest tests (30 s and more on two workers), started before the rest so that the run
+#: does not end on one of them with the other worker idle
+FIRST = (
+    "test_readme.py",
+    "api/test_schemathesis.py",
+    "api/test_fuzz_openapi.py",
+    "runtime/test_capacity_bench.py",
+    "cli/test_launch_summary.py",
+)
+
+
+def _where(path: Path) -> str:
+    tests = ROOT / "tests"
+    return path.relative_to(tests).as_posix() if path.is_relative_to(tests) else ""
+
+
+def order(items: list[pytest.Item]) -> None:
+    rank = {f: i for i, f in enumerate(f for files in SHARED.values() for f in files)}
+    rank |= {f: len(rank) + i for i, f in enumerate(FIRST)}
+    # a stable sort: the shared files in their groups' order, the longest tests, the rest as
+    # collected (the scheduler hands out the groups first, the largest first, then the tests
+    # one by one in this order)
+    items.sort(key=lambda item: rank.get(_where(item.path), len(rank)))
+
+
+class SharedGroups(LoadScopeScheduling):
+    """``--dist loadgroup`` by ``SHARED``: each group's tests are one unit of work, every other
+    test a unit of its own. xdist's own loadgroup names a test's group by appending it to the
+    test's id, which pytest 9.2 no longer lets it change: its groups are silently dropped
+    (pytest-dev/pytest-xdist#1386, open), so the scheduler groups the tests itself, by file."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        where = _where(ROOT / nodeid.split("::", 1)[0])
+        return next((g for g, files in SHARED.items() if where in files), nodeid)
