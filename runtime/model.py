@@ -527,11 +527,12 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-class _SkipInit(TorchFunctionMode):
-    """Modules built under it keep their parameters as allocated: ``torch.nn.init``'s functions
-    (a module's ``reset_parameters``) return their tensor untouched. On the meta device their
-    random fills run torch's reference decompositions, which import ``torch._dynamo`` (1.2 s of
-    CPU a process) to fill tensors that hold no data."""
+class SkipInit(TorchFunctionMode):
+    """Modules built under it keep their parameters as allocated (``torch.empty``): the
+    functions of ``torch.nn.init`` (a module's ``reset_parameters``) return their tensor
+    untouched. The fills would be overwritten; built on the meta device instead, the fills and
+    the move to the CPU run torch's Python reference decompositions, which import
+    ``torch._dynamo`` and sympy: 1.6 s of CPU in every training process."""
 
     def __torch_function__(
         self,
@@ -556,9 +557,8 @@ def build_model(
     """A randomly initialised model (normal(0, 0.02) matrices, unit norms, zero biases)."""
     cf = capacity_factor or (spec.moe.capacity_factor if spec.moe else None) or 1.25
     generator = torch.Generator().manual_seed(seed)
-    with torch.device("meta"), _SkipInit():  # every parameter is set below
+    with SkipInit():  # every parameter is set below
         model = DecoderLM(spec, cf)
-    model = model.to_empty(device="cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):

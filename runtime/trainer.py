@@ -69,6 +69,7 @@ from headroom.runtime.dist import Ranks
 from headroom.runtime.model import (
     DecoderLayer,
     DecoderLM,
+    SkipInit,
     build_model,
     loss_fn,
     rope_dim,
@@ -831,7 +832,7 @@ def _train_streaming(
         units = _pack(init, train, backend, dtype, cfg.ranks)
 
     # compute templates: module structure without storage; weights come from the pool
-    with torch.device("meta"):
+    with torch.device("meta"), SkipInit():
         templates = [
             DecoderLayer(spec, spec.is_moe_layer(i), init.capacity_factor)
             for i in range(spec.num_layers)
