@@ -44,19 +44,8 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> int:
     return sum(_bytes(state) for state in optimizer.state.values())
 
 
-def _rank(
-    rank: int, world: int, port: int, config: dict[str, Any], train: dict[str, Any], out: str
-) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        DS_ACCELERATOR="cpu",
-    )
-    import deepspeed
-
+def _step(deepspeed: Any, config: dict[str, Any], train: dict[str, Any]) -> dict[str, int]:
+    """One training spec's two steps on the world this rank is in: the buffers ZeRO made."""
     from headroom.calibration import hf
 
     spec = planner.TrainSpec.model_validate(train)
@@ -80,10 +69,6 @@ def _rank(
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": spec.max_grad_norm or 0.0,
     }
-    # built (or loaded) under a lock a killed build cannot leave behind, before DeepSpeed's
-    # process group would build it under torch's own lock file
-    extensions.load_deepspeed_shm_comm()
-    deepspeed.init_distributed(dist_backend="gloo")
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     engine, zero_optimizer, _, _ = deepspeed.initialize(
         model=net, optimizer=optimizer, config=ds_config
@@ -118,6 +103,34 @@ def _rank(
     found["elements"] = sum(
         p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in net.parameters()
     )
+    engine.destroy()
+    return found
+
+
+def _rank(
+    rank: int,
+    world: int,
+    port: int,
+    config: dict[str, Any],
+    trains: list[dict[str, Any]],
+    out: str,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        DS_ACCELERATOR="cpu",
+    )
+    import deepspeed
+
+    # built (or loaded) under a lock a killed build cannot leave behind, before DeepSpeed's
+    # process group would build it under torch's own lock file
+    extensions.load_deepspeed_shm_comm()
+    deepspeed.init_distributed(dist_backend="gloo")
+    # each spec on a model of its own, one after another in the same world
+    found = [_step(deepspeed, config, train) for train in trains]
     if rank == 0:
         Path(out).write_text(repr(found))
     # every rank leaves the group before it exits: a process that exits with the group's
@@ -129,6 +142,15 @@ def _rank(
 def buffers(config: dict[str, Any], train: planner.TrainSpec, world: int = 2) -> dict[str, int]:
     """Bytes of the buffers DeepSpeed ZeRO made on rank 0 of ``world`` ranks stepping the
     transformers model of ``config`` twice under ``train`` (``framework: deepspeed``)."""
+    (found,) = buffers_of(config, [train], world)
+    return found
+
+
+def buffers_of(
+    config: dict[str, Any], trains: list[planner.TrainSpec], world: int = 2
+) -> list[dict[str, int]]:
+    """``buffers`` for each of ``trains`` in turn, in one world of ``world`` ranks (each spec on
+    a model and engine of its own): the ranks start, import DeepSpeed and join once."""
     import ast
 
     from headroom.calibration import processes
@@ -140,9 +162,9 @@ def buffers(config: dict[str, Any], train: planner.TrainSpec, world: int = 2) ->
         out = str(Path(tmp) / "rank0")
         processes.spawn(
             _rank,
-            (world, port, config, train.model_dump(), out),
+            (world, port, config, [t.model_dump() for t in trains], out),
             world,
             what="DeepSpeed ZeRO ranks (calibration.frameworks.deepspeed.buffers)",
         )
-        found: dict[str, int] = ast.literal_eval(Path(out).read_text())
+        found: list[dict[str, int]] = ast.literal_eval(Path(out).read_text())
     return found

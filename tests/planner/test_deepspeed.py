@@ -236,17 +236,9 @@ TINY = {
 }
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_the_buffers_deepspeed_makes_are_the_estimates(stage: int) -> None:
-    """DeepSpeed ZeRO run for real (2 ranks over gloo on the CPU, two steps of a two-layer
-    transformers llama): the bytes of the buffers it made on rank 0 are the estimate's terms:
-    16-bit parameters, fp32 master partition, moments, the 16-bit gradient partition and the
-    reduction bucket."""
-    from headroom.calibration import hf
-    from headroom.calibration.frameworks import deepspeed as probe
-
+def _buffers_train(stage: int) -> planner.TrainSpec:
     bf16 = {**FP16, "params": "bf16", "grads": "bf16"}
-    train = _train(
+    return _train(
         stage,
         2,
         precision=bf16,
@@ -258,7 +250,38 @@ def test_the_buffers_deepspeed_makes_are_the_estimates(stage: int) -> None:
             "stage3_param_persistence_threshold": 0,
         },
     )
-    found = probe.buffers(TINY, train)
+
+
+@pytest.fixture(scope="module")
+def stepped(request: pytest.FixtureRequest) -> dict[int, dict[str, int]]:
+    """The buffers of every stage the session runs, stepped in one world of two ranks (they
+    start and import DeepSpeed once, not once a stage)."""
+    from headroom.calibration.frameworks import deepspeed as probe
+
+    name = "test_the_buffers_deepspeed_makes_are_the_estimates"
+    stages = sorted(
+        {
+            item.callspec.params["stage"]
+            for item in request.session.items
+            if isinstance(item, pytest.Function) and item.originalname == name
+        }
+    )
+    found = probe.buffers_of(TINY, [_buffers_train(stage) for stage in stages])
+    return dict(zip(stages, found, strict=True))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_buffers_deepspeed_makes_are_the_estimates(
+    stage: int, stepped: dict[int, dict[str, int]]
+) -> None:
+    """DeepSpeed ZeRO run for real (2 ranks over gloo on the CPU, two steps of a two-layer
+    transformers llama): the bytes of the buffers it made on rank 0 are the estimate's terms:
+    16-bit parameters, fp32 master partition, moments, the 16-bit gradient partition and the
+    reduction bucket."""
+    from headroom.calibration import hf
+
+    train = _buffers_train(stage)
+    found = stepped[stage]
     model = hf.spec_of(TINY)
     coeffs = planner.default_coefficients("textbook")
     states = planner.estimator.stage_terms_from_knobs(model, planner.knobs(train), coeffs, 0).states
