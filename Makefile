@@ -72,10 +72,12 @@ slurm:
 ccache:
 	scripts/install-ccache.sh
 
-# two workers on two cores take the suite from 17 to about 10 minutes; tests that share a thing
-# of the machine stay on one worker (tests/conftest.py: SHARED); the few that assert a
-# wall-clock bound (marked timing) run alone afterwards, on an otherwise idle machine
-PYTEST_WORKERS ?= 2
+# three workers on two cores: the suite's tests wait on servers, Slurm daemons and stopped
+# processes for about a fifth of their time, which a third worker fills (docs/PERFORMANCE.md:
+# 10 min 15 s against 10 min 40 s for two, one commit); tests that share a thing of the
+# machine stay on one worker (tests/scheduling.py); the few that assert a wall-clock bound
+# (marked timing) run alone afterwards, on an otherwise idle machine
+PYTEST_WORKERS ?= 3
 
 pytest: install browser slurm ccache
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"

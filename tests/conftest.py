@@ -18,7 +18,7 @@ user, and no test runs past its time limit.
   build's test builds into one of its own), is compiled once.
 - A run that is stopped can leave a half-written kernel in inductor's cache: the next run
   finds the stopped run's mark and removes the compiled caches first (``tests/caches.py``).
-- ``make test`` runs the suite on two pytest-xdist workers (``--dist loadgroup``): the tests that
+- ``make test`` runs the suite on three pytest-xdist workers (``--dist loadgroup``): the tests that
   share one thing of the machine run on one worker, in turn, and
   the longest start first (``tests/scheduling.py``).
 """

@@ -1,4 +1,4 @@
-"""How ``make test`` spreads the suite over its xdist workers (``-n 2 --dist loadgroup``): the
+"""How ``make test`` spreads the suite over its xdist workers (``-n 3 --dist loadgroup``): the
 tests that share one thing of the machine run on one worker, one after another (``SHARED``,
 ``SharedGroups``); the longest start first (``FIRST``); every other test goes to whichever
 worker is free. ``tests/conftest.py`` hooks these in."""
