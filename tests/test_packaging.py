@@ -167,10 +167,10 @@ def test_make_run_installs_the_service_extra_only_and_make_test_everything() -> 
     assert '-e ".[dev]"' in install and "torch==2.13.0" in install
     # tyro before torchtitan's --no-deps install, so no resolver report of what --no-deps left out
     assert install.index("tyro==") < install.index("torchtitan==")
-    # the suite on two workers, then the tests that assert a wall-clock bound alone
+    # the suite on three workers, then the tests that assert a wall-clock bound alone
     pytest_lines = [line for line in _make_dry_run("pytest").splitlines() if "-m pytest" in line]
     assert len(pytest_lines) == 2, pytest_lines
-    assert "-n 2 --dist loadgroup" in pytest_lines[0] and '-m "not timing"' in pytest_lines[0]
+    assert "-n 3 --dist loadgroup" in pytest_lines[0] and '-m "not timing"' in pytest_lines[0]
     assert pytest_lines[1].endswith("-m pytest -q -m timing")
 
 

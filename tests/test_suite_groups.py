@@ -1,5 +1,5 @@
-"""The suite's own scheduling: under ``make test``'s ``-n 2 --dist loadgroup`` every group of
-``SHARED`` runs on one worker, whatever xdist and pytest do with test ids
+"""The suite's own scheduling: under ``make test``'s ``--dist loadgroup`` (two workers here)
+every group of ``SHARED`` runs on one worker, whatever xdist and pytest do with test ids
 (``tests/scheduling.py``)."""
 
 from __future__ import annotations
