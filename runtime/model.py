@@ -542,7 +542,8 @@ class SkipInit(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else next(iter((kwargs or {}).values()))
+            # each of them hands its tensor on by keyword (``tensor=``)
+            return kwargs["tensor"] if kwargs and "tensor" in kwargs else args[0]
         return func(*args, **(kwargs or {}))
 
 
