@@ -59,5 +59,10 @@ class SharedGroups(LoadScopeScheduling):
     (pytest-dev/pytest-xdist#1386, open), so the scheduler groups the tests itself, by file."""
 
     def _split_scope(self, nodeid: str) -> str:
-        where = _where(ROOT / nodeid.split("::", 1)[0])
-        return next((g for g, files in SHARED.items() if where in files), nodeid)
+        return scope(nodeid)
+
+
+def scope(nodeid: str) -> str:
+    """A test's unit of work: its ``SHARED`` group, else the test itself."""
+    where = _where(ROOT / nodeid.split("::", 1)[0])
+    return next((g for g, files in SHARED.items() if where in files), nodeid)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import processes
-from scheduling import SHARED
+from scheduling import SHARED, scope
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a few quick tests of each group's files, and one of no group
@@ -40,8 +40,6 @@ def test_each_shared_group_runs_on_one_worker(tmp_path: Path) -> None:
     assert {worker for worker, _ in ran} == {"gw0", "gw1"}  # both worked
     workers: dict[str, set[str]] = defaultdict(set)
     for worker, nodeid in ran:
-        where = nodeid.split("::", 1)[0].removeprefix("tests/")
-        group = next((g for g, files in SHARED.items() if where in files), None)
-        workers[group or nodeid].add(worker)
+        workers[scope(nodeid)].add(worker)
     for group in SHARED:
         assert len(workers[group]) == 1, (group, workers[group])
