@@ -6,6 +6,8 @@
   matched it (``/runs`` said ``POST`` where ``GET`` is served too).
 - A query parameter given twice is a 422 naming it: FastAPI keeps the last value of a scalar
   parameter and drops the others silently.
+- A row's id in a path (``{calibration_id:rowid}``) is any segment but a sibling route's name:
+  ``GET /calibrations/ingest`` is a 405 (that path is ``POST``'s), not a 422 about an id.
 """
 
 from __future__ import annotations
@@ -14,8 +16,28 @@ from collections.abc import Sequence
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+#: the fixed segments that sit where a row id does (``/calibrations/ingest``)
+SIBLING_SEGMENTS = ("ingest",)
+
+
+class RowIdConvertor(Convertor[str]):
+    """A path segment that can be a row id: any but a sibling route's name. The route's own
+    validation (``api.routes.records.RowId``) then refuses what is not an id, with a 422."""
+
+    regex = "".join(f"(?!{name}$)" for name in SIBLING_SEGMENTS) + "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("rowid", RowIdConvertor())
 
 
 class HeadAsGet:

@@ -25,6 +25,7 @@ from headroom.api.forms import (
     TrainInput,
     documented_as,
 )
+from headroom.calibration.logs import FORMATS as LOG_FORMATS
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner._keys import FewUnknownKeys, at_most
 from headroom.planner.budget import GPU_BUCKETS, PHASES
@@ -255,6 +256,55 @@ class CalibrationIn(_In):
     measured: Measured
     source: Literal["runtime", "probe", "trace", "external"] = "external"
     notes: str = Field(default="", max_length=4000, pattern=_NO_NUL)
+
+
+_LOG_NAME = Field(
+    min_length=1, max_length=200, pattern=_NO_NUL, description="What the log is called."
+)
+
+
+class LogText(_In):
+    """A log as text."""
+
+    name: str = _LOG_NAME
+    text: str = Field(description="The log's text.")
+
+
+class LogBase64(_In):
+    """A log as base64 bytes (a memory snapshot's pickle)."""
+
+    name: str = _LOG_NAME
+    base64: str = Field(description="The log's bytes in base64.")
+
+
+class IngestIn(_In):
+    """GPU runs' logs to read into calibration records (``headroom calibrate ingest``)."""
+
+    model: ModelInput | None = Field(
+        default=None, description=_MODEL + " The run's (not for published: true)."
+    )
+    train: TrainInput = Field(default=None, description=_TRAIN)
+    gpu: GpuInput = Field(default="H100-80GB", description=_GPU)
+    format: Literal[LOG_FORMATS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="The logs' format (default: recognised from each content)."
+    )
+    stage: Literal["first", "last"] | None = Field(
+        default=None, description="The pipeline stage whose rank logged (default: the heaviest)."
+    )
+    logs: list[LogText | LogBase64] = Field(default_factory=list, max_length=64)
+    published: StrictBool = Field(
+        default=False,
+        description="Also read the shipped published runs (calibration/data/published-memory"
+        ".json), each as a record of the GPU it ran on.",
+    )
+
+
+class IngestOut(BaseModel):
+    records: list[dict[str, Any]] = Field(description="One per log (or published run).")
+    skipped: list[dict[str, str]] = Field(description="Published runs without a number.")
+    trust: list[dict[str, Any]] = Field(
+        description="The trust of each (GPU, framework, profile) the records belong to."
+    )
 
 
 class CalibrationOut(BaseModel):

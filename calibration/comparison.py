@@ -2,7 +2,8 @@
 
 The estimate's allocated bytes (every bucket but ``cuda_context`` and ``allocator_overhead``)
 are compared with the allocator's allocated peak; reserved bytes with allocated plus
-``allocator_overhead``. A positive relative error means the estimate was high (safe side).
+``allocator_overhead``; nvidia-smi's total with every bucket. A positive relative error means
+the estimate was high (safe side).
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from headroom.planner.budget import Budget, BudgetModel
+from headroom.planner.coefficients import Coefficients
+from headroom.planner.estimator import StagePeak, stage_peaks
+from headroom.planner.hardware import Hardware
+from headroom.planner.measurement import Measurement
+from headroom.planner.model import ModelSpec
+from headroom.planner.train import TrainSpec
 
 NOT_ALLOCATED = ("cuda_context", "allocator_overhead")
 #: the buckets a CPU trace of framework code is compared in ("transient" is TRANSIENT_BUCKETS)
@@ -22,35 +29,74 @@ def _relative(predicted: int, measured: int) -> float:
 
 
 def compare(
-    budget: Budget | BudgetModel,
-    allocated_bytes: int,
-    reserved_bytes: int | None = None,
-    phase: str | None = None,
-    buckets: dict[str, int] | None = None,
+    budget: Budget | BudgetModel, measured: Measurement, stage: StagePeak | None = None
 ) -> dict[str, Any]:
-    """How far the estimate was from a measurement, at ``phase`` (default: the predicted peak)."""
-    phase = phase or budget.peak_phase
+    """How far the estimate was from a measurement, at its phase (default: the predicted peak),
+    like with like: an allocated peak with the phase's allocated buckets, a reserved peak with
+    those plus ``allocator_overhead``, nvidia-smi's total with the whole row. ``figure``,
+    ``predicted_bytes``, ``measured_bytes`` and ``relative_error`` are the figure compared
+    (:attr:`Measurement.figure`); each other figure measured is compared too. ``stage``: the
+    pipeline stage whose rank measured it (:func:`measured_stage`), whose peak is compared
+    instead of the heaviest's."""
+    phase = measured.phase or (stage.phase if stage is not None else budget.peak_phase)
     row = budget.gpu.phases[phase].buckets
     predicted_allocated = sum(v for k, v in row.items() if k not in NOT_ALLOCATED)
+    predicted = {
+        "max_allocated": predicted_allocated,
+        "max_reserved": predicted_allocated + row["allocator_overhead"],
+        "nvidia_smi_total": sum(row.values()),
+    }
+    if stage is not None:
+        predicted_allocated = stage.allocated_bytes
+        predicted = {
+            "max_allocated": stage.allocated_bytes,
+            "max_reserved": stage.reserved_bytes,
+            "nvidia_smi_total": stage.peak_bytes,
+        }
+    figure = measured.figure
     out: dict[str, Any] = {
         "phase": phase,
-        "predicted_allocated_bytes": predicted_allocated,
-        "measured_allocated_bytes": allocated_bytes,
-        "relative_error": _relative(predicted_allocated, allocated_bytes),
+        **({"stage": stage.stage} if stage is not None else {}),
+        "figure": figure,
+        "predicted_bytes": predicted[figure],
+        "measured_bytes": measured.figure_bytes,
+        "relative_error": _relative(predicted[figure], measured.figure_bytes),
         "buckets": {},
     }
-    if reserved_bytes is not None:
-        predicted_reserved = predicted_allocated + row["allocator_overhead"]
-        out["predicted_reserved_bytes"] = predicted_reserved
-        out["measured_reserved_bytes"] = reserved_bytes
-        out["reserved_relative_error"] = _relative(predicted_reserved, reserved_bytes)
-    for name, measured in (buckets or {}).items():
+    if measured.allocated_bytes is not None:
+        out["predicted_allocated_bytes"] = predicted_allocated
+        out["measured_allocated_bytes"] = measured.allocated_bytes
+    if measured.reserved_bytes is not None:
+        out["predicted_reserved_bytes"] = predicted["max_reserved"]
+        out["measured_reserved_bytes"] = measured.reserved_bytes
+        out["reserved_relative_error"] = _relative(
+            predicted["max_reserved"], measured.reserved_bytes
+        )
+    if measured.nvidia_smi_bytes is not None:
+        out["predicted_nvidia_smi_bytes"] = predicted["nvidia_smi_total"]
+        out["measured_nvidia_smi_bytes"] = measured.nvidia_smi_bytes
+    for name, value in (measured.buckets or {}).items():
         out["buckets"][name] = {
             "predicted": row[name],
-            "measured": measured,
-            "relative_error": _relative(row[name], measured),
+            "measured": value,
+            "relative_error": _relative(row[name], value),
         }
     return out
+
+
+def measured_stage(
+    measured: Measurement,
+    model: ModelSpec,
+    train: TrainSpec,
+    hardware: Hardware,
+    coefficients: Coefficients | None = None,
+) -> StagePeak | None:
+    """The pipeline stage a measurement names (``stage``: first or last) as the estimate prices
+    it; None where it names none or there is no pipeline (the heaviest stage is compared)."""
+    if measured.stage is None or train.parallel.pp == 1:
+        return None
+    peaks = stage_peaks(model, train, hardware, coefficients)
+    return peaks[0] if measured.stage == "first" else peaks[-1]
 
 
 def compare_trace(budget: Budget, measured: dict[str, Any]) -> dict[str, Any]:

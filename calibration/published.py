@@ -48,11 +48,15 @@ FIGURES: tuple[str, ...] = get_args(Figure)
 GIB = 2**30
 
 
+def published_file() -> bytes:
+    """The shipped file's bytes."""
+    return (resources.files("headroom.calibration") / "data" / "published-memory.json").read_bytes()
+
+
 @cache
 def load() -> dict[str, Any]:
     """The shipped file, parsed once."""
-    text = (resources.files("headroom.calibration") / "data" / "published-memory.json").read_text()
-    data: dict[str, Any] = json.loads(text)
+    data: dict[str, Any] = json.loads(published_file())
     return data
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from headroom import planner, store
-from headroom.calibration.comparison import compare
+from headroom.calibration.comparison import compare, measured_stage
 from headroom.calibration.trust import RECENT, assess_records
 from headroom.planner.measurement import Measurement
 
@@ -30,13 +30,7 @@ def record_measurement(
     """Store ``measured`` with the estimate of the specs (``budget``, estimated here if not
     given) and how they compare; (record, created)."""
     budget = budget if budget is not None else planner.estimate(model, train, hw)
-    comparison = compare(
-        budget,
-        measured.allocated_bytes,
-        measured.reserved_bytes,
-        measured.phase,
-        dict(measured.buckets) if measured.buckets else None,
-    )
+    comparison = compare(budget, measured, measured_stage(measured, model, train, hw))
     return store.add_calibration(
         session=session,
         uid=uid,

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from headroom import planner
-from headroom.calibration.comparison import compare
+from headroom.calibration.comparison import compare, measured_stage
+from headroom.planner.measurement import Measurement
 
 #: recent predictions within this relative error make a set trusted
 WITHIN = 0.05
@@ -35,12 +36,18 @@ MAX_MARGIN = 0.5
 def record_error(
     spec: dict[str, Any], measured: dict[str, Any], coeffs: planner.Coefficients
 ) -> float:
-    """(predicted - measured) / measured allocated peak of one stored record under ``coeffs``."""
+    """(predicted - measured) / measured of one stored record under ``coeffs``, like with like
+    (the figure the record measured: allocated, reserved or nvidia-smi's)."""
     model = planner.ModelSpec.model_validate(spec["model"])
     train = planner.TrainSpec.model_validate(spec["train"])
     hw = planner.Hardware.model_validate(spec["hardware"])
     budget = planner.estimate(model, train, hw, coeffs)
-    comparison = compare(budget, int(measured["allocated_bytes"]), None, measured.get("phase"))
+    kept = {
+        k: measured.get(k)
+        for k in ("allocated_bytes", "reserved_bytes", "nvidia_smi_bytes", "phase", "stage")
+    }
+    figures = Measurement(**kept)
+    comparison = compare(budget, figures, measured_stage(figures, model, train, hw, coeffs))
     return float(comparison["relative_error"])
 
 

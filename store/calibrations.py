@@ -50,9 +50,9 @@ def add_calibration(
 ) -> tuple[Calibration, bool]:
     """Store a measurement of validated specs with ``budget`` (their estimate) and how the
     two compare; (record, created): a uid stored concurrently returns that record."""
-    if comparison["predicted_allocated_bytes"] > MAX_BIGINT:
+    if comparison["predicted_bytes"] > MAX_BIGINT:
         raise planner.SpecError(
-            f"model: the predicted peak ({comparison['predicted_allocated_bytes']:.3e} bytes) "
+            f"model: the predicted peak ({comparison['predicted_bytes']:.3e} bytes) "
             "is beyond what a calibration record holds (2^63 - 1 bytes)",
             field="model",
         )
@@ -66,8 +66,8 @@ def add_calibration(
         spec=spec_dump(model=model, train=train, hw=hw),
         measured=measured.model_dump(mode="json"),
         predicted={"budget": budget.model_dump(mode="json"), "comparison": comparison},
-        measured_peak_bytes=measured.allocated_bytes,
-        predicted_peak_bytes=comparison["predicted_allocated_bytes"],
+        measured_peak_bytes=measured.figure_bytes,
+        predicted_peak_bytes=comparison["predicted_bytes"],
         relative_error=comparison["relative_error"],
         notes=notes,
     )

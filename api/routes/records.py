@@ -6,6 +6,7 @@ the launch layer and the store do the rest.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import uuid
@@ -25,12 +26,18 @@ from headroom.api.schemas import (
     CalibrationIn,
     CalibrationOut,
     CoefficientSetOut,
+    IngestIn,
+    IngestOut,
+    LogBase64,
+    LogText,
     Page,
     RunIn,
     RunOut,
 )
 from headroom.api.security import TokenFirst, require_token
 from headroom.api.settings import Settings
+from headroom.calibration import ingest
+from headroom.calibration.published import published_file
 from headroom.calibration.stored import record_measurement
 from headroom.launch.slurm import SlurmOverrides
 from headroom.planner.measurement import Measurement
@@ -182,8 +189,62 @@ def add_calibration(
     return _calibration(row)
 
 
+@router.post(
+    "/calibrations/ingest",
+    tags=["calibration"],
+    status_code=201,
+    response_model=IngestOut,
+    dependencies=[Depends(require_token)],
+    responses={200: {"description": "Every record was already stored"}, **responses(401, 413, 422)},
+)
+def ingest_calibrations(
+    body: IngestIn, db: SessionDep, metrics: MetricsDep, response: Response
+) -> dict[str, Any]:
+    """Read GPU runs' logs (Megatron-LM, torchtitan, DeepSpeed, HF Trainer, Accelerate,
+    nvidia-smi CSV, a memory snapshot) into calibration records of the stack they ran on, as
+    ``headroom calibrate ingest`` does, and return each record and that stack's trust. Every
+    log is read before anything is stored: one that cannot be read is a 422 naming it and its
+    line, and nothing is stored. Ingesting the same log again finds its record (200)."""
+    files = [
+        (log.name, log.text.encode() if isinstance(log, LogText) else _decoded(log))
+        for log in body.logs
+    ]
+    if body.published:
+        files.append(("published-memory.json", published_file()))
+    specs: tuple[Any, ...] = (None, None, None)
+    if body.model is not None:
+        specs = (
+            planner.load_model(body.model),
+            planner.load_train(body.train or {}),
+            planner.load_hardware(body.gpu),
+        )
+    read = ingest.read_logs(
+        files, fmt=body.format, model=specs[0], train=specs[1], hw=specs[2], stage=body.stage
+    )
+    records = ingest.store_items(db, read)
+    created = sum(r["created"] for r in records)
+    if created:
+        metrics.calibrations.inc(created)
+    else:
+        response.status_code = 200
+    return {
+        "records": records,
+        "skipped": list(read.skipped),
+        "trust": ingest.stacks_trust(db, records),
+    }
+
+
+def _decoded(log: LogBase64) -> bytes:
+    try:
+        return base64.b64decode(log.base64, validate=True)
+    except ValueError:
+        raise planner.InputFormatError(
+            f"logs: {log.name[:100]!r}: base64 is not valid base64", field="logs"
+        ) from None
+
+
 @router.get(
-    "/calibrations/{calibration_id}",
+    "/calibrations/{calibration_id:rowid}",
     tags=["calibration"],
     response_model=CalibrationOut,
     responses=responses(404),

@@ -312,6 +312,128 @@ def run_command(
         raise typer.Exit(ExitCode.OUT_OF_MEMORY if outcome.oom else ExitCode.NOTHING_FITS)
 
 
+class LogFormat(StrEnum):
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+    deepspeed = "deepspeed"
+    hf_trainer = "hf_trainer"
+    accelerate = "accelerate"
+    nvidia_smi = "nvidia_smi"
+    memory_snapshot = "memory_snapshot"
+    published = "published"
+
+
+class Stage(StrEnum):
+    first = "first"
+    last = "last"
+
+
+@calibrate_app.command("ingest")
+def ingest_command(
+    logs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="GPU runs' logs: Megatron-LM, torchtitan, DeepSpeed, HF Trainer, Accelerate, "
+            "nvidia-smi CSV, a torch.cuda memory snapshot pickle, or the published runs' file.",
+            dir_okay=False,
+        ),
+    ] = None,
+    published: Annotated[
+        bool,
+        typer.Option(
+            "--published",
+            help="Also read the shipped published GPU runs (calibration/data/"
+            "published-memory.json), each a record of the GPU it ran on.",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="The run's model: preset name, model JSON/YAML, or "
+            "config.json (not for the published runs' file).",
+        ),
+    ] = None,
+    train: TrainOpt = None,
+    set_: SetOpt = None,
+    gpu: GpuOpt = "H100-80GB",
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            "--format", help="The logs' format (default: recognised from each log's content)."
+        ),
+    ] = None,
+    stage: Annotated[
+        Stage | None,
+        typer.Option(
+            "--stage",
+            help="The pipeline stage whose rank logged (default: the "
+            "heaviest; Megatron-LM logs every stage's rank, torchtitan rank 0's).",
+        ),
+    ] = None,
+    output: Annotated[TextOrJson, typer.Option("--output", help="Output format.")] = (
+        TextOrJson.text
+    ),
+) -> None:
+    """Read GPU runs' logs into calibration records of the stack they ran on (GPU, framework,
+    activation profile), each compared with the estimate like with like, and show that
+    stack's trust. Every log is read before anything is stored: one that cannot be read is
+    refused (exit 2) naming its file and line, and nothing is stored."""
+    from headroom.calibration.ingest import read_logs, stacks_trust, store_items
+    from headroom.calibration.logs import read_path_bytes
+
+    with user_errors():
+        files = [(str(path), read_path_bytes(path)) for path in logs or []]
+        if published:
+            from headroom.calibration.published import published_file
+
+            files.append(("published-memory.json", published_file()))
+        specs: tuple[Any, ...] = (None, None, None)
+        if model is not None:
+            specs = load_specs(model, train, set_, gpu, None, None)
+        ingest = read_logs(
+            files,
+            fmt=log_format.value if log_format else None,
+            model=specs[0],
+            train=specs[1],
+            hw=specs[2],
+            stage=stage.value if stage else None,
+        )
+    from headroom.store import open_store
+
+    sessions = open_store()
+    with sessions() as session, user_errors():
+        records = store_items(session, ingest)
+        trust = stacks_trust(session, records)
+    out = {"records": records, "skipped": list(ingest.skipped), "trust": trust}
+    if output is TextOrJson.json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    console = Console(soft_wrap=True)
+    for r in records:
+        console.print(
+            f"{r['name']} ({r['format']}): {r['figure']} measured "
+            f"{planner.format_bytes(r['measured_bytes'])}, predicted "
+            f"{planner.format_bytes(r['predicted_bytes'])} ({r['relative_error']:+.1%}) for "
+            f"{r['model']} on {r['gpu']}; record {r['uid']}"
+            f"{'' if r['created'] else ' (already stored)'}",
+            highlight=False,
+        )
+    if ingest.skipped:
+        console.print(f"{len(ingest.skipped)} run(s) without a measured number not recorded")
+    for t in trust:
+        said = (
+            f"{'trusted' if t['trusted'] else 'untrusted'}, {t['recent_records']} recent "
+            f"record(s), margin {t['margin_fraction']:.0%}"
+            if t["margin_fraction"] is not None
+            else t["source"]
+        )
+        console.print(
+            f"trust of {t['activation_profile']}/{t['framework']} on {t['gpu']}: {said}",
+            highlight=False,
+        )
+
+
 @calibrate_app.command("fit")
 def fit_command(
     profile: Annotated[

@@ -78,7 +78,7 @@ def test_schemathesis_all_checks_pass_and_reach_the_handlers(tmp_path: Path) -> 
     assert result.returncode == 0, report
 
     counts, operations = _tally(tally)
-    assert len(operations) == 17, operations
+    assert len(operations) == 18, operations
     summary = "\n".join(
         f"{n:5d}  {op} {mode} -> {code}" for (op, mode, code), n in sorted(counts.items())
     )
