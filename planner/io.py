@@ -27,6 +27,7 @@ from headroom.planner.errors import (
 from headroom.planner.hardware import MAX_GPUS_PER_NODE, MAX_HOST_MEMORY_BYTES, Hardware, gpu
 from headroom.planner.hf import SUPPORTED_MODEL_TYPES, from_hf_config
 from headroom.planner.model import ModelSpec
+from headroom.planner.stack_configs import StackConfig, recognise
 from headroom.planner.train import TrainSpec
 from headroom.planner.units import parse_size
 
@@ -331,8 +332,9 @@ def load_train(source: str | Path | Mapping[str, Any] | TrainSpec | None) -> Tra
 
 
 def read_train_file(source: str | Path) -> Any:
-    """A training spec file's content; a name that is no file and no spec file's name (no
-    .json/.yaml suffix) is taken for a mistyped run preset and refused with the closest one."""
+    """A training spec file's content (a stack's own config mapped to one, ``stack_config``);
+    a name that is no file and no spec file's name (no .json/.yaml suffix) is taken for a
+    mistyped run preset and refused with the closest one."""
     path = Path(source)
     if not is_spec_file_name(path) and not path.exists():
         raise UnknownPresetError(
@@ -340,7 +342,21 @@ def read_train_file(source: str | Path) -> Any:
             f"{did_you_mean(str(source), run_names())}; run presets: {', '.join(run_names())}",
             field="train",
         )
-    return read_file(source)
+    stack = stack_config(path)
+    return stack.train if stack is not None else read_file(source)
+
+
+def stack_config(path: str | Path) -> StackConfig | None:
+    """The stack's own training config ``path`` holds (a torchtitan job TOML ...), mapped to a
+    training spec's keys; None for a file that is none (a Headroom spec)."""
+    p = Path(path)
+    if p.suffix.lower() == ".json" or not _is_file(p):
+        return None
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFormatError(f"{p}: cannot read file ({exc})") from None
+    return recognise(p, text)
 
 
 def _is_file(path: Path) -> bool:

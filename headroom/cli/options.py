@@ -16,7 +16,7 @@ import typer
 
 from headroom import planner
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.io import apply_overrides, read_train_file, run_preset_named
+from headroom.planner.io import apply_overrides, read_train_file, run_preset_named, stack_config
 
 __all__ = [
     "FormatOpt",
@@ -126,6 +126,9 @@ def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any
         preset = run_preset_named(train_file)
         # the keys the preset names, as its file names them: the rest are the defaults either
         # way, and a plan reads the named layout keys as its constraints
+        stack = stack_config(train_file) if preset is None else None
+        if stack is not None and (line := stack.warning(str(train_file))) is not None:
+            typer.echo(f"warning: {line}", err=True)
         data = (
             preset.train.model_dump(exclude_unset=True)
             if preset is not None

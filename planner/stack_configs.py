@@ -1,0 +1,627 @@
+"""A stack's own training config read as a training spec: a torchtitan job TOML, a Megatron-LM
+argument list, a DeepSpeed config JSON (with an HF ``TrainingArguments`` file beside it).
+
+A user should not rewrite a run in Headroom's schema: ``--train`` takes the file the run
+already has. Each format is recognised from its content (:func:`recognise`) and mapped key by
+key to the training spec's keys; what has no counterpart in a training spec is named, never
+dropped in silence (:attr:`StackConfig.unmapped`, which the CLI prints as one warning line),
+and where the file leaves a value to the launch (torchtitan's ``-1``: every GPU the job has)
+the value taken is said too (:attr:`StackConfig.assumed`).
+
+Only the standard library (``tomllib``, ``json``, ``shlex``): no stack is imported.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headroom.planner.errors import InputFormatError
+
+#: the data-parallel degree a torchtitan file leaves to the launch (``-1``) is taken as
+#: one node of this many GPUs unless ``--set parallel.dp`` says otherwise
+DEFAULT_NODE_GPUS = 8
+
+
+@dataclass
+class StackConfig:
+    """A stack's config as a training spec: what it maps to, and what it does not."""
+
+    kind: str  # torchtitan, megatron, deepspeed
+    train: dict[str, Any]
+    model_hint: str | None = None  # what the file says the model is, where it says
+    unmapped: list[str] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
+
+    def warning(self, name: str) -> str | None:
+        """The one line that names what was not read and what was assumed (None: neither)."""
+        parts = []
+        if self.unmapped:
+            parts.append("no counterpart in a training spec, not read: " + ", ".join(self.unmapped))
+        if self.assumed:
+            parts.append("assumed: " + "; ".join(self.assumed))
+        return f"{name}: {self.kind} config: " + "; ".join(parts) if parts else None
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _flatten(value, name + ".")
+        else:
+            yield name, value
+
+
+class _Keys:
+    """A file's keys, each taken at most once; the rest are what was not read."""
+
+    def __init__(self, flat: dict[str, Any]) -> None:
+        self.flat = flat
+        self.taken: set[str] = set()
+
+    def get(self, *names: str, default: Any = None) -> Any:
+        """The first of ``names`` the file has (every one of them counts as read)."""
+        found = default
+        hit = False
+        for name in names:
+            if name in self.flat:
+                self.taken.add(name)
+                if not hit:
+                    found, hit = self.flat[name], True
+        return found
+
+    def ignore(self, *prefixes: str) -> None:
+        """Count as read the keys under these prefixes (no effect on memory, said in docs)."""
+        for key in self.flat:
+            if any(key == p or key.startswith(p + ".") for p in prefixes):
+                self.taken.add(key)
+
+    def rest(self) -> list[str]:
+        return sorted(k for k in self.flat if k not in self.taken)
+
+
+# --- torchtitan -------------------------------------------------------------------------------
+
+#: torchtitan's sections and keys that change nothing a GPU holds (logging, checkpoint files,
+#: data, the learning rate, timeouts): read as read
+_TITAN_NO_MEMORY = (
+    "job",
+    "profiling",
+    "metrics",
+    "checkpoint",
+    "validation",
+    "lr_scheduler",
+    "comm",
+    "fault_tolerance",
+    "memory_estimation",
+    "optimizer.lr",
+    "optimizer.eps",
+    "optimizer.weight_decay",
+    "optimizer.beta1",
+    "optimizer.beta2",
+    "optimizer.early_step_in_backward",
+    "training.steps",
+    "training.warmup_steps",
+    "training.dataset",
+    "training.dataset_path",
+    "training.seed",
+    "training.deterministic",
+    "training.gc_freq",
+    "training.gc_debug",
+    "training.enable_cpu_offload",
+    "model.tokenizer_path",
+    "model.hf_assets_path",
+)
+_TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+_TITAN_IMPL = {"fused": "fused", "foreach": "foreach", "for-loop": "for_loop"}
+_INTERLEAVED = ("interleaved1f1b", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+
+
+def is_torchtitan(data: Mapping[str, Any]) -> bool:
+    """A torchtitan job TOML has its ``[training]`` table and a parallelism or model table."""
+    return isinstance(data.get("training"), Mapping) and any(
+        isinstance(data.get(t), Mapping)
+        for t in ("parallelism", "model", "activation_checkpoint", "job")
+    )
+
+
+def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
+    """A torchtitan job config (``torchtitan/config/job_config.py``'s ``JobConfig`` as TOML;
+    older releases kept the parallel degrees under ``[training]`` and ``[experimental]``)."""
+    keys = _Keys(dict(_flatten(data)))
+    keys.ignore(*_TITAN_NO_MEMORY)
+    train: dict[str, Any] = {"framework": "fsdp2", "activation_profile": "torchtitan"}
+    assumed: list[str] = []
+
+    def degree(name: str) -> int:
+        value = keys.get(f"parallelism.{name}", f"training.{name}", f"experimental.{name}")
+        return int(value) if value is not None else 1
+
+    tp, pp, cp = (
+        degree("tensor_parallel_degree"),
+        degree("pipeline_parallel_degree"),
+        degree("context_parallel_degree"),
+    )
+    ep = degree("expert_parallel_degree")
+    replicate = degree("data_parallel_replicate_degree")
+    shard = keys.get(
+        "parallelism.data_parallel_shard_degree",
+        "training.data_parallel_shard_degree",
+        "training.data_parallel_degree",
+        default=-1,
+    )
+    if int(shard) == -1:
+        shard = max(1, DEFAULT_NODE_GPUS // (tp * pp * cp * replicate))
+        assumed.append(
+            f"data_parallel_shard_degree -1 (every GPU the job has) as {shard} ({DEFAULT_NODE_GPUS}"
+            " GPUs); say --set parallel.dp=N for N data-parallel ranks"
+        )
+    dp = int(shard) * replicate
+    parallel: dict[str, Any] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
+    if ep > 1:
+        parallel["ep"] = ep
+    parallel["zero_stage"] = 3
+    if replicate > 1 and int(shard) == 1:
+        assumed.append("data_parallel_replicate_degree without sharding priced as FSDP2's")
+    if tp > 1:
+        parallel["sequence_parallel"] = True  # torchtitan's TP plan: norms sequence-parallel
+    keys.get("parallelism.enable_async_tensor_parallel", "parallelism.disable_loss_parallel")
+    local = keys.get("training.local_batch_size", "training.batch_size", default=8)
+    global_batch = int(keys.get("training.global_batch_size", default=-1))
+    if pp > 1:
+        # the local batch is split into the pipeline's micro-batches: of
+        # pipeline_parallel_microbatch_size each, or pipeline_parallel_microbatches of them
+        # (earlier releases), whose default was the pipeline degree
+        size = keys.get("parallelism.pipeline_parallel_microbatch_size")
+        count = keys.get(
+            "parallelism.pipeline_parallel_microbatches",
+            "experimental.pipeline_parallel_microbatches",
+        )
+        if size is not None:
+            micro = int(size)
+        else:
+            n = int(count) if count else pp
+            micro = max(1, int(local) // n)
+            if not count:
+                assumed.append(
+                    f"{pp} pipeline micro-batches (the pipeline degree, torchtitan's default "
+                    "before pipeline_parallel_microbatch_size; since, micro-batches of 1)"
+                )
+        train["micro_batch_size"] = micro
+        train["grad_accum_steps"] = max(1, int(local) // micro)
+        schedule = str(
+            keys.get(
+                "parallelism.pipeline_parallel_schedule",
+                "experimental.pipeline_parallel_schedule",
+                default="1F1B",
+            )
+        )
+        keys.get("parallelism.pipeline_parallel_layers_per_stage")
+        if schedule.lower() in _INTERLEAVED:
+            # its chunks hold the layers torchtitan splits, which the file does not say and
+            # the interleaved price needs evenly split: the plain schedule's is taken
+            assumed.append(
+                f"pipeline schedule {schedule} priced as 1F1B (where the model's layers split "
+                "evenly into pp x 2 chunks: --set parallel.vpp=2)"
+            )
+    else:
+        train["micro_batch_size"] = int(local)
+        accum = global_batch // (int(local) * dp) if global_batch > 0 else 1
+        train["grad_accum_steps"] = max(1, accum)
+    train["parallel"] = parallel
+    seq = keys.get("training.seq_len")
+    if seq is not None:
+        train["seq_len"] = int(seq)
+    param = keys.get("training.mixed_precision_param", default="bfloat16")
+    reduce = keys.get("training.mixed_precision_reduce", default="float32")
+    train["precision"] = {
+        "params": _TITAN_DTYPES.get(str(param), "bf16"),
+        "grads": _TITAN_DTYPES.get(str(reduce), "fp32"),
+        "master": "fp32",
+        "optimizer_states": "fp32",
+    }
+    norm = keys.get("training.max_norm", default=1.0)
+    train["max_grad_norm"] = float(norm) if norm and float(norm) > 0 else None
+    name = str(keys.get("optimizer.name", default="AdamW"))
+    train["optimizer"] = "adamw" if name.lower() in ("adamw", "adam") else name.lower()
+    # torchtitan's optimizer.implementation (fused by default); releases before it had
+    # optimizer.fused, a flag off by default (foreach), which a file that names neither hides
+    fused = keys.get("optimizer.fused")
+    impl = keys.get("optimizer.implementation")
+    if fused is not None:
+        train["optimizer_impl"] = "fused" if fused else "foreach"
+    elif impl is not None:
+        train["optimizer_impl"] = _TITAN_IMPL.get(str(impl), "fused")
+    else:
+        train["optimizer_impl"] = "fused"
+        assumed.append(
+            "the fused AdamW (optimizer.implementation's default; releases with optimizer.fused "
+            "ran foreach unless it was set: --set optimizer_impl=foreach)"
+        )
+    mode = str(keys.get("activation_checkpoint.mode", default="selective"))
+    option = str(keys.get("activation_checkpoint.selective_ac_option", default="op"))
+    if mode == "full":
+        train["recompute"] = "full"
+    elif mode == "selective" and option == "op":
+        train["recompute"] = "selective_op"
+    elif mode == "selective" and option.isdigit():
+        train["recompute"] = {"every_k": int(option)}
+        assumed.append(f"selective_ac_option {option} (every {option}th block) as every_k")
+    else:
+        train["recompute"] = "none"
+        if mode not in ("none", "selective"):
+            assumed.append(f"activation_checkpoint.mode {mode} priced as none")
+    compiled = keys.get("compile.enable", "training.compile", default=False)
+    components = keys.get("compile.components", default=["model", "loss"])
+    if compiled and "loss" in list(components or []):
+        train["loss"] = {"compiled": True}
+        if "compile.enable" not in keys.flat:
+            assumed.append(
+                "training.compile compiles the loss too, as torchtitan has since 2025-04-02 "
+                "(earlier releases: --set loss.compiled=false)"
+            )
+    train["expandable_segments"] = True
+    assumed.append("expandable segments, as torchtitan's run_train.sh sets PYTORCH_CUDA_ALLOC_CONF")
+    reshard = str(keys.get("parallelism.fsdp_reshard_after_forward", default="default"))
+    # "default": resharded after forward unless pipelined (torchtitan's apply_fsdp)
+    resharded = reshard == "always" or (reshard == "default" and pp == 1)
+    train["fsdp2"] = {"groups": "split", "reshard_after_forward": resharded}
+    assumed.append(
+        "FSDP groups as torchtitan makes them since #1094 of 2025-07-28 (fsdp2.groups split; "
+        "earlier releases: --set fsdp2.groups=root)"
+    )
+    model_name = keys.get("model.name")
+    flavor = keys.get("model.flavor")
+    converters = list(keys.get("model.converters", default=[]) or [])
+    unmapped = []
+    if converters:
+        # float8 / mx training: the converted linears' saved tensors and gathers are not priced
+        unmapped.append(f"model.converters {converters} (not priced: bf16 assumed)")
+    elif keys.get("float8.enable_float8_linear"):  # the releases before model.converters
+        unmapped.append("float8 training (float8.enable_float8_linear; not priced: bf16 assumed)")
+    else:
+        keys.ignore("quantize", "float8", "mx")  # a converter's settings, unused without one
+    hint = f"{model_name} {flavor}" if model_name and flavor else None
+    return StackConfig("torchtitan", train, hint, unmapped + keys.rest(), assumed)
+
+
+# --- Megatron-LM ------------------------------------------------------------------------------
+
+#: Megatron-LM's flags that change nothing a GPU holds (logging, checkpoints, data, the learning
+#: rate schedule, timers), by prefix
+_MEGATRON_NO_MEMORY = (
+    "--log-",
+    "--save",
+    "--load",
+    "--data-",
+    "--lr",
+    "--min-lr",
+    "--weight-decay",
+    "--tokenizer-",
+    "--eval-",
+    "--train-iters",
+    "--train-samples",
+    "--split",
+    "--tensorboard",
+    "--timing-log",
+    "--ckpt-",
+    "--dist-ckpt-",
+    "--async-save",
+    "--use-persistent-ckpt-worker",
+    "--distributed-backend",
+    "--seed",
+    "--exit-",
+    "--wandb-",
+    "--use-mcore-models",
+    "--adam-beta",
+    "--adam-eps",
+    "--init-method-std",
+    "--mock-data",
+    "--manual-gc",
+    "--deterministic-mode",
+    "--no-ckpt-",
+    "--auto-detect-ckpt-format",
+    "--use-checkpoint-",
+    "--finetune",
+    "--no-load-",
+    "--override-opt_param-scheduler",
+    "--vocab-file",
+    "--merge-file",
+    "--num-workers",
+    "--dataloader-",
+    "--no-create-attention-mask",
+    "--attention-softmax-in-fp32",
+    "--no-gradient-accumulation-fusion",
+    "--check-weight-hash-across-dp-replicas",
+    "--bias-swiglu-fusion",
+    "--no-bias-swiglu-fusion",
+    "--bias-gelu-fusion",
+    "--no-bias-gelu-fusion",
+    "--bias-dropout-fusion",
+    "--no-bias-dropout-fusion",
+    "--use-mcore",
+    "--full-validation",
+    "--test-mode",
+    "--use-tp-pp-dp-mapping",
+    "--clip-grad",
+    "--micro-batch-size",
+)
+#: the model's own flags: a training spec does not hold them (give the model with --model)
+_MEGATRON_MODEL = (
+    "--num-layers",
+    "--hidden-size",
+    "--num-attention-heads",
+    "--ffn-hidden-size",
+    "--max-position-embeddings",
+    "--vocab-size",
+    "--make-vocab-size-divisible-by",
+    "--swiglu",
+    "--normalization",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--group-query-attention",
+    "--num-query-groups",
+    "--untie-embeddings-and-output-weights",
+    "--position-embedding-type",
+    "--rotary-",
+    "--hidden-dropout",
+    "--attention-dropout",
+    "--kv-channels",
+    "--num-experts",
+    "--moe-ffn-hidden-size",
+    "--moe-router-topk",
+    "--qk-layernorm",
+    "--norm-epsilon",
+    "--apply-layernorm-1p",
+    "--no-position-embedding",
+    "--use-rotary-position-embeddings",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
+    "--moe-layer-freq",
+    "--moe-shared-expert-",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--seq-length",
+    "--encoder-seq-length",
+)
+_MEGATRON_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-_]*$")
+
+
+def megatron_args(text: str, path: Path) -> dict[str, Any] | None:
+    """The ``--flag value`` pairs of a Megatron-LM argument list: a functional test's
+    ``model_config.yaml`` (``MODEL_ARGS``), or the words of a shell script or args file that
+    calls ``pretrain_gpt.py``; None when the text has none of its flags."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+
+            data = yaml.safe_load(text)
+        except Exception:  # not YAML: not a functional test's config
+            return None
+        if isinstance(data, Mapping) and isinstance(data.get("MODEL_ARGS"), Mapping):
+            args = {str(k): v for k, v in data["MODEL_ARGS"].items()}
+            env = data.get("ENV_VARS")
+            if isinstance(env, Mapping):
+                args.update({f"ENV_VARS.{k}": v for k, v in env.items()})
+            return args
+        return None
+    if "--micro-batch-size" not in text and "--tensor-model-parallel-size" not in text:
+        return None
+    joined = re.sub(r"\\\n", " ", text)
+    try:
+        words = shlex.split(joined, comments=True)
+    except ValueError as exc:
+        raise InputFormatError(f"{path}: cannot split into arguments ({exc})") from None
+    found: dict[str, Any] = {}
+    for i, word in enumerate(words):
+        if not _MEGATRON_FLAG.match(word.split("=")[0]):
+            continue
+        if "=" in word:
+            name, value = word.split("=", 1)
+            found[name] = value
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            found[word] = words[i + 1]
+        else:
+            found[word] = True
+    return found
+
+
+def _int(value: Any, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputFormatError(f"{name}: expected a whole number, got {value!r}") from None
+
+
+def from_megatron(args: Mapping[str, Any]) -> StackConfig:
+    """Megatron-LM's ``pretrain_gpt.py`` arguments (``megatron/training/arguments.py``)."""
+    keys = _Keys(dict(args))
+    for key in list(args):
+        if key.startswith(_MEGATRON_NO_MEMORY) or key.startswith(_MEGATRON_MODEL):
+            keys.taken.add(key)
+    for launcher in (
+        "--nproc_per_node",
+        "--nproc-per-node",
+        "--nnodes",
+        "--node_rank",
+        "--node-rank",
+        "--master_addr",
+        "--master_port",
+        "--master-addr",
+        "--master-port",
+        "--rdzv_endpoint",
+        "--rdzv-endpoint",
+        "--rdzv_backend",
+    ):
+        keys.taken.add(launcher)
+    assumed: list[str] = []
+    tp = _int(keys.get("--tensor-model-parallel-size", default=1), "--tensor-model-parallel-size")
+    pp = _int(
+        keys.get("--pipeline-model-parallel-size", default=1), "--pipeline-model-parallel-size"
+    )
+    cp = _int(keys.get("--context-parallel-size", default=1), "--context-parallel-size")
+    ep = _int(keys.get("--expert-model-parallel-size", default=1), "--expert-model-parallel-size")
+    per_node = args.get("--nproc_per_node", args.get("--nproc-per-node"))
+    nodes = args.get("--nnodes", 1)
+    if per_node is not None and str(per_node).isdigit() and str(nodes).isdigit():
+        world = int(per_node) * int(nodes)
+    else:
+        world = DEFAULT_NODE_GPUS
+        assumed.append(
+            f"{DEFAULT_NODE_GPUS} GPUs (the launch says the world size, not the arguments); say "
+            "--set parallel.dp=N for N data-parallel ranks"
+        )
+    dp = max(1, world // (tp * pp * cp))
+    micro = _int(keys.get("--micro-batch-size", default=1), "--micro-batch-size")
+    global_batch = keys.get("--global-batch-size")
+    accum = _int(global_batch, "--global-batch-size") // (micro * dp) if global_batch else 1
+    parallel: dict[str, Any] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": 0}
+    etp = _int(
+        keys.get("--expert-tensor-parallel-size", default=tp), "--expert-tensor-parallel-size"
+    )
+    if ep * etp // tp != ep:
+        # Megatron takes EP x ETP ranks of TP x DP for the experts; Headroom carves EP from DP
+        # and splits every expert over TP: EP x ETP / TP gives the same experts' bytes a rank
+        assumed.append(
+            f"expert parallelism {ep} with expert TP {etp} as ep {max(1, ep * etp // tp)}"
+        )
+        ep = max(1, ep * etp // tp)
+    if ep > 1:
+        parallel["ep"] = ep
+    parallel["sequence_parallel"] = bool(keys.get("--sequence-parallel", default=False))
+    vpp = keys.get(
+        "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"
+    )
+    per_stage = args.get("--num-layers-per-virtual-pipeline-stage")
+    layers = args.get("--num-layers")
+    layout = keys.get("--pipeline-model-parallel-layout")
+    if vpp is not None:
+        parallel["vpp"] = _int(vpp, "--virtual-pipeline-model-parallel-size")
+    elif isinstance(layout, str) and pp > 1:
+        # Megatron's layout string: stages split by '|', '(...)*n' repeats a group
+        # (megatron/core/transformer/pipeline_parallel_layer_layout.py)
+        expanded = layout.replace("\\", "")
+        while (group := re.search(r"\(([^()]*)\)\*(\d+)", expanded)) is not None:
+            expanded = expanded.replace(group.group(0), group.group(1) * int(group.group(2)), 1)
+        stages = expanded.count("|") + 1
+        total = _int(layers, "--num-layers") if layers is not None else 0
+        if stages % pp == 0 and stages > pp and total % stages == 0:
+            parallel["vpp"] = stages // pp
+        elif stages > pp:
+            assumed.append(
+                f"layout {layout}: {stages} virtual stages do not split {total} layers evenly, "
+                "as the interleaved schedule's price needs; priced as 1F1B"
+            )
+    elif per_stage is not None and layers is not None:
+        parallel["vpp"] = max(1, _int(layers, "--num-layers") // (pp * _int(per_stage, "x")))
+    train: dict[str, Any] = {
+        "framework": "megatron",
+        "activation_profile": "megatron",
+        "micro_batch_size": micro,
+        "grad_accum_steps": max(1, accum),
+        "parallel": parallel,
+        "optimizer": "adamw",
+        "optimizer_impl": "fused",
+    }
+    seq = args.get("--seq-length", args.get("--encoder-seq-length"))
+    if seq is not None:
+        train["seq_len"] = _int(seq, "--seq-length")
+    half = "bf16" if keys.get("--bf16") else "fp16" if keys.get("--fp16") else "fp32"
+    train["precision"] = {
+        "params": half,
+        "grads": "fp32",
+        "master": "fp32" if half != "fp32" else "none",
+        "optimizer_states": "fp32",
+    }
+    optimizer = str(keys.get("--optimizer", default="adam"))
+    if optimizer != "adam":
+        train["optimizer"] = optimizer
+    clip = args.get("--clip-grad", 1.0)
+    train["max_grad_norm"] = float(clip) if float(clip) > 0 else None
+    train["megatron"] = {
+        "use_distributed_optimizer": bool(keys.get("--use-distributed-optimizer", default=False)),
+        "overlap_grad_reduce": bool(keys.get("--overlap-grad-reduce", default=False)),
+        "overlap_param_gather": bool(keys.get("--overlap-param-gather", default=False)),
+    }
+    granularity = keys.get("--recompute-granularity")
+    method = keys.get("--recompute-method")
+    every = _int(keys.get("--recompute-num-layers", default=1), "--recompute-num-layers")
+    if keys.get("--recompute-activations") or granularity == "selective":
+        modules = keys.get("--recompute-modules", default=["core_attn"])
+        names = modules.split() if isinstance(modules, str) else list(modules)
+        if "core_attn" in names:
+            train["recompute"] = "selective"
+        else:
+            train["recompute"] = "none"
+        if names != ["core_attn"]:
+            # Headroom's selective recomputes the core attention; the other modules' recompute
+            # (norms, up-projections, MLPs, activations) is not priced: their inputs are kept
+            assumed.append(
+                f"--recompute-modules {' '.join(names)}: only core_attn's recompute is priced"
+            )
+    elif granularity == "full":
+        train["recompute"] = "full" if every == 1 else {"every_k": every}
+        if method == "block":
+            assumed.append(f"--recompute-method block ({every} layers a stage) priced as uniform")
+    else:
+        train["recompute"] = "none"
+    keys.get("--cross-entropy-fusion-impl")
+    if keys.get("--cross-entropy-loss-fusion"):
+        train["loss"] = {"impl": "fused"}
+    impl = keys.get("--transformer-impl", default="transformer_engine")
+    backend = keys.get("--attention-backend", default="auto")
+    flash = keys.get("--use-flash-attn", default=False)
+    unfused = backend == "unfused" or (
+        impl == "local" and not flash and backend in ("auto", "local")
+    )
+    train["attention"] = "eager" if unfused else "flash"
+    alloc = str(keys.get("ENV_VARS.PYTORCH_CUDA_ALLOC_CONF", default=""))
+    train["expandable_segments"] = "expandable_segments:True" in alloc.replace(" ", "")
+    if args.get("--num-experts"):
+        # the megatron profile was traced on dense layers and refuses MoE: its derived terms
+        train["activation_profile"] = "textbook"
+        assumed.append("MoE layers priced by the textbook profile (megatron's traces are dense)")
+    hint = None
+    if layers is not None and args.get("--hidden-size") is not None:
+        hint = f"{layers} layers x {args['--hidden-size']}"
+    return StackConfig("megatron", train, hint, keys.rest(), assumed)
+
+
+# --- recognising a file -----------------------------------------------------------------------
+
+
+def recognise(path: Path, text: str) -> StackConfig | None:
+    """The stack config ``text`` (read from ``path``) is, mapped; None if it is none of them."""
+    if path.suffix.lower() == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InputFormatError(f"{path}: not valid TOML ({exc})") from None
+        if is_torchtitan(data):
+            return from_torchtitan(data)
+        raise InputFormatError(
+            f"{path}: a TOML training config is read as torchtitan's job config, which has a "
+            "[training] table and a [parallelism] or [model] table"
+        )
+    args = megatron_args(text, path)
+    if args is not None:
+        return from_megatron(args)
+    return None
+
+
+__all__ = [
+    "StackConfig",
+    "from_megatron",
+    "from_torchtitan",
+    "is_torchtitan",
+    "megatron_args",
+    "recognise",
+]
