@@ -13,6 +13,7 @@ Only the standard library (``tomllib``, ``json``, ``shlex``): no stack is import
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import tomllib
@@ -401,10 +402,8 @@ def megatron_args(text: str, path: Path) -> dict[str, Any] | None:
     calls ``pretrain_gpt.py``; None when the text has none of its flags."""
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
-            import yaml
-
-            data = yaml.safe_load(text)
-        except Exception:  # not YAML: not a functional test's config
+            data = importlib.import_module("yaml").safe_load(text)
+        except Exception:  # no PyYAML, or not YAML: read_file says which
             return None
         if isinstance(data, Mapping) and isinstance(data.get("MODEL_ARGS"), Mapping):
             args = {str(k): v for k, v in data["MODEL_ARGS"].items()}
