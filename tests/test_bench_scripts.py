@@ -69,3 +69,8 @@ def test_the_fsdp2_trace_bench_runs() -> None:
     assert "1 layer(s) W=8    full" in out and "planner" in out
     out = _bench("bench/fsdp2_trace.py", "--records")
     assert "llama3-70b-2l" in out and "held out" in out
+
+
+def test_the_hook_overhead_bench_runs() -> None:
+    out = _bench("bench/hook_overhead.py", "--steps", "3", "--seq", "16")
+    assert "in the hook" in out and "7 phase reads and one record written" in out

@@ -139,9 +139,11 @@ def test_the_readmes_training_spec_block_is_a_valid_spec_and_the_shipped_example
     assert spec == shipped
 
 
-def test_the_readmes_python_block_runs(tmp_path: Path) -> None:
-    (block,) = _blocks("python")
-    script = tmp_path / "example.py"
-    script.write_text(block)
-    proc = processes.run([sys.executable, str(script)], timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_the_readmes_python_blocks_run(tmp_path: Path) -> None:
+    blocks = _blocks("python")
+    assert len(blocks) >= 2  # "From Python" and the memory hook
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"example{i}.py"
+        script.write_text(block)
+        proc = processes.run([sys.executable, str(script)], timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, f"block {i}:\n{block}\n{proc.stderr[-2000:]}"
