@@ -334,6 +334,12 @@ class CoefficientSetOut(BaseModel):
     values: dict[str, Any]
     created_at: dt.datetime | None = None
     active: bool = Field(default=True, description="The set calibrated estimates use.")
+    trust: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Per GPU and framework with records of this profile (this set's GPU where "
+        "it has one): its recent records, trusted or not, the worst under-prediction and the "
+        "margin, as estimate --calibrated judges them.",
+    )
 
 
 #: a run's own Slurm allocation: read by the route (``SlurmOverrides``), so that what its schema

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from headroom import planner, store
 from headroom.calibration.logs import LogError, detect, published_measurement, read_log
-from headroom.calibration.stored import calibrated_for, record_measurement
+from headroom.calibration.stored import record_measurement, stack_trust
 from headroom.planner.measurement import Measurement
 from headroom.store.calibrations import spec_dump
 
@@ -191,41 +191,6 @@ def store_items(session: Session, ingest: Ingest) -> list[dict[str, Any]]:
 
 def stacks_trust(session: Session, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The trust of each (GPU, framework, profile) the records belong to, as
-    ``estimate --calibrated`` now judges it."""
-    out = []
-    seen = set()
-    for r in records:
-        key = (r["gpu"], r["framework"], r["activation_profile"])
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            hw = planner.gpu(r["gpu"])
-            coeffs = calibrated_for(
-                session=session, profile=r["activation_profile"], hw=hw, framework=r["framework"]
-            )
-        except planner.HeadroomError as exc:  # no such GPU preset, or no calibrated profile
-            out.append(
-                {
-                    **dict(zip(("gpu", "framework", "activation_profile"), key, strict=True)),
-                    "trusted": False,
-                    "recent_records": 0,
-                    "observed_error": None,
-                    "margin_fraction": None,
-                    "source": str(exc),
-                }
-            )
-            continue
-        out.append(
-            {
-                "gpu": r["gpu"],
-                "framework": r["framework"],
-                "activation_profile": r["activation_profile"],
-                "trusted": coeffs.trusted,
-                "recent_records": coeffs.recent_records,
-                "observed_error": coeffs.observed_error,
-                "margin_fraction": coeffs.margin_fraction,
-                "source": coeffs.source,
-            }
-        )
-    return out
+    ``estimate --calibrated`` now judges it (``calibration.stored.stack_trust``)."""
+    stacks = dict.fromkeys((r["gpu"], r["framework"], r["activation_profile"]) for r in records)
+    return stack_trust(session, stacks)

@@ -258,8 +258,21 @@ def get_calibration(calibration_id: RowId, db: SessionDep) -> CalibrationOut:
 
 @router.get("/coefficients", tags=["calibration"], response_model=list[CoefficientSetOut])
 def coefficients(db: SessionDep) -> list[dict[str, Any]]:
-    """Shipped coefficient sets per activation profile, and the fitted ones in the store."""
-    return store.coefficient_sets(session=db)
+    """Shipped coefficient sets per activation profile, and the fitted ones in the store, each
+    with the trust its profile's stacks have earned (``trust``: per GPU and framework with
+    records, as ``estimate --calibrated`` judges them)."""
+    from headroom.calibration.stored import stack_trust, stacks
+
+    trust = stack_trust(db, stacks(session=db))
+    sets = store.coefficient_sets(session=db)
+    for entry in sets:
+        entry["trust"] = [
+            t
+            for t in trust
+            if t["activation_profile"] == entry["profile"]
+            and (entry["device"] is None or t["gpu"] == entry["device"])
+        ]
+    return sets
 
 
 @router.post(

@@ -421,17 +421,10 @@ def ingest_command(
         )
     if ingest.skipped:
         console.print(f"{len(ingest.skipped)} run(s) without a measured number not recorded")
+    from headroom.calibration.stored import trust_line
+
     for t in trust:
-        said = (
-            f"{'trusted' if t['trusted'] else 'untrusted'}, {t['recent_records']} recent "
-            f"record(s), margin {t['margin_fraction']:.0%}"
-            if t["margin_fraction"] is not None
-            else t["source"]
-        )
-        console.print(
-            f"trust of {t['activation_profile']}/{t['framework']} on {t['gpu']}: {said}",
-            highlight=False,
-        )
+        console.print(f"trust: {trust_line(t)}", highlight=False)
 
 
 @calibrate_app.command("fit")
@@ -530,12 +523,16 @@ def report_command(
     """Per-bucket median, p95 and max error of the estimate over the committed traces and the
     store's calibration records, and the false-fit count."""
     from headroom.calibration.report import committed_points, plot, store_points, summarise
+    from headroom.calibration.stored import stack_trust, stacks, trust_line
     from headroom.store import open_store
 
     if png is not None:
         writable("--png", png)
-    points = committed_points() + store_points(_calibration_rows(open_store()))
+    sessions = open_store()
+    points = committed_points() + store_points(_calibration_rows(sessions))
     summary = summarise(points)
+    with sessions() as session:
+        summary["trust"] = stack_trust(session, stacks(session=session))
     if png is not None:
         with writing("--png", png):
             plot(points, png)
@@ -577,5 +574,9 @@ def report_command(
         )
     console.print(pairs)
     console.print(f"false fits (predicted to fit, ran out of memory): {summary['false_fits']}")
+    for entry in summary["trust"]:
+        console.print(f"trust: {trust_line(entry)}", highlight=False, soft_wrap=True)
+    if not summary["trust"]:
+        console.print("trust: no stored records; every stack keeps the default margin")
     if png is not None:
         console.print(f"plot: {png}")

@@ -115,3 +115,8 @@ def test_the_published_runs_load_as_records(client: TestClient) -> None:
         "nvidia_smi_total",
     }
     assert client.get("/api/v1/calibrations?limit=1").json()["total"] == len(out["records"])
+    sets = client.get("/api/v1/coefficients").json()
+    titan = next(s for s in sets if s["profile"] == "torchtitan" and s["id"] is None)
+    stacks = {(t["gpu"], t["framework"]): t for t in titan["trust"]}
+    assert stacks["H100-80GB", "fsdp2"]["recent_records"] >= 10
+    assert all(t["activation_profile"] == "torchtitan" for t in titan["trust"])

@@ -7,6 +7,7 @@ source and commit, so that a reader that drifts from what the framework prints f
 from __future__ import annotations
 
 import json
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -503,9 +504,8 @@ def test_ingest_stores_a_record_of_the_stack_once_and_names_its_trust(
     assert not again["records"][0]["created"]
     assert again["records"][0]["uid"] == record["uid"]
     text_out = cli("calibrate", "ingest", str(log), *TITAN)
-    assert (
-        "trust of torchtitan/fsdp2 on H100-80GB: untrusted, 1 recent record(s)" in text_out.stdout
-    )
+    said = "trust: calibrated on 1 run(s) of fsdp2/torchtitan on H100-80GB: untrusted, margin"
+    assert said in text_out.stdout
 
 
 def test_ingest_refuses_every_log_when_one_is_bad_and_stores_nothing(
@@ -544,3 +544,23 @@ def test_published_runs_become_records_with_their_own_errors(cli: Any) -> None:
         ), record["name"]
     stacks = {(t["gpu"], t["framework"], t["activation_profile"]) for t in out["trust"]}
     assert ("H100-80GB", "fsdp2", "torchtitan") in stacks
+    # calibrate report shows every stack's trust from the records, as estimate --calibrated
+    report = json.loads(cli("calibrate", "report", "--format", "json").stdout)
+    trust = {(t["gpu"], t["framework"], t["activation_profile"]): t for t in report["trust"]}
+    titan = trust["H100-80GB", "fsdp2", "torchtitan"]
+    on_it = [
+        r
+        for r in out["records"]
+        if (r["gpu"], r["framework"], r["activation_profile"])
+        == ("H100-80GB", "fsdp2", "torchtitan")
+    ]
+    assert titan["recent_records"] == len(on_it)
+    worst = min(r["relative_error"] for r in on_it)
+    assert titan["observed_error"] == pytest.approx(worst, abs=1e-6)
+    assert not titan["trusted"] and titan["margin_fraction"] == pytest.approx(
+        math.ceil((-worst + 0.05) * 100 - 1e-9) / 100
+    )
+    text_report = cli("calibrate", "report")
+    assert (
+        f"calibrated on {len(on_it)} run(s) of fsdp2/torchtitan on H100-80GB" in text_report.stdout
+    )
