@@ -350,7 +350,7 @@ def stack_config(path: str | Path) -> StackConfig | None:
     """The stack's own training config ``path`` holds (a torchtitan job TOML ...), mapped to a
     training spec's keys; None for a file that is none (a Headroom spec)."""
     p = Path(path)
-    if p.suffix.lower() == ".json" or not _is_file(p):
+    if not _is_file(p):
         return None
     try:
         text = p.read_text(encoding="utf-8")

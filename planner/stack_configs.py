@@ -14,6 +14,7 @@ Only the standard library (``tomllib``, ``json``, ``shlex``): no stack is import
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 import tomllib
@@ -38,6 +39,25 @@ class StackConfig:
     model_hint: str | None = None  # what the file says the model is, where it says
     unmapped: list[str] = field(default_factory=list)
     assumed: list[str] = field(default_factory=list)
+    #: DeepSpeed knobs left "auto", which HF's integration sizes from the model's hidden width
+    auto: list[str] = field(default_factory=list)
+
+    def with_model(self, hidden: int) -> StackConfig:
+        """The config with its ``auto`` knobs sized as transformers' DeepSpeed integration
+        sizes them (``integrations/deepspeed.py``: ``hidden_size * hidden_size``,
+        ``0.9 * hidden_size * hidden_size``, ``10 * hidden_size``)."""
+        if not self.auto:
+            return self
+        sizes = {
+            "reduce_bucket_size": hidden * hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden,
+        }
+        knobs = dict(self.train.get("deepspeed", {}))
+        knobs.update({name: sizes[name] for name in self.auto if name in sizes})
+        assumed = [a for a in self.assumed if " auto (HF sizes it" not in a]
+        train = {**self.train, "deepspeed": knobs}
+        return StackConfig(self.kind, train, self.model_hint, self.unmapped, assumed, [])
 
     def warning(self, name: str) -> str | None:
         """The one line that names what was not read and what was assumed (None: neither)."""
@@ -594,6 +614,212 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
     return StackConfig("megatron", train, hint, keys.rest(), assumed)
 
 
+# --- DeepSpeed (with HF TrainingArguments) -----------------------------------------------------
+
+#: HF TrainingArguments keys (and LLaMA-Factory's, axolotl's, ms-swift's) that change nothing a
+#: GPU holds, by prefix
+_HF_NO_MEMORY = (
+    "model_name_or_path",
+    "output_dir",
+    "logging",
+    "save",
+    "eval",
+    "learning_rate",
+    "lr_",
+    "warmup",
+    "num_train_epochs",
+    "max_steps",
+    "seed",
+    "report_to",
+    "run_name",
+    "dataset",
+    "template",
+    "max_samples",
+    "overwrite",
+    "preprocessing_num_workers",
+    "plot_loss",
+    "ddp_timeout",
+    "do_train",
+    "do_eval",
+    "val_size",
+    "per_device_eval_batch_size",
+    "weight_decay",
+    "adam_",
+    "hub_",
+    "push_to_hub",
+    "resume_from_checkpoint",
+    "dataloader_",
+    "stage",
+    "finetuning_type",
+    "trust_remote_code",
+    "deepspeed",
+    "base_model",
+    "datasets",
+    "wandb_",
+    "val_set_size",
+    "sequence_len",
+    "cutoff_len",
+    "micro_batch_size",
+)
+#: DeepSpeed config keys that change nothing a GPU holds
+_DS_NO_MEMORY = (
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "zero_allow_untested_optimizer",
+    "train_batch_size",
+    "fp16.loss_scale",
+    "fp16.loss_scale_window",
+    "fp16.initial_scale_power",
+    "fp16.hysteresis",
+    "fp16.min_loss_scale",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    "zero_optimization.allgather_partitions",
+    "zero_optimization.reduce_scatter",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.round_robin_gradients",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_param.pin_memory",
+    "zero_optimization.stage3_max_reuse_distance",
+    "zero_optimization.allgather_bucket_size",
+    "optimizer.params",
+    "scheduler",
+)
+
+
+def is_deepspeed(data: Mapping[str, Any]) -> bool:
+    """A DeepSpeed config has its ``zero_optimization`` or ``train_micro_batch_size_per_gpu``."""
+    return "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data
+
+
+def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -> StackConfig:
+    """A DeepSpeed config, its ``"auto"`` values from the HF ``TrainingArguments`` beside it
+    (a YAML or JSON of them: transformers', LLaMA-Factory's, axolotl's) where given."""
+    keys = _Keys(dict(_flatten(ds)))
+    keys.ignore(*_DS_NO_MEMORY)
+    args = _Keys(dict(hf or {}))
+    for key in list(args.flat):
+        if key.startswith(_HF_NO_MEMORY):
+            args.taken.add(key)
+    assumed: list[str] = []
+
+    def value(ds_key: str, *hf_keys: str, default: Any) -> Any:
+        found = keys.get(ds_key, default="auto")
+        if found != "auto":
+            return found
+        return args.get(*hf_keys, default=default) if hf_keys else default
+
+    stage = int(keys.get("zero_optimization.stage", default=0))
+    train: dict[str, Any] = {
+        "framework": "deepspeed" if stage else "none",
+        "activation_profile": "hf",
+        "optimizer": "adamw",
+        "optimizer_impl": "foreach",  # HF's adamw_torch: torch's AdamW, foreach on CUDA
+    }
+    micro = value(
+        "train_micro_batch_size_per_gpu",
+        "per_device_train_batch_size",
+        "micro_batch_size",
+        default=8,
+    )
+    train["micro_batch_size"] = int(micro)
+    train["grad_accum_steps"] = int(
+        value("gradient_accumulation_steps", "gradient_accumulation_steps", default=1)
+    )
+    seq = args.get("cutoff_len", "sequence_len", "max_length", "max_seq_length", "block_size")
+    if seq is not None:
+        train["seq_len"] = int(seq)
+    clip = value("gradient_clipping", "max_grad_norm", default=1.0)
+    train["max_grad_norm"] = float(clip) if float(clip) > 0 else None
+    bf16 = value("bf16.enabled", "bf16", default=False)
+    fp16 = value("fp16.enabled", "fp16", default=False)
+    half = "bf16" if bf16 is True else "fp16" if fp16 is True else None
+    if half is None:
+        train["precision"] = {
+            "params": "fp32",
+            "grads": "fp32",
+            "master": "none",
+            "optimizer_states": "fp32",
+        }
+    else:
+        train["precision"] = {
+            "params": half,
+            "grads": half,
+            "master": "fp32",
+            "optimizer_states": "fp32",
+        }
+    checkpointing = args.get("gradient_checkpointing")
+    if checkpointing is None and hf is not None and ("cutoff_len" in hf or "finetuning_type" in hf):
+        checkpointing = not args.get("disable_gradient_checkpointing", default=False)
+        assumed.append("LLaMA-Factory's default gradient checkpointing")
+    train["recompute"] = "full" if checkpointing else "none"
+    if args.get("use_liger_kernel", default=False):
+        train["loss"] = {"impl": "fused_linear"}
+    train["parallel"] = {"dp": DEFAULT_NODE_GPUS, "zero_stage": stage}
+    assumed.append(
+        f"{DEFAULT_NODE_GPUS} GPUs (the launch says the world size); say --set parallel.dp=N"
+    )
+    knobs: dict[str, Any] = {}
+    auto: list[str] = []
+    for name in (
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters",
+        "sub_group_size",
+    ):
+        found = keys.get(f"zero_optimization.{name}")
+        if found is None:
+            continue
+        if found == "auto":
+            auto.append(name)
+            assumed.append(
+                f"zero_optimization.{name} auto (HF sizes it from the model's hidden "
+                "width) as DeepSpeed's default"
+            )
+            continue
+        knobs[name] = int(float(found))
+    overlap = keys.get("zero_optimization.overlap_comm")
+    if isinstance(overlap, bool):
+        knobs["overlap_comm"] = overlap
+    if knobs:
+        train["deepspeed"] = knobs
+    device = keys.get("zero_optimization.offload_optimizer.device", default="none")
+    keys.get("zero_optimization.offload_optimizer.ratio")
+    if device == "cpu":
+        ratio = float(ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("ratio", 1))
+        train["offload"] = {"mode": "optimizer", "fraction": ratio}
+    unmapped = []
+    if keys.get("zero_optimization.offload_param.device", default="none") not in ("none", None):
+        unmapped.append("zero_optimization.offload_param (parameter offload: not priced)")
+    rest = unmapped + keys.rest() + args.rest()
+    return StackConfig("deepspeed", train, None, rest, assumed, auto)
+
+
+def _read_data(path: Path, text: str) -> Any:
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except ValueError:  # not JSON, or past int's digits: read_file says which
+            return None
+    try:
+        return importlib.import_module("yaml").safe_load(text)
+    except Exception:  # no PyYAML, or not YAML: read_file says which
+        return None
+
+
+def _beside(path: Path, named: str) -> Path | None:
+    """The file ``named`` (as a YAML names its DeepSpeed config) beside ``path`` or above it."""
+    candidate = Path(named)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    for folder in (path.parent, *path.parent.parents):
+        if (folder / candidate).is_file():
+            return folder / candidate
+        if (folder / candidate.name).is_file():
+            return folder / candidate.name
+    return None
+
+
 # --- recognising a file -----------------------------------------------------------------------
 
 
@@ -613,11 +839,25 @@ def recognise(path: Path, text: str) -> StackConfig | None:
     args = megatron_args(text, path)
     if args is not None:
         return from_megatron(args)
+    data = _read_data(path, text)
+    if isinstance(data, Mapping) and is_deepspeed(data):
+        return from_deepspeed(data)
+    if isinstance(data, Mapping) and isinstance(data.get("deepspeed"), str):
+        named = _beside(path, data["deepspeed"])
+        if named is None:
+            raise InputFormatError(
+                f"{path}: deepspeed: {data['deepspeed']} is not beside it or above it"
+            )
+        ds = _read_data(named, named.read_text(encoding="utf-8"))
+        if not isinstance(ds, Mapping) or not is_deepspeed(ds):
+            raise InputFormatError(f"{named}: not a DeepSpeed config (no zero_optimization)")
+        return from_deepspeed(ds, data)
     return None
 
 
 __all__ = [
     "StackConfig",
+    "from_deepspeed",
     "from_megatron",
     "from_torchtitan",
     "is_torchtitan",

@@ -118,7 +118,9 @@ RecordOpt = Annotated[
 ]
 
 
-def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any]:
+def train_dict(
+    train_file: Path | None, assignments: list[str], model: planner.ModelSpec | None = None
+) -> dict[str, Any]:
     """The training spec's raw dict: ``--train``'s file, run preset (``headroom presets``) or
     nothing, with ``--set`` applied."""
     data: Any = {}
@@ -127,13 +129,14 @@ def train_dict(train_file: Path | None, assignments: list[str]) -> dict[str, Any
         # the keys the preset names, as its file names them: the rest are the defaults either
         # way, and a plan reads the named layout keys as its constraints
         stack = stack_config(train_file) if preset is None else None
+        if stack is not None and model is not None:
+            stack = stack.with_model(model.hidden_size)
         if stack is not None and (line := stack.warning(str(train_file))) is not None:
             typer.echo(f"warning: {line}", err=True)
-        data = (
-            preset.train.model_dump(exclude_unset=True)
-            if preset is not None
-            else read_train_file(train_file)
-        )
+        if preset is not None:
+            data = preset.train.model_dump(exclude_unset=True)
+        else:
+            data = stack.train if stack is not None else read_train_file(train_file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -151,7 +154,7 @@ def load_specs(
 ) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
     """The model, training and hardware specs the shared options name, validated."""
     spec = planner.load_model(model)
-    train_spec = planner.load_train(train_dict(train, set_ or []))
+    train_spec = planner.load_train(train_dict(train, set_ or [], spec))
     hw = planner.load_hardware(
         gpu,
         host_memory=host_memory,

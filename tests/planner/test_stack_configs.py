@@ -28,6 +28,7 @@ from headroom.cli import app
 from headroom.planner.io import apply_overrides
 from headroom.planner.stack_configs import (
     StackConfig,
+    from_deepspeed,
     from_megatron,
     from_torchtitan,
     megatron_args,
@@ -287,3 +288,50 @@ def test_gate_takes_a_torchtitan_toml_in_one_line(tmp_path: Path) -> None:
     other.write_text("[project]\nname = 'x'\n")
     refused = CliRunner().invoke(app, ["gate", "llama-3-8b", "--train", str(other)])
     assert refused.exit_code == 2 and "torchtitan's job config" in refused.output
+
+
+#: LLaMA-Factory issue #5977: "fp16: true" where its example YAML says bf16; the fitting run
+#: swapped the YAML's DeepSpeed config for the offloading one
+LLAMA_FACTORY = {
+    "llamafactory_l3_8b_full_zero3_8x3090_oom": "ds_z3_config.json",
+    "llamafactory_l3_8b_full_zero3_offload_8x3090_fit": "ds_z3_offload_config.json",
+}
+
+
+@pytest.mark.parametrize("run_id", sorted(LLAMA_FACTORY))
+def test_a_llama_factory_yaml_and_its_deepspeed_config_map_to_the_published_spec(
+    run_id: str, tmp_path: Path
+) -> None:
+    folder = DATA / "llamafactory_issue5977_l3_8b_8x3090"
+    data = (folder / "llama3_full_sft_ds3.yaml").read_text()
+    data = data.replace("bf16: true", "fp16: true")
+    data = data.replace("examples/deepspeed/ds_z3_config.json", LLAMA_FACTORY[run_id])
+    yaml_file = tmp_path / "llama3_full_sft_ds3.yaml"
+    yaml_file.write_text(data)
+    (tmp_path / LLAMA_FACTORY[run_id]).write_bytes((folder / LLAMA_FACTORY[run_id]).read_bytes())
+    mapped = recognise(yaml_file, data)
+    assert mapped is not None and mapped.kind == "deepspeed"
+    assert "auto" in " ".join(mapped.assumed)  # sized from the model: not yet
+    model = planner.load_model("llama-3-8b")
+    sized = mapped.with_model(model.hidden_size)
+    want = planner.load_train(RUNS[run_id]["spec"]["train"]).model_dump(mode="json")
+    assert planner.load_train(sized.train).model_dump(mode="json") == want
+    if "offload" in run_id:
+        assert any("offload_param" in u for u in sized.unmapped)
+
+
+def test_an_ms_swift_deepspeed_config_with_its_cli_flags_maps_to_the_published_spec() -> None:
+    ds = json.loads((DATA / "swift_q25_14b_zero2_a800" / "zero2.json").read_text())
+    # examples/train/megatron/benchmark/deepspeed.sh at 8d95f8c9: --torch_dtype bfloat16
+    # --per_device_train_batch_size 1 --gradient_accumulation_steps 2 --max_length 8192
+    # (ms-swift's gradient_checkpointing defaults to true)
+    flags = {
+        "bf16": True,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 2,
+        "max_length": 8192,
+        "gradient_checkpointing": True,
+    }
+    mapped = from_deepspeed(ds, flags)
+    want = planner.load_train(RUNS["swift_q25_14b_zero2_a800"]["spec"]["train"])
+    assert planner.load_train(mapped.train).model_dump(mode="json") == want.model_dump(mode="json")
