@@ -264,6 +264,7 @@
     $("coefficients").textContent =
       `${c.profile || "?"} coefficients, ${c.calibrated ? "calibrated" : "uncalibrated"}${margin}`;
     $("gpu-name").textContent = `· ${gpu.name}`;
+    showTrust(gpu.name, $("framework").value, c);
     $("model-params").textContent = `${b.model.name}: ${fmtParams(b.model.params_total)} parameters`;
 
     const warnings = $("warnings");
@@ -284,6 +285,52 @@
 
     drawPhases(gpu, b.peak_phase);
     $("results").dataset.state = "ok";
+  }
+
+  // ---- trust: what the stack's measured runs say (GET /coefficients' trust per stack) -----
+
+  let trustTable = null; // "gpu|framework|profile" -> the stack's trust entry
+  let trustFetched = 0;
+
+  async function loadTrust() {
+    if (trustTable !== null && Date.now() - trustFetched < 30000) return trustTable;
+    const table = {};
+    try {
+      const response = await fetch(`${API}/coefficients`, { headers: { Accept: "application/json" } });
+      if (response.ok) {
+        for (const set of await response.json()) {
+          for (const t of set.trust || []) table[`${t.gpu}|${t.framework}|${t.activation_profile}`] = t;
+        }
+      }
+    } catch (err) {
+      // no trust to show is no error: the verdict stands on the default margin
+    }
+    trustTable = table;
+    trustFetched = Date.now();
+    return table;
+  }
+
+  function pctSigned(x) {
+    return `${x < 0 ? "−" : "+"}${Math.abs(100 * x).toFixed(1)} %`;
+  }
+
+  async function showTrust(gpuName, framework, c) {
+    const box = $("trust");
+    const profile = c.profile || "?";
+    const stack = `${framework}/${profile} on ${gpuName}`;
+    const t = (await loadTrust())[`${gpuName}|${framework}|${profile}`];
+    if (t && t.margin_fraction !== null && t.recent_records > 0) {
+      const worst = t.observed_error ? `, worst ${pctSigned(t.observed_error)}` : "";
+      box.textContent =
+        `calibrated on ${t.recent_records} run${t.recent_records === 1 ? "" : "s"} of ${stack}` +
+        `${worst}: ${t.trusted ? "trusted" : "untrusted"}, margin ` +
+        `${Math.round(100 * t.margin_fraction)} % with calibration`;
+      box.dataset.trusted = String(t.trusted);
+    } else {
+      const margin = typeof c.margin_fraction === "number" ? Math.round(100 * c.margin_fraction) : "?";
+      box.textContent = `no measured runs of ${stack}: the default margin, ${margin} %`;
+      box.dataset.trusted = "none";
+    }
   }
 
   function drawBar(bar, legend, scaleLabel, names, buckets, peak, capacity, what) {

@@ -701,3 +701,34 @@ def test_the_details_a_newcomer_trips_on(page: webdriver.Chrome) -> None:
         assert overflow <= 0, f"{overflow} px to scroll sideways at 420 px"
     finally:
         page.set_window_size(size["width"], size["height"])
+
+
+def test_the_verdict_names_what_the_stacks_measured_runs_say(
+    browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """Beside the verdict, the stack's trust from its measured runs (the published GPU runs
+    loaded as records: ``calibrate ingest --published``), or that it has none."""
+    env = {"HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path}/trust.db"}
+    loaded = run_headroom("calibrate", "ingest", "--published", env={**os.environ, **env})
+    assert loaded.returncode == 0, loaded.stderr
+    with serve_headroom(env, tmp_path / "server.log", timeout=30) as served:
+        coefficients = json.loads(
+            urllib.request.urlopen(served.url + "/api/v1/coefficients").read()
+        )
+        titan = next(s for s in coefficients if s["profile"] == "torchtitan" and s["id"] is None)
+        want = next(
+            t for t in titan["trust"] if (t["gpu"], t["framework"]) == ("H100-80GB", "fsdp2")
+        )
+        browser.get(served.url + "/")
+        _wait(browser, lambda d: _peak(d) is not None, "the first estimate is drawn")
+        _wait(browser, lambda d: "no measured runs of none/" in _text(d, "trust"), "no runs said")
+        _select(browser, "gpu", "H100-80GB")
+        _type(browser, "dp", "8")
+        _select(browser, "activation_profile", "torchtitan")
+        _select(browser, "framework", "fsdp2")
+        _wait(browser, lambda d: "H100-80GB, worst" in _text(d, "trust"), "the stack's trust drawn")
+        said = _text(browser, "trust")
+        assert said.startswith(
+            f"calibrated on {want['recent_records']} runs of fsdp2/torchtitan on H100-80GB, worst −"
+        ), said
+        assert f"margin {round(100 * want['margin_fraction'])} % with calibration" in said
