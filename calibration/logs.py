@@ -42,7 +42,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,22 @@ def _fail(name: str, number: int, what: str) -> LogError:
     return LogError(f"{name}:{number}: {what}")
 
 
+def _matches(
+    lines: Sequence[str], name: str, start: re.Pattern[str], full: re.Pattern[str], like: str
+) -> Iterator[tuple[str, re.Match[str], re.Match[str]]]:
+    """(line, where it starts, its whole match) of each line a format's memory line starts on
+    (``start``), matched whole (``full``) from there; one that starts like such a line and does
+    not end like one is refused naming its line (``like``: what such a line looks like)."""
+    for number, line in enumerate(lines, 1):
+        begun = start.search(line)
+        if begun is None:
+            continue
+        match = full.match(line, begun.start())
+        if match is None:
+            raise _fail(name, number, like)
+        yield line, begun, match
+
+
 # --- Megatron-LM ------------------------------------------------------------------------------
 
 _MEGATRON_START = re.compile(r"memory \(MB\)\s*\|\s*allocated:")
@@ -130,18 +146,11 @@ _RANK = re.compile(r"\[Rank (\d+)\]")
 
 def read_megatron(lines: Sequence[str], name: str) -> list[StepMeasurement]:
     out = []
-    for number, line in enumerate(lines, 1):
-        start = _MEGATRON_START.search(line)
-        if start is None:
-            continue
-        match = _MEGATRON.match(line, start.start())
-        if match is None:
-            raise _fail(
-                name,
-                number,
-                "a Megatron report_memory line cut short or altered; expected '... memory (MB) "
-                "| allocated: A | max allocated: MA | reserved: R | max reserved: MR'",
-            )
+    like = (
+        "a Megatron report_memory line cut short or altered; expected '... memory (MB) | "
+        "allocated: A | max allocated: MA | reserved: R | max reserved: MR'"
+    )
+    for line, start, match in _matches(lines, name, _MEGATRON_START, _MEGATRON, like):
         head = line[: start.start()]
         rank = _RANK.search(head)
         label = _RANK.sub("", head).strip().strip("()").strip()
@@ -170,17 +179,8 @@ _TITAN_RANK = re.compile(r"\[rank(\d+)\]")
 
 def read_torchtitan(lines: Sequence[str], name: str) -> list[StepMeasurement]:
     out = []
-    for number, line in enumerate(lines, 1):
-        if _TITAN_START.search(line) is None:
-            continue
-        match = _TITAN.search(line)
-        if match is None:
-            raise _fail(
-                name,
-                number,
-                "a torchtitan step line without its 'memory: X.XXGiB(Y.YY%)' field "
-                "(cut short or altered)",
-            )
+    like = "a torchtitan step line without its 'memory: X.XXGiB(Y.YY%)' field (cut short?)"
+    for line, _, match in _matches(lines, name, _TITAN_START, _TITAN, like):
         rank = _TITAN_RANK.search(line)
         out.append(
             StepMeasurement(
@@ -294,24 +294,18 @@ def read_hf_trainer(lines: Sequence[str], name: str) -> list[StepMeasurement]:
 # --- Accelerate -------------------------------------------------------------------------------
 
 _ACC = re.compile(
-    r"Total Peak Memory consumed during the (?P<stage>\S+) \(max\): (?P<mib>-?\d+)\s*$"
+    r"Total Peak Memory consumed during the (?P<stage>\S+) \(max\): (?P<mib>0*[1-9]\d*)\s*$"
 )
 _ACC_START = re.compile(r"Total Peak Memory consumed during the")
 
 
 def read_accelerate(lines: Sequence[str], name: str) -> list[StepMeasurement]:
     out = []
-    for number, line in enumerate(lines, 1):
-        if _ACC_START.search(line) is None:
-            continue
-        match = _ACC.search(line)
-        if match is None or int(match["mib"]) <= 0:
-            raise _fail(
-                name,
-                number,
-                "an Accelerate peak line cut short or altered; expected 'Total Peak Memory "
-                "consumed during the train (max): M' (M: MiB)",
-            )
+    like = (
+        "an Accelerate peak line cut short or altered; expected 'Total Peak Memory consumed "
+        "during the train (max): M' (M: MiB, more than 0)"
+    )
+    for _, _, match in _matches(lines, name, _ACC_START, _ACC, like):
         out.append(StepMeasurement(label=match["stage"], allocated_bytes=int(match["mib"]) * MIB))
     return out
 

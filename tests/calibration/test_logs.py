@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from headroom.calibration import snapshot
 from headroom.calibration.logs import GIB, MIB, LogError, detect, read_log
-from headroom.cli import app
 from headroom.store import all_calibrations, open_store
 
 MB = 1024.0 * 1024.0
@@ -450,17 +448,6 @@ def test_frames_name_the_phase() -> None:
 
 
 # --- headroom calibrate ingest ----------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("HEADROOM_DATABASE_URL", f"sqlite:///{tmp_path}/store.db")
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Any:
-        return runner.invoke(app, list(args))
-
-    return invoke
 
 
 TITAN = [

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from headroom import planner
 from headroom.calibration.refit import committed_records
 from headroom.calibration.trust import assess
-from headroom.cli import app
 
 RUNTIME_BF16 = [
     "--set",
@@ -59,17 +56,6 @@ def test_the_trust_rule(errors: list[float], trusted: bool, margin: float) -> No
         len(errors),
     )
     assert budget.margin_bytes == pytest.approx(budget.gpu_peak_bytes * margin, abs=1)
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("HEADROOM_DATABASE_URL", f"sqlite:///{tmp_path}/store.db")
-    runner = CliRunner()
-
-    def invoke(*args: str) -> Any:
-        return runner.invoke(app, list(args))
-
-    return invoke
 
 
 def _estimate(cli: Any) -> dict[str, Any]:
