@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import shlex
 import tomllib
@@ -78,6 +79,40 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield name, value
 
 
+def _int(value: Any, name: str, least: int | None = None) -> int:
+    """``value`` as a whole number (of at least ``least``); an InputFormatError naming the
+    file's key ``name`` otherwise."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InputFormatError(f"{name}: expected a whole number, got {value!r}") from None
+    if least is not None and number < least:
+        raise InputFormatError(
+            f"{name}: expected a whole number of at least {least}, got {value!r}"
+        )
+    return number
+
+
+def _names(value: Any) -> list[str]:
+    """A list a config gives as a list, or as one string of names split by spaces."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list | tuple):
+        return [str(item) for item in value]
+    return [] if value is None or value is False else [str(value)]
+
+
+def _float(value: Any, name: str) -> float:
+    """``value`` as a finite number; an InputFormatError naming the file's key otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputFormatError(f"{name}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise InputFormatError(f"{name}: expected a finite number, got {value!r}")
+    return number
+
+
 class _Keys:
     """A file's keys, each taken at most once; the rest are what was not read."""
 
@@ -95,6 +130,17 @@ class _Keys:
                 if not hit:
                     found, hit = self.flat[name], True
         return found
+
+    def whole(self, *names: str, default: Any, least: int | None = None) -> int:
+        """:meth:`get` as a whole number (of at least ``least``), refused naming the key."""
+        return _int(self.get(*names, default=default), self._named(names), least)
+
+    def number(self, *names: str, default: Any) -> float:
+        """:meth:`get` as a finite number, refused naming the key."""
+        return _float(self.get(*names, default=default), self._named(names))
+
+    def _named(self, names: tuple[str, ...]) -> str:
+        return next((name for name in names if name in self.flat), names[0])
 
     def ignore(self, *prefixes: str) -> None:
         """Count as read the keys under these prefixes (no effect on memory, said in docs)."""
@@ -160,8 +206,8 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
     assumed: list[str] = []
 
     def degree(name: str) -> int:
-        value = keys.get(f"parallelism.{name}", f"training.{name}", f"experimental.{name}")
-        return int(value) if value is not None else 1
+        where = (f"parallelism.{name}", f"training.{name}", f"experimental.{name}")
+        return keys.whole(*where, default=1, least=1)
 
     tp, pp, cp = (
         degree("tensor_parallel_degree"),
@@ -170,51 +216,54 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
     )
     ep = degree("expert_parallel_degree")
     replicate = degree("data_parallel_replicate_degree")
-    shard = keys.get(
+    shard = keys.whole(
         "parallelism.data_parallel_shard_degree",
         "training.data_parallel_shard_degree",
         "training.data_parallel_degree",
         default=-1,
+        least=-1,
     )
-    if int(shard) == -1:
+    if shard == -1:
         shard = max(1, DEFAULT_NODE_GPUS // (tp * pp * cp * replicate))
         assumed.append(
             f"data_parallel_shard_degree -1 (every GPU the job has) as {shard} ({DEFAULT_NODE_GPUS}"
             " GPUs); say --set parallel.dp=N for N data-parallel ranks"
         )
-    dp = int(shard) * replicate
+    dp = shard * replicate
     parallel: dict[str, Any] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp}
     if ep > 1:
         parallel["ep"] = ep
     parallel["zero_stage"] = 3
-    if replicate > 1 and int(shard) == 1:
+    if replicate > 1 and shard == 1:
         assumed.append("data_parallel_replicate_degree without sharding priced as FSDP2's")
     if tp > 1:
         parallel["sequence_parallel"] = True  # torchtitan's TP plan: norms sequence-parallel
     keys.get("parallelism.enable_async_tensor_parallel", "parallelism.disable_loss_parallel")
-    local = keys.get("training.local_batch_size", "training.batch_size", default=8)
-    global_batch = int(keys.get("training.global_batch_size", default=-1))
+    local = keys.whole("training.local_batch_size", "training.batch_size", default=8, least=1)
+    global_batch = keys.whole("training.global_batch_size", default=-1)
     if pp > 1:
         # the local batch is split into the pipeline's micro-batches: of
         # pipeline_parallel_microbatch_size each, or pipeline_parallel_microbatches of them
         # (earlier releases), whose default was the pipeline degree
-        size = keys.get("parallelism.pipeline_parallel_microbatch_size")
-        count = keys.get(
+        size_key = "parallelism.pipeline_parallel_microbatch_size"
+        size = keys.get(size_key)
+        count_keys = (
             "parallelism.pipeline_parallel_microbatches",
             "experimental.pipeline_parallel_microbatches",
         )
+        count = keys.get(*count_keys)
         if size is not None:
-            micro = int(size)
+            micro = _int(size, size_key, least=1)
         else:
-            n = int(count) if count else pp
-            micro = max(1, int(local) // n)
+            n = _int(count, keys._named(count_keys), least=1) if count else pp
+            micro = max(1, local // n)
             if not count:
                 assumed.append(
                     f"{pp} pipeline micro-batches (the pipeline degree, torchtitan's default "
                     "before pipeline_parallel_microbatch_size; since, micro-batches of 1)"
                 )
         train["micro_batch_size"] = micro
-        train["grad_accum_steps"] = max(1, int(local) // micro)
+        train["grad_accum_steps"] = max(1, local // micro)
         schedule = str(
             keys.get(
                 "parallelism.pipeline_parallel_schedule",
@@ -231,13 +280,12 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
                 "evenly into pp x 2 chunks: --set parallel.vpp=2)"
             )
     else:
-        train["micro_batch_size"] = int(local)
-        accum = global_batch // (int(local) * dp) if global_batch > 0 else 1
+        train["micro_batch_size"] = local
+        accum = global_batch // (local * dp) if global_batch > 0 and dp > 0 else 1
         train["grad_accum_steps"] = max(1, accum)
     train["parallel"] = parallel
-    seq = keys.get("training.seq_len")
-    if seq is not None:
-        train["seq_len"] = int(seq)
+    if "training.seq_len" in keys.flat:
+        train["seq_len"] = keys.whole("training.seq_len", default=None, least=1)
     param = keys.get("training.mixed_precision_param", default="bfloat16")
     reduce = keys.get("training.mixed_precision_reduce", default="float32")
     train["precision"] = {
@@ -246,8 +294,8 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
         "master": "fp32",
         "optimizer_states": "fp32",
     }
-    norm = keys.get("training.max_norm", default=1.0)
-    train["max_grad_norm"] = float(norm) if norm and float(norm) > 0 else None
+    norm = keys.number("training.max_norm", default=1.0)
+    train["max_grad_norm"] = norm if norm > 0 else None
     name = str(keys.get("optimizer.name", default="AdamW"))
     train["optimizer"] = "adamw" if name.lower() in ("adamw", "adam") else name.lower()
     # torchtitan's optimizer.implementation (fused by default); releases before it had
@@ -279,7 +327,7 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
             assumed.append(f"activation_checkpoint.mode {mode} priced as none")
     compiled = keys.get("compile.enable", "training.compile", default=False)
     components = keys.get("compile.components", default=["model", "loss"])
-    if compiled and "loss" in list(components or []):
+    if compiled and "loss" in _names(components):
         train["loss"] = {"compiled": True}
         if "compile.enable" not in keys.flat:
             assumed.append(
@@ -298,7 +346,7 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
     )
     model_name = keys.get("model.name")
     flavor = keys.get("model.flavor")
-    converters = list(keys.get("model.converters", default=[]) or [])
+    converters = _names(keys.get("model.converters", default=[]))
     unmapped = []
     if converters:
         # float8 / mx training: the converted linears' saved tensors and gathers are not priced
@@ -416,22 +464,21 @@ _MEGATRON_MODEL = (
 _MEGATRON_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-_]*$")
 
 
-def megatron_args(text: str, path: Path) -> dict[str, Any] | None:
-    """The ``--flag value`` pairs of a Megatron-LM argument list: a functional test's
-    ``model_config.yaml`` (``MODEL_ARGS``), or the words of a shell script or args file that
-    calls ``pretrain_gpt.py``; None when the text has none of its flags."""
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            data = importlib.import_module("yaml").safe_load(text)
-        except Exception:  # no PyYAML, or not YAML: read_file says which
-            return None
-        if isinstance(data, Mapping) and isinstance(data.get("MODEL_ARGS"), Mapping):
-            args = {str(k): v for k, v in data["MODEL_ARGS"].items()}
-            env = data.get("ENV_VARS")
-            if isinstance(env, Mapping):
-                args.update({f"ENV_VARS.{k}": v for k, v in env.items()})
-            return args
+def model_config_args(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``--flag: value`` pairs of a Megatron-LM functional test's ``model_config.yaml``
+    (``MODEL_ARGS``, with its ``ENV_VARS`` as ``ENV_VARS.NAME``); None for other YAML."""
+    if not isinstance(data.get("MODEL_ARGS"), Mapping):
         return None
+    args = {str(k): v for k, v in data["MODEL_ARGS"].items()}
+    env = data.get("ENV_VARS")
+    if isinstance(env, Mapping):
+        args.update({f"ENV_VARS.{k}": v for k, v in env.items()})
+    return args
+
+
+def megatron_args(text: str, path: Path) -> dict[str, Any] | None:
+    """The ``--flag value`` pairs of a Megatron-LM argument list: the words of a shell script
+    or args file that calls ``pretrain_gpt.py``; None when the text has none of its flags."""
     if "--micro-batch-size" not in text and "--tensor-model-parallel-size" not in text:
         return None
     joined = re.sub(r"\\\n", " ", text)
@@ -451,13 +498,6 @@ def megatron_args(text: str, path: Path) -> dict[str, Any] | None:
         else:
             found[word] = True
     return found
-
-
-def _int(value: Any, name: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise InputFormatError(f"{name}: expected a whole number, got {value!r}") from None
 
 
 def from_megatron(args: Mapping[str, Any]) -> StackConfig:
@@ -482,12 +522,10 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
     ):
         keys.taken.add(launcher)
     assumed: list[str] = []
-    tp = _int(keys.get("--tensor-model-parallel-size", default=1), "--tensor-model-parallel-size")
-    pp = _int(
-        keys.get("--pipeline-model-parallel-size", default=1), "--pipeline-model-parallel-size"
-    )
-    cp = _int(keys.get("--context-parallel-size", default=1), "--context-parallel-size")
-    ep = _int(keys.get("--expert-model-parallel-size", default=1), "--expert-model-parallel-size")
+    tp = keys.whole("--tensor-model-parallel-size", default=1, least=1)
+    pp = keys.whole("--pipeline-model-parallel-size", default=1, least=1)
+    cp = keys.whole("--context-parallel-size", default=1, least=1)
+    ep = keys.whole("--expert-model-parallel-size", default=1, least=1)
     per_node = args.get("--nproc_per_node", args.get("--nproc-per-node"))
     nodes = args.get("--nnodes", 1)
     if per_node is not None and str(per_node).isdigit() and str(nodes).isdigit():
@@ -499,13 +537,11 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
             "--set parallel.dp=N for N data-parallel ranks"
         )
     dp = max(1, world // (tp * pp * cp))
-    micro = _int(keys.get("--micro-batch-size", default=1), "--micro-batch-size")
+    micro = keys.whole("--micro-batch-size", default=1, least=1)
     global_batch = keys.get("--global-batch-size")
     accum = _int(global_batch, "--global-batch-size") // (micro * dp) if global_batch else 1
     parallel: dict[str, Any] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero_stage": 0}
-    etp = _int(
-        keys.get("--expert-tensor-parallel-size", default=tp), "--expert-tensor-parallel-size"
-    )
+    etp = keys.whole("--expert-tensor-parallel-size", default=tp, least=1)
     if ep * etp // tp != ep:
         # Megatron takes EP x ETP ranks of TP x DP for the experts; Headroom carves EP from DP
         # and splits every expert over TP: EP x ETP / TP gives the same experts' bytes a rank
@@ -540,7 +576,11 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
                 "as the interleaved schedule's price needs; priced as 1F1B"
             )
     elif per_stage is not None and layers is not None:
-        parallel["vpp"] = max(1, _int(layers, "--num-layers") // (pp * _int(per_stage, "x")))
+        parallel["vpp"] = max(
+            1,
+            _int(layers, "--num-layers")
+            // (pp * _int(per_stage, "--num-layers-per-virtual-pipeline-stage", least=1)),
+        )
     train: dict[str, Any] = {
         "framework": "megatron",
         "activation_profile": "megatron",
@@ -563,8 +603,8 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
     optimizer = str(keys.get("--optimizer", default="adam"))
     if optimizer != "adam":
         train["optimizer"] = optimizer
-    clip = args.get("--clip-grad", 1.0)
-    train["max_grad_norm"] = float(clip) if float(clip) > 0 else None
+    clip = _float(args.get("--clip-grad", 1.0), "--clip-grad")
+    train["max_grad_norm"] = clip if clip > 0 else None
     train["megatron"] = {
         "use_distributed_optimizer": bool(keys.get("--use-distributed-optimizer", default=False)),
         "overlap_grad_reduce": bool(keys.get("--overlap-grad-reduce", default=False)),
@@ -572,10 +612,10 @@ def from_megatron(args: Mapping[str, Any]) -> StackConfig:
     }
     granularity = keys.get("--recompute-granularity")
     method = keys.get("--recompute-method")
-    every = _int(keys.get("--recompute-num-layers", default=1), "--recompute-num-layers")
+    every = keys.whole("--recompute-num-layers", default=1, least=1)
     if keys.get("--recompute-activations") or granularity == "selective":
         modules = keys.get("--recompute-modules", default=["core_attn"])
-        names = modules.split() if isinstance(modules, str) else list(modules)
+        names = _names(modules)
         if "core_attn" in names:
             train["recompute"] = "selective"
         else:
@@ -708,7 +748,7 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
             return found
         return args.get(*hf_keys, default=default) if hf_keys else default
 
-    stage = int(keys.get("zero_optimization.stage", default=0))
+    stage = keys.whole("zero_optimization.stage", default=0, least=0)
     train: dict[str, Any] = {
         "framework": "deepspeed" if stage else "none",
         "activation_profile": "hf",
@@ -721,15 +761,15 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
         "micro_batch_size",
         default=8,
     )
-    train["micro_batch_size"] = int(micro)
-    train["grad_accum_steps"] = int(
-        value("gradient_accumulation_steps", "gradient_accumulation_steps", default=1)
-    )
-    seq = args.get("cutoff_len", "sequence_len", "max_length", "max_seq_length", "block_size")
+    train["micro_batch_size"] = _int(micro, "train_micro_batch_size_per_gpu", least=1)
+    accum = value("gradient_accumulation_steps", "gradient_accumulation_steps", default=1)
+    train["grad_accum_steps"] = _int(accum, "gradient_accumulation_steps", least=1)
+    seq_keys = ("cutoff_len", "sequence_len", "max_length", "max_seq_length", "block_size")
+    seq = args.get(*seq_keys)
     if seq is not None:
-        train["seq_len"] = int(seq)
-    clip = value("gradient_clipping", "max_grad_norm", default=1.0)
-    train["max_grad_norm"] = float(clip) if float(clip) > 0 else None
+        train["seq_len"] = _int(seq, args._named(seq_keys), least=1)
+    clip = _float(value("gradient_clipping", "max_grad_norm", default=1.0), "gradient_clipping")
+    train["max_grad_norm"] = clip if clip > 0 else None
     bf16 = value("bf16.enabled", "bf16", default=False)
     fp16 = value("fp16.enabled", "fp16", default=False)
     half = "bf16" if bf16 is True else "fp16" if fp16 is True else None
@@ -777,17 +817,17 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
                 "width) as DeepSpeed's default"
             )
             continue
-        knobs[name] = int(float(found))
+        knobs[name] = int(_float(found, f"zero_optimization.{name}"))
     overlap = keys.get("zero_optimization.overlap_comm")
     if isinstance(overlap, bool):
         knobs["overlap_comm"] = overlap
     if knobs:
         train["deepspeed"] = knobs
     device = keys.get("zero_optimization.offload_optimizer.device", default="none")
-    keys.get("zero_optimization.offload_optimizer.ratio")
+    ratio = keys.get("zero_optimization.offload_optimizer.ratio", default=1)
     if device == "cpu":
-        ratio = float(ds.get("zero_optimization", {}).get("offload_optimizer", {}).get("ratio", 1))
-        train["offload"] = {"mode": "optimizer", "fraction": ratio}
+        ratio_key = "zero_optimization.offload_optimizer.ratio"
+        train["offload"] = {"mode": "optimizer", "fraction": _float(ratio, ratio_key)}
     unmapped = []
     if keys.get("zero_optimization.offload_param.device", default="none") not in ("none", None):
         unmapped.append("zero_optimization.offload_param (parameter offload: not priced)")
@@ -836,10 +876,16 @@ def recognise(path: Path, text: str) -> StackConfig | None:
             f"{path}: a TOML training config is read as torchtitan's job config, which has a "
             "[training] table and a [parallelism] or [model] table"
         )
-    args = megatron_args(text, path)
-    if args is not None:
-        return from_megatron(args)
-    data = _read_data(path, text)
+    yaml_file = path.suffix.lower() in (".yaml", ".yml")
+    if not yaml_file:
+        args = megatron_args(text, path)
+        if args is not None:
+            return from_megatron(args)
+    data = _read_data(path, text)  # parsed once: a functional test's YAML, DeepSpeed, HF args
+    if yaml_file and isinstance(data, Mapping):
+        args = model_config_args(data)
+        if args is not None:
+            return from_megatron(args)
     if isinstance(data, Mapping) and is_deepspeed(data):
         return from_deepspeed(data)
     if isinstance(data, Mapping) and isinstance(data.get("deepspeed"), str):
@@ -862,5 +908,6 @@ __all__ = [
     "from_torchtitan",
     "is_torchtitan",
     "megatron_args",
+    "model_config_args",
     "recognise",
 ]

@@ -335,3 +335,49 @@ def test_an_ms_swift_deepspeed_config_with_its_cli_flags_maps_to_the_published_s
     mapped = from_deepspeed(ds, flags)
     want = planner.load_train(RUNS["swift_q25_14b_zero2_a800"]["spec"]["train"])
     assert planner.load_train(mapped.train).model_dump(mode="json") == want.model_dump(mode="json")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        (
+            "a.toml",
+            '[training]\nlocal_batch_size = "x"\n[parallelism]\n',
+            "training.local_batch_size: expected a whole number, got 'x'",
+        ),
+        (
+            "b.toml",
+            "[training]\nlocal_batch_size = 1\n[parallelism]\ntensor_parallel_degree = 0\n",
+            "parallelism.tensor_parallel_degree: expected a whole number of at least 1, got 0",
+        ),
+        (
+            "ds.json",
+            '{"zero_optimization": {"stage": 2, "reduce_bucket_size": "lots"}}',
+            "zero_optimization.reduce_bucket_size: expected a number, got 'lots'",
+        ),
+        (
+            "ds2.json",
+            '{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 0}',
+            "train_micro_batch_size_per_gpu: expected a whole number of at least 1, got 0",
+        ),
+        (
+            "run.sh",
+            "pretrain_gpt.py --micro-batch-size 1 --tensor-model-parallel-size 0\n",
+            "--tensor-model-parallel-size: expected a whole number of at least 1, got '0'",
+        ),
+        (
+            "run2.sh",
+            "pretrain_gpt.py --micro-batch-size 1 --clip-grad nan\n",
+            "--clip-grad: expected a finite number, got 'nan'",
+        ),
+    ],
+    ids=["toml-text", "toml-zero", "ds-text", "ds-zero", "megatron-zero", "megatron-nan"],
+)
+def test_a_bad_value_in_a_stacks_config_is_one_error_line_naming_its_key(
+    tmp_path: Path, name: str, text: str, says: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    result = CliRunner().invoke(app, ["estimate", "llama-3-8b", "--train", str(path)])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output
