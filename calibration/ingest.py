@@ -116,37 +116,49 @@ def read_logs(
 
 
 def _published(data: bytes, name: str) -> tuple[list[Item], list[dict[str, str]]]:
-    from headroom.calibration.published import spec_of
-
     try:
         runs = json.loads(data)["runs"]
     except (ValueError, KeyError, TypeError) as exc:
         raise LogError(f"{name}: not the published runs' file ({exc})") from None
+    if not isinstance(runs, list):
+        raise LogError(f"{name}: not the published runs' file (runs is no list)")
     items, skipped = [], []
-    for run in runs:
-        measured = published_measurement(run)
-        if measured is None:
-            skipped.append({"run": str(run.get("id")), "reason": f"figure {run.get('figure')}"})
-            continue
-        if run.get("measured_stage") in STAGES:
-            measured = measured.model_copy(update={"stage": run["measured_stage"]})
-        model, train, hw = spec_of(run)
-        source = run.get("source") or {}
-        url = source.get("url", "") if isinstance(source, dict) else str(source)
-        items.append(
-            Item(
-                name=str(run["id"]),
-                format="published",
-                model=model,
-                train=train,
-                hw=hw,
-                measured=measured,
-                source="published",
-                uid=f"published-{run['id']}"[:64],
-                notes=f"published run {run['id']}: {url}"[:4000],
-            )
-        )
+    for index, run in enumerate(runs):
+        try:
+            item = _published_run(run)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # specs' errors too
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise LogError(f"{name}: runs[{index}]: not a published run ({first})") from None
+        if isinstance(item, Item):
+            items.append(item)
+        else:
+            skipped.append(item)
     return items, skipped
+
+
+def _published_run(run: dict[str, Any]) -> Item | dict[str, str]:
+    """One published run as the record it makes, or why it makes none (an OOM, no number)."""
+    from headroom.calibration.published import spec_of
+
+    measured = published_measurement(run)
+    if measured is None:
+        return {"run": str(run.get("id")), "reason": f"figure {run.get('figure')}"}
+    if run.get("measured_stage") in STAGES:
+        measured = measured.model_copy(update={"stage": run["measured_stage"]})
+    model, train, hw = spec_of(run)
+    source = run.get("source") or {}
+    url = source.get("url", "") if isinstance(source, dict) else str(source)
+    return Item(
+        name=str(run["id"]),
+        format="published",
+        model=model,
+        train=train,
+        hw=hw,
+        measured=measured,
+        source="published",
+        uid=f"published-{run['id']}"[:64],
+        notes=f"published run {run['id']}: {url}"[:4000],
+    )
 
 
 def store_items(session: Session, ingest: Ingest) -> list[dict[str, Any]]:

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from headroom import planner
 from headroom.planner.measurement import Measurement, StepMeasurement
 
@@ -413,6 +415,19 @@ def read_log(data: bytes, name: str, fmt: str | None = None) -> LogReading:
     fmt = fmt or detect(data, name)
     if fmt == "published":
         raise LogError(f"{name}: the published-runs file holds many runs; read it with runs()")
+    try:
+        reading = _reading(data, name, fmt)
+        reading.measurement()  # what a record holds, checked with the rest of the log
+    except ValidationError as exc:  # a figure past 1 PiB, or a label past 200 characters
+        error = exc.errors()[0]
+        raise LogError(
+            f"{name}: a figure a measurement cannot hold ({error['msg']}, got "
+            f"{str(error.get('input'))[:80]!r})"
+        ) from None
+    return reading
+
+
+def _reading(data: bytes, name: str, fmt: str) -> LogReading:
     if fmt == "memory_snapshot":
         from headroom.calibration.snapshot import read_devices, snapshot_steps
 

@@ -203,8 +203,20 @@ class SnapshotReading:
 
 
 def read_devices(data: bytes, name: str) -> list[SnapshotReading]:
-    """Every device's replayed peaks in a snapshot pickle."""
+    """Every device's replayed peaks in a snapshot pickle; one whose parts are not what torch
+    writes (a segment, block, trace entry or frame of another shape) refused naming it."""
     snap = _load(data, name)
+    try:
+        return _devices(snap, name)
+    except LogError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise LogError(
+            f"{name}: not a memory snapshot as torch writes it ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _devices(snap: dict[str, Any], name: str) -> list[SnapshotReading]:
     out = []
     for device, trace in enumerate(snap["device_traces"]):
         entries = _entries(trace, name, device)

@@ -91,8 +91,20 @@ def test_a_snapshot_comes_as_base64(client: TestClient) -> None:
         ({**RUN, "logs": [{"name": "a.log"}]}, "logs.0"),
         ({**RUN, "format": "wandb", "logs": []}, "format"),
         ({**RUN, "logs": []}, "logs: no log given"),
+        (
+            {"logs": [{"name": "p.json", "text": '{"runs": [5], "figure": "x"}'}]},
+            "p.json: runs[0]: not a published run",
+        ),
     ],
-    ids=["cut-short", "no-model", "bad-base64", "no-content", "unknown-format", "no-logs"],
+    ids=[
+        "cut-short",
+        "no-model",
+        "bad-base64",
+        "no-content",
+        "unknown-format",
+        "no-logs",
+        "published-of-another-shape",
+    ],
 )
 def test_what_cannot_be_read_is_a_422_and_nothing_is_stored(
     client: TestClient, body: dict[str, object], says: str

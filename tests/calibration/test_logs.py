@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -551,3 +552,52 @@ def test_published_runs_become_records_with_their_own_errors(cli: Any) -> None:
     assert (
         f"calibrated on {len(on_it)} run(s) of fsdp2/torchtitan on H100-80GB" in text_report.stdout
     )
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (
+            pickle.dumps({"segments": [{"total_size": 10, "blocks": [5]}], "device_traces": [[]]}),
+            "not a memory snapshot as torch writes it",
+        ),
+        (
+            pickle.dumps(
+                {
+                    "segments": [],
+                    "device_traces": [[{"action": "alloc", "addr": 1, "size": 5, "frames": [3]}]],
+                }
+            ),
+            "not a memory snapshot as torch writes it",
+        ),
+        (
+            text([megatron_line(0, 1, (GIB, 2**60, GIB, GIB))]),
+            "a figure a measurement cannot hold",
+        ),
+    ],
+    ids=["snapshot-block", "snapshot-frame", "past-a-pebibyte"],
+)
+def test_a_log_of_another_shape_is_refused_naming_it(data: bytes, says: str) -> None:
+    with pytest.raises(LogError, match=says):
+        read_log(data, "odd.log")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b'{"runs": [5], "figure": 1}', "runs[0]: not a published run"),
+        (
+            b'{"runs": [{"figure": "max_allocated", "measured_gib": "x"}]}',
+            "runs[0]: not a published run",
+        ),
+        (b'{"runs": 3, "figure": 1}', "not the published runs' file"),
+    ],
+    ids=["run-not-an-object", "figure-not-a-number", "runs-not-a-list"],
+)
+def test_a_published_file_of_another_shape_is_refused_naming_the_run(
+    content: bytes, says: str
+) -> None:
+    from headroom.calibration.ingest import read_logs
+
+    with pytest.raises(LogError, match=re.escape(says)):
+        read_logs([("p.json", content)], fmt="published")
