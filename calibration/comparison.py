@@ -93,10 +93,23 @@ def measured_stage(
 ) -> StagePeak | None:
     """The pipeline stage a measurement names (``stage``: first or last) as the estimate prices
     it; None where it names none or there is no pipeline (the heaviest stage is compared)."""
-    if measured.stage is None or train.parallel.pp == 1:
+    return named_stage(measured.stage, model, train, hardware, coefficients)
+
+
+def named_stage(
+    where: str | None,
+    model: ModelSpec,
+    train: TrainSpec,
+    hardware: Hardware,
+    coefficients: Coefficients | None = None,
+) -> StagePeak | None:
+    """The stage ``where`` names (``first``, else the last) as the estimate prices it; None
+    where it names none or there is no pipeline. Megatron-LM logs from the last rank, a run
+    that says which rank logged is compared with that rank's stage."""
+    if where is None or train.parallel.pp == 1:
         return None
     peaks = stage_peaks(model, train, hardware, coefficients)
-    return peaks[0] if measured.stage == "first" else peaks[-1]
+    return peaks[0] if where == "first" else peaks[-1]
 
 
 def compare_trace(budget: Budget, measured: dict[str, Any]) -> dict[str, Any]:

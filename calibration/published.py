@@ -41,7 +41,8 @@ from importlib import resources
 from typing import Any, Literal, get_args
 
 from headroom import planner
-from headroom.planner.estimator import StagePeak, stage_peaks
+from headroom.calibration.comparison import named_stage
+from headroom.planner.estimator import StagePeak
 
 Figure = Literal["max_allocated", "max_reserved", "peak_active", "nvidia_smi_total", "oom", "none"]
 FIGURES: tuple[str, ...] = get_args(Figure)
@@ -114,11 +115,10 @@ def measured_bytes(
     (``measured_stage``: ``first`` or ``last``; Megatron-LM logs the last rank's statistics),
     else on the heaviest stage (a run that gives the largest over its ranks, or does not
     say)."""
-    where = run.get("measured_stage")
-    if where is None or train.parallel.pp == 1:
+    peak = named_stage(run.get("measured_stage"), model, train, hardware)
+    if peak is None:
         return comparable_bytes(budget, run["figure"])
-    peaks = stage_peaks(model, train, hardware)
-    return stage_bytes(peaks[0] if where == "first" else peaks[-1], run["figure"])
+    return stage_bytes(peak, run["figure"])
 
 
 @dataclass(frozen=True)

@@ -335,6 +335,12 @@ def read_train_file(source: str | Path) -> Any:
     """A training spec file's content (a stack's own config mapped to one, ``stack_config``);
     a name that is no file and no spec file's name (no .json/.yaml suffix) is taken for a
     mistyped run preset and refused with the closest one."""
+    return read_train_source(source)[1]
+
+
+def read_train_source(source: str | Path) -> tuple[StackConfig | None, Any]:
+    """:func:`read_train_file`'s content, with the stack's own config it was mapped from (None
+    for a Headroom spec), so that a caller can size it by the model and say what it assumed."""
     path = Path(source)
     if not is_spec_file_name(path) and not path.exists():
         raise UnknownPresetError(
@@ -343,7 +349,7 @@ def read_train_file(source: str | Path) -> Any:
             field="train",
         )
     stack = stack_config(path)
-    return stack.train if stack is not None else read_file(source)
+    return (stack, stack.train) if stack is not None else (None, read_file(source))
 
 
 def stack_config(path: str | Path) -> StackConfig | None:

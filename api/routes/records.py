@@ -57,9 +57,10 @@ class NotFound(Exception):
 
 
 def _specs(
-    body: CalibrationIn | RunIn,
+    body: CalibrationIn | RunIn | IngestIn,
 ) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
     """The body's model, training spec and GPU, validated by the planner."""
+    assert body.model is not None  # an ingest of the published runs names none: not asked
     model = planner.load_model(body.model)
     train = planner.load_train(body.train or {})
     return model, train, planner.load_hardware(body.gpu)
@@ -211,13 +212,7 @@ def ingest_calibrations(
     ]
     if body.published:
         files.append(("published-memory.json", published_file()))
-    specs: tuple[Any, ...] = (None, None, None)
-    if body.model is not None:
-        specs = (
-            planner.load_model(body.model),
-            planner.load_train(body.train or {}),
-            planner.load_hardware(body.gpu),
-        )
+    specs: tuple[Any, ...] = _specs(body) if body.model is not None else (None, None, None)
     read = ingest.read_logs(
         files, fmt=body.format, model=specs[0], train=specs[1], hw=specs[2], stage=body.stage
     )

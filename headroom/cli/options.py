@@ -16,7 +16,7 @@ import typer
 
 from headroom import planner
 from headroom.planner.hardware import MAX_GPUS_PER_NODE
-from headroom.planner.io import apply_overrides, read_train_file, run_preset_named, stack_config
+from headroom.planner.io import apply_overrides, read_train_source, run_preset_named
 
 __all__ = [
     "FormatOpt",
@@ -128,15 +128,15 @@ def train_dict(
         preset = run_preset_named(train_file)
         # the keys the preset names, as its file names them: the rest are the defaults either
         # way, and a plan reads the named layout keys as its constraints
-        stack = stack_config(train_file) if preset is None else None
-        if stack is not None and model is not None:
-            stack = stack.with_model(model.hidden_size)
-        if stack is not None and (line := stack.warning(str(train_file))) is not None:
-            typer.echo(f"warning: {line}", err=True)
         if preset is not None:
             data = preset.train.model_dump(exclude_unset=True)
         else:
-            data = stack.train if stack is not None else read_train_file(train_file)
+            stack, data = read_train_source(train_file)
+            if stack is not None:
+                stack = stack.with_model(model.hidden_size) if model is not None else stack
+                if (line := stack.warning(str(train_file))) is not None:
+                    typer.echo(f"warning: {line}", err=True)
+                data = stack.train
     if data is None:
         data = {}
     if not isinstance(data, dict):
