@@ -637,7 +637,15 @@ def test_an_estimate_goes_out_as_a_command_files_and_a_link(
     _type(page, "gpus_per_node", "8")
     command = "headroom estimate llama-3-70b --gpu H100-80GB"
     _wait(page, lambda d: _text(d, "cli-command").startswith(command), "the command")
-    _wait(page, lambda d: "recompute.every_k=4" in _text(d, "cli-command"), "the whole command")
+    # the command and the budget are drawn from one answer: the answer to the last field typed
+    # (gpus_per_node) is the whole form's, and nothing is typed after it
+    _wait(
+        page,
+        lambda d: (
+            "--gpus-per-node 8" in (cmd := _text(d, "cli-command")) and "recompute.every_k=4" in cmd
+        ),
+        "the whole command",
+    )
     peak = _peak(page)
     words = shlex.split(_text(page, "cli-command"))
     assert words[:2] == ["headroom", "estimate"]
