@@ -12,10 +12,14 @@ install: $(STAMP)
 
 install-service: $(SERVICE_STAMP)
 
-# a venv whose creation was stopped part-way has a python but no pip: made again
+# a venv whose creation or whose installs were stopped part-way is made again (the script
+# says why); INSTALLED ends a recipe's installs: the mark that they began goes, the stamps come
 define VENV_READY
-	$(BIN)/python -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	scripts/venv-ready.sh $(VENV) $(PYTHON)
+endef
+define INSTALLED
+	rm -f $(VENV)/.installing
+	touch $(1)
 endef
 
 # `headroom serve` needs the package and its service extra only: no torch, no test tools
@@ -23,7 +27,7 @@ $(SERVICE_STAMP): pyproject.toml
 	$(VENV_READY)
 	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; \
 	else $(BIN)/python -m pip install --quiet -e ".[service]"; fi
-	touch $(SERVICE_STAMP)
+	$(call INSTALLED,$(SERVICE_STAMP))
 
 $(STAMP): pyproject.toml
 	$(VENV_READY)
@@ -51,7 +55,7 @@ $(STAMP): pyproject.toml
 	# torchtune's chunked cross-entropy, read by the loss traces from its own file (importing the
 	# torchtune package needs torchao, which no trace uses)
 	$(BIN)/python -m pip install --quiet --no-deps "torchtune==0.6.1"
-	touch $(STAMP) $(SERVICE_STAMP)
+	$(call INSTALLED,$(STAMP) $(SERVICE_STAMP))
 
 run: install-service
 	$(BIN)/headroom serve --host 127.0.0.1 --port 8000

@@ -1,0 +1,67 @@
+"""``scripts/venv-ready.sh``, which every install of the Makefile starts with: a virtualenv
+whose installs were stopped part-way is made again, not trusted.
+
+A SIGTERM 49 s into a fresh clone's ``make test`` (in ``pip install -e ".[dev]"``) left mypy's
+metadata in ``.venv`` without ``.venv/bin/mypy``; pip called mypy installed from then on, and
+every later ``make test`` of that clone failed in a second (an interrupt round of
+``scripts/interrupt-make-test.py`` found it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import processes
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "venv-ready.sh"
+
+
+def _ready(venv: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    return processes.run([str(SCRIPT), str(venv), sys.executable], env=env, timeout=300)
+
+
+def _stopped_install(venv: Path) -> Path:
+    """What a stopped ``pip install`` leaves: a package's metadata, no console script."""
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    left = site / "mypy-0.0.0.dist-info"
+    left.mkdir()
+    (left / "METADATA").write_text("Metadata-Version: 2.1\nName: mypy\nVersion: 0.0.0\n")
+    return left
+
+
+def test_a_venv_whose_install_was_stopped_is_made_again(tmp_path: Path) -> None:
+    venv = tmp_path / ".venv"
+    first = _ready(venv)
+    assert first.returncode == 0, first.stderr
+    assert (venv / "bin" / "python").exists() and (venv / ".installing").exists()
+    left = _stopped_install(venv)
+    # the install was stopped: the mark is still there, and the venv is made again
+    again = _ready(venv)
+    assert again.returncode == 0, again.stderr
+    assert "was stopped part-way" in again.stderr
+    assert not left.exists() and (venv / "bin" / "python").exists()
+    # an install that went through (the Makefile removed the mark) is kept as it is
+    kept = _stopped_install(venv)
+    (venv / ".installing").unlink()
+    third = _ready(venv)
+    assert third.returncode == 0, third.stderr
+    assert kept.exists() and "stopped" not in third.stderr
+
+
+def test_the_makefile_marks_its_installs_done_only_after_the_last() -> None:
+    """``make -n install``: the script first, the mark removed after the last pip install and
+    before the stamps (a stop before that leaves the mark, and the next install starts over)."""
+    proc = subprocess.run(
+        ["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("scripts/venv-ready.sh .venv")
+    last_pip = max(i for i, line in enumerate(lines) if "pip install" in line)
+    done = lines.index("rm -f .venv/.installing")
+    stamp = next(i for i, line in enumerate(lines) if line.startswith("touch .venv/.installed"))
+    assert last_pip < done < stamp
