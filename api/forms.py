@@ -23,10 +23,14 @@ from pydantic import (
     Field,
     StrictBool,
     StringConstraints,
+    TypeAdapter,
+    ValidationError,
 )
 
 from headroom import planner
 from headroom.planner.hardware import MAX_HOST_MEMORY_BYTES
+from headroom.planner.io import set_key, validation_message
+from headroom.planner.stack_configs import KINDS_TEXT, from_texts
 
 #: a model preset's name (``GET /presets``)
 ModelPreset = Literal[tuple(planner.model_names())]  # type: ignore[valid-type]
@@ -355,5 +359,87 @@ ModelInput = Annotated[
 ]
 GpuInput = Annotated[str | dict[str, Any], documented_as(GpuPreset | planner.Hardware)]
 ClusterInput = Annotated[str | Cluster | None, documented_as(ClusterPreset | Cluster | None)]
-TrainInput = Annotated[dict[str, Any] | None, documented_as(planner.TrainSpec | None)]
+
+
+class StackFile(BaseModel):
+    """One file of a stack's own training config, as text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        min_length=1,
+        max_length=255,
+        description="The file's name, whose suffix says what it is (llama3_8b.toml, "
+        "ds_z3_config.json, train.yaml, pretrain_gpt.sh); a file the config names is found by "
+        "its base name among the others.",
+    )
+    text: str = Field(description="The file's text.")
+
+
+class StackConfigTrain(BaseModel):
+    """A stack's own training config as the training spec (``--train llama3_8b.toml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stack_config: list[StackFile] = Field(
+        min_length=1,
+        max_length=4,
+        description=f"The config ({KINDS_TEXT}) first, then the files it names. It is mapped "
+        "key by key; what has no counterpart, and what was assumed, is one line of the "
+        "answer's warnings.",
+    )
+    set: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Training spec keys set over the mapped config, dotted as --set's "
+        '({"parallel.dp": 64, "micro_batch_size": 2}).',
+    )
+
+
+_STACK = TypeAdapter(StackConfigTrain)
+
+
+def _is_stack(value: Any) -> bool:
+    return isinstance(value, dict) and "stack_config" in value
+
+
+def stack_shape(value: Any) -> Any:
+    """A body's ``train`` as given; one that sends a stack's config (``stack_config``) is
+    checked for the shape :class:`StackConfigTrain` documents (a 422 naming its field). What
+    the files say is read by :func:`mapped_train`, in the route, as the planner reads a spec."""
+    if _is_stack(value):
+        try:
+            _STACK.validate_python(value)
+        except ValidationError as exc:
+            raise ValueError(validation_message(exc, model=StackConfigTrain)) from None
+    return value
+
+
+def mapped_train(
+    value: dict[str, Any] | None, model: planner.ModelSpec
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """A body's ``train`` as a training spec's raw dict, and the warnings its mapping gives: a
+    training spec as it is (no warning), a stack's own config mapped key by key (sized by
+    ``model`` where it leaves DeepSpeed's buckets to it), its ``set`` keys over it, and the line
+    naming what it did not map or assumed. A file that is none of the stacks' is a
+    ``SpecError`` naming it (``train.stack_config``)."""
+    if not _is_stack(value):
+        return value, []
+    given = _STACK.validate_python(value)
+    try:
+        stack = from_texts([(f.name, f.text) for f in given.stack_config])
+    except planner.HeadroomError as exc:
+        raise planner.SpecError(f"train.stack_config: {exc}", field="train.stack_config") from None
+    stack = stack.with_model(model.hidden_size)
+    data = stack.train
+    for key, item in given.set.items():
+        data = set_key(data, key, item)
+    line = stack.warning(given.stack_config[0].name)
+    return data, [f"train: {line}"] if line else []
+
+
+TrainInput = Annotated[
+    dict[str, Any] | None,
+    documented_as(planner.TrainSpec | StackConfigTrain | None),
+]
 HostMemoryInput = Annotated[str | int | None, documented_as(SizeText | HostBytes | None)]

@@ -11,6 +11,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     field_validator,
 )
@@ -24,6 +25,8 @@ from headroom.api.forms import (
     ModelInput,
     TrainInput,
     documented_as,
+    mapped_train,
+    stack_shape,
 )
 from headroom.calibration.logs import FORMATS as LOG_FORMATS
 from headroom.launch.slurm import SlurmOverrides
@@ -102,6 +105,19 @@ class _In(FewUnknownKeys):
 
     _model_is_preset = field_validator("model", check_fields=False)(_preset_model)
     _gpu_is_preset = field_validator("gpu", check_fields=False)(_preset_gpu)
+    _train_of_a_stack = field_validator("train", check_fields=False)(stack_shape)
+    _train_mapped: tuple[dict[str, Any] | None, list[str]] | None = PrivateAttr(default=None)
+
+    def train_of(self, model: planner.ModelSpec) -> dict[str, Any] | None:
+        """The body's ``train`` as a training spec's raw dict (a stack's own config mapped:
+        ``mapped_train``, read once)."""
+        if self._train_mapped is None:
+            self._train_mapped = mapped_train(getattr(self, "train", None), model)
+        return self._train_mapped[0]
+
+    def train_warnings(self) -> list[str]:
+        """What mapping a stack's config (``train_of``) did not map or assumed, as warnings."""
+        return list(self._train_mapped[1]) if self._train_mapped is not None else []
 
 
 class PlanningRequest(_In):
@@ -304,6 +320,10 @@ class IngestOut(BaseModel):
     skipped: list[dict[str, str]] = Field(description="Published runs without a number.")
     trust: list[dict[str, Any]] = Field(
         description="The trust of each (GPU, framework, profile) the records belong to."
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the run's train (a stack's own config) did not map, or assumed.",
     )
 
 

@@ -19,7 +19,7 @@ import math
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -839,11 +839,11 @@ def _read_data(path: Path, text: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text)
-        except ValueError:  # not JSON, or past int's digits: read_file says which
+        except (ValueError, RecursionError):  # not JSON, past int's digits, nested too deep
             return None
     try:
         return importlib.import_module("yaml").safe_load(text)
-    except Exception:  # no PyYAML, or not YAML: read_file says which
+    except Exception:  # no PyYAML, or not YAML (nested too deep too): read_file says which
         return None
 
 
@@ -860,16 +860,34 @@ def _beside(path: Path, named: str) -> Path | None:
     return None
 
 
+#: how a file a config names (the DeepSpeed JSON an HF ``TrainingArguments`` YAML names) is
+#: found: from the naming file's path and the name, its path and text, or None
+Finder = Callable[[Path, str], "tuple[Path, str] | None"]
+
+
+def _on_disk(path: Path, named: str) -> tuple[Path, str] | None:
+    found = _beside(path, named)
+    if found is None:
+        return None
+    try:
+        return found, found.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFormatError(f"{found}: cannot read file ({exc})") from None
+
+
 # --- recognising a file -----------------------------------------------------------------------
 
 
-def recognise(path: Path, text: str) -> StackConfig | None:
-    """The stack config ``text`` (read from ``path``) is, mapped; None if it is none of them."""
+def recognise(path: Path, text: str, find: Finder = _on_disk) -> StackConfig | None:
+    """The stack config ``text`` (read from ``path``) is, mapped; None if it is none of them.
+    A file it names is looked up by ``find`` (default: beside it on disk, or above)."""
     if path.suffix.lower() == ".toml":
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InputFormatError(f"{path}: not valid TOML ({exc})") from None
+        except RecursionError:
+            raise InputFormatError(f"{path}: not valid TOML (nested too deeply)") from None
         if is_torchtitan(data):
             return from_torchtitan(data)
         raise InputFormatError(
@@ -889,22 +907,65 @@ def recognise(path: Path, text: str) -> StackConfig | None:
     if isinstance(data, Mapping) and is_deepspeed(data):
         return from_deepspeed(data)
     if isinstance(data, Mapping) and isinstance(data.get("deepspeed"), str):
-        named = _beside(path, data["deepspeed"])
-        if named is None:
+        found = find(path, data["deepspeed"])
+        if found is None:
             raise InputFormatError(
                 f"{path}: deepspeed: {data['deepspeed']} is not beside it or above it"
             )
-        ds = _read_data(named, named.read_text(encoding="utf-8"))
+        named, named_text = found
+        ds = _read_data(named, named_text)
         if not isinstance(ds, Mapping) or not is_deepspeed(ds):
             raise InputFormatError(f"{named}: not a DeepSpeed config (no zero_optimization)")
         return from_deepspeed(ds, data)
     return None
 
 
+#: what a stack config sent as text may be (``from_texts``)
+KINDS_TEXT = (
+    "a torchtitan job TOML, a Megatron-LM argument list (pretrain_gpt.py flags, or a functional "
+    "test's model_config.yaml), a DeepSpeed config JSON, or an HF TrainingArguments YAML or "
+    "JSON naming its DeepSpeed config (sent beside it)"
+)
+
+
+def _has_aliases(text: str) -> bool:
+    """Whether YAML ``text`` uses an alias (``*name``): one line of them expands to more
+    values than memory holds, where a stack's config has no use for them."""
+    try:
+        yaml = importlib.import_module("yaml")
+        return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text))
+    except Exception:  # no PyYAML, or not YAML: nothing to expand
+        return False
+
+
+def from_texts(files: Sequence[tuple[str, str]]) -> StackConfig:
+    """The stack config of files sent by name and text (a request's, never the disk's): the
+    first is the config, the others what it names (the DeepSpeed JSON an HF YAML names), found
+    by their base name. An ``InputFormatError`` names the file that is not one of
+    :data:`KINDS_TEXT` or uses a YAML alias."""
+    if not files:
+        raise InputFormatError("no file: send the stack's config, then the files it names")
+    named = {Path(name).name: (Path(Path(name).name), text) for name, text in files}
+    for name, (path, text) in named.items():
+        if path.suffix.lower() not in (".json", ".toml") and _has_aliases(text):
+            raise InputFormatError(f"{name}: a YAML alias (*name) is not read in a stack config")
+
+    def find(_path: Path, wanted: str) -> tuple[Path, str] | None:
+        return named.get(Path(wanted).name)
+
+    first, text = files[0]
+    path = Path(Path(first).name)
+    stack = recognise(path, text, find)
+    if stack is None:
+        raise InputFormatError(f"{path}: not a stack's training config; one is {KINDS_TEXT}")
+    return stack
+
+
 __all__ = [
     "StackConfig",
     "from_deepspeed",
     "from_megatron",
+    "from_texts",
     "from_torchtitan",
     "is_torchtitan",
     "megatron_args",

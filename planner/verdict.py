@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from headroom.planner.budget import Budget
 from headroom.planner.units import format_bytes
@@ -29,6 +29,9 @@ class Verdict(BaseModel):
     host_peak_bytes: int
     host_capacity_bytes: int | None
     calibrated: bool
+    warnings: list[str] = Field(
+        default_factory=list, description="The estimate's warnings (what it assumed)."
+    )
 
 
 def gate(
@@ -49,6 +52,7 @@ def gate(
         "host_peak_bytes": host.peak_bytes,
         "host_capacity_bytes": host.capacity_bytes,
         "calibrated": calibrated,
+        "warnings": list(budget.warnings),
     }
     if require_calibration and not calibrated:
         return Verdict(

@@ -219,7 +219,7 @@ def _specs(
 ) -> tuple[planner.ModelSpec, planner.TrainSpec, planner.Hardware]:
     """The body's model, training spec and GPU (its host memory and GPUs per node), validated."""
     model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
+    train = planner.load_train(body.train_of(model) or {})
     hw = planner.load_hardware(
         body.gpu, host_memory=body.host_memory, gpus_per_node=body.gpus_per_node
     )
@@ -237,7 +237,9 @@ def _cluster(
 
 def _budget(body: PlanningRequest) -> planner.Budget:
     model, train, hw = _specs(body)
-    return planner.estimate(model, train, hw)
+    budget = planner.estimate(model, train, hw)
+    budget.warnings.extend(body.train_warnings())
+    return budget
 
 
 async def _estimated(body: PlanningRequest) -> planner.Budget:
@@ -321,6 +323,8 @@ def _fit(body: FitRequest, check: Callable[[], None]) -> tuple[planner.FitResult
     """The search and its JSON (both in the search thread: the loop only sends it)."""
     model, train, hw = _specs(body)
     result = planner.fit(model, train, hw, margin_pct=body.margin_pct, check=check)
+    if result.budget is not None:
+        result.budget.warnings.extend(body.train_warnings())
     return result, result.model_dump_json()
 
 
@@ -345,7 +349,7 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
     ``_fit``)."""
     model = planner.load_model(body.model)
     # the layout keys the train object names are the search's constraints
-    train, constraints = split_plan_train(body.train)
+    train, constraints = split_plan_train(body.train_of(model))
     hw = planner.load_hardware(body.gpu) if body.gpu is not None else None
     cl, hardware = _cluster(body.cluster, hw, body.gpus_per_node)
     result = planner.plan(
@@ -362,6 +366,8 @@ def _plan(body: PlanRequest, check: Callable[[], None]) -> tuple[planner.PlanRes
         constraints=constraints,
         tie_band_pct=body.tie_band_pct,
     )
+    if result.budget is not None:
+        result.budget.warnings.extend(body.train_warnings())
     return result, result.model_dump_json()
 
 

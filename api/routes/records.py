@@ -62,7 +62,7 @@ def _specs(
     """The body's model, training spec and GPU, validated by the planner."""
     assert body.model is not None  # an ingest of the published runs names none: not asked
     model = planner.load_model(body.model)
-    train = planner.load_train(body.train or {})
+    train = planner.load_train(body.train_of(model) or {})
     return model, train, planner.load_hardware(body.gpu)
 
 
@@ -226,6 +226,7 @@ def ingest_calibrations(
         "records": records,
         "skipped": list(read.skipped),
         "trust": ingest.stacks_trust(db, records),
+        "warnings": body.train_warnings(),
     }
 
 

@@ -96,7 +96,7 @@ def test_a_plans_cluster_is_a_preset_name_or_alias_or_cluster(openapi: dict[str,
 
 @pytest.mark.parametrize("body", BODIES)
 def test_train_is_the_training_spec(openapi: dict[str, Any], body: str) -> None:
-    assert _refs(_forms(openapi, body, "train")) == {"TrainSpec"}
+    assert _refs(_forms(openapi, body, "train")) == {"TrainSpec", "StackConfigTrain"}
     profile = openapi["components"]["schemas"]["TrainSpec"]["properties"]["activation_profile"]
     assert profile["enum"] == ["hf", "megatron", "runtime", "textbook", "torchtitan"]
 
