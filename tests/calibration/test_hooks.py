@@ -159,3 +159,48 @@ def test_the_hf_trainer_callback_marks_each_steps_phases(tmp_path: Path) -> None
     ]
     body = json.loads((tmp_path / "hf.json").read_text())
     assert body["measured"]["allocated_bytes"] == max(p["allocated_bytes"] for p in reporter.phases)
+
+
+def test_the_lightning_callback_marks_each_steps_phases(tmp_path: Path) -> None:
+    import lightning
+
+    from headroom.hooks.integrations import lightning_callback
+
+    class Tiny(lightning.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+            )
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 32), torch.randint(0, 8, (8,)))
+    reporter = MemoryReporter(tmp_path / "lightning.json", "lightning-run", SPEC)
+    trainer = lightning.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[lightning_callback(reporter)],
+        default_root_dir=str(tmp_path),
+    )
+    with DeviceCap(1 << 34):
+        trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2))
+    assert [(p["phase"], p["step"]) for p in reporter.phases] == [
+        ("step1_backward", 1),
+        ("optimizer", 1),
+        ("backward", 2),
+        ("optimizer", 2),
+    ]
+    body = json.loads((tmp_path / "lightning.json").read_text())
+    assert body["measured"]["allocated_bytes"] == max(p["allocated_bytes"] for p in reporter.phases)
