@@ -35,7 +35,7 @@ DEFAULT_NODE_GPUS = 8
 class StackConfig:
     """A stack's config as a training spec: what it maps to, and what it does not."""
 
-    kind: str  # torchtitan, megatron, deepspeed
+    kind: str  # torchtitan, megatron, deepspeed, hf (HF TrainingArguments without DeepSpeed)
     train: dict[str, Any]
     model_hint: str | None = None  # what the file says the model is, where it says
     unmapped: list[str] = field(default_factory=list)
@@ -690,7 +690,6 @@ _HF_NO_MEMORY = (
     "resume_from_checkpoint",
     "dataloader_",
     "stage",
-    "finetuning_type",
     "trust_remote_code",
     "deepspeed",
     "base_model",
@@ -700,6 +699,25 @@ _HF_NO_MEMORY = (
     "sequence_len",
     "cutoff_len",
     "micro_batch_size",
+    # axolotl's: the tokenizer, the loader's checks, the schedule, what is logged or saved
+    "tokenizer",
+    "model_type",
+    "strict",
+    "train_on_inputs",
+    "group_by_length",
+    "tf32",
+    "num_epochs",
+    "lr_scheduler",
+    "special_tokens",
+    "evals_per_epoch",
+    "saves_per_epoch",
+    "early_stopping",
+    "debug",
+    "gradient_checkpointing_kwargs",
+    # packing fills each sequence to sequence_len, the tokens the estimate prices
+    "sample_packing",
+    "pad_to_sequence_len",
+    "flash_attention",
 )
 #: DeepSpeed config keys that change nothing a GPU holds
 _DS_NO_MEMORY = (
@@ -726,6 +744,43 @@ _DS_NO_MEMORY = (
 )
 
 
+#: HF's ``optim`` (axolotl's ``optimizer``) as a training spec's optimizer and kernel: torch's
+#: AdamW runs foreach on CUDA; bitsandbytes' 8-bit AdamW (paged or not) keeps 8-bit moments
+_HF_OPTIM = {
+    "adamw_torch": ("adamw", "foreach"),
+    "adamw_hf": ("adamw", "for_loop"),
+    "adamw_torch_fused": ("adamw", "fused"),
+    "adamw_apex_fused": ("adamw", "fused"),
+    "adamw_bnb_8bit": ("adamw_8bit", "fused"),
+    "adamw_8bit": ("adamw_8bit", "fused"),
+    "paged_adamw_8bit": ("adamw_8bit", "fused"),
+    "adafactor": ("adafactor", "for_loop"),
+    "sgd": ("sgd", "foreach"),
+}
+#: what trains a subset of the weights (an adapter, frozen layers) or a quantized base: not a
+#: training spec's, which prices every weight trained in 16 or 32 bits
+_PARTIAL = {
+    "finetuning_type": "full",  # LLaMA-Factory: lora, freeze, oft train part of the model
+    "adapter": None,  # axolotl: lora, qlora
+    "load_in_8bit": False,
+    "load_in_4bit": False,
+}
+
+
+def _hf_partial(args: _Keys) -> list[str]:
+    """The keys that say only part of the model trains, or its base is quantized, named with
+    what the estimate does instead (full fine-tuning: the larger)."""
+    named = []
+    for key, whole in _PARTIAL.items():
+        found = args.get(key, default=whole)
+        if found not in (whole, None, False, ""):
+            named.append(
+                f"{key}: {found} (only part of the model trains, or its base is quantized: "
+                "priced as full fine-tuning, which holds more)"
+            )
+    return named
+
+
 def is_deepspeed(data: Mapping[str, Any]) -> bool:
     """A DeepSpeed config has its ``zero_optimization`` or ``train_micro_batch_size_per_gpu``."""
     return "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data
@@ -737,8 +792,8 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
     keys = _Keys(dict(_flatten(ds)))
     keys.ignore(*_DS_NO_MEMORY)
     args = _Keys(dict(hf or {}))
-    for key in list(args.flat):
-        if key.startswith(_HF_NO_MEMORY):
+    for key, given in args.flat.items():
+        if key.startswith(_HF_NO_MEMORY) or given is None:  # a key set to nothing says nothing
             args.taken.add(key)
     assumed: list[str] = []
 
@@ -772,6 +827,9 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
     train["max_grad_norm"] = clip if clip > 0 else None
     bf16 = value("bf16.enabled", "bf16", default=False)
     fp16 = value("fp16.enabled", "fp16", default=False)
+    if bf16 == "auto":  # axolotl's: bf16 where the GPU has it
+        bf16 = True
+        assumed.append("bf16: auto as bf16 (a GPU with bf16: Ampere or newer)")
     half = "bf16" if bf16 is True else "fp16" if fp16 is True else None
     if half is None:
         train["precision"] = {
@@ -787,11 +845,25 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
             "master": "fp32",
             "optimizer_states": "fp32",
         }
+        if not ds:  # the Trainer's autocast keeps fp32 weights and gradients: as many bytes
+            assumed.append(
+                f"{half} autocast as 16-bit weights and gradients with fp32 master weights "
+                "(the same 16 bytes of model state a parameter as fp32 weights, gradients and "
+                "moments)"
+            )
     checkpointing = args.get("gradient_checkpointing")
     if checkpointing is None and hf is not None and ("cutoff_len" in hf or "finetuning_type" in hf):
         checkpointing = not args.get("disable_gradient_checkpointing", default=False)
         assumed.append("LLaMA-Factory's default gradient checkpointing")
     train["recompute"] = "full" if checkpointing else "none"
+    optim = args.get("optim", "optimizer")
+    if isinstance(optim, str) and optim in _HF_OPTIM:
+        train["optimizer"], train["optimizer_impl"] = _HF_OPTIM[optim]
+        if optim.startswith("paged_"):
+            assumed.append(f"{optim} as its moments on the GPU (paged out only under pressure)")
+    elif optim is not None:
+        args.taken.discard("optim")
+        args.taken.discard("optimizer")
     if args.get("use_liger_kernel", default=False):
         train["loss"] = {"impl": "fused_linear"}
     train["parallel"] = {"dp": DEFAULT_NODE_GPUS, "zero_stage": stage}
@@ -828,11 +900,28 @@ def from_deepspeed(ds: Mapping[str, Any], hf: Mapping[str, Any] | None = None) -
     if device == "cpu":
         ratio_key = "zero_optimization.offload_optimizer.ratio"
         train["offload"] = {"mode": "optimizer", "fraction": _float(ratio, ratio_key)}
-    unmapped = []
+    unmapped = _hf_partial(args)
     if keys.get("zero_optimization.offload_param.device", default="none") not in ("none", None):
         unmapped.append("zero_optimization.offload_param (parameter offload: not priced)")
+    for key in ("fsdp", "fsdp_config"):
+        if args.get(key) not in (None, "", [], {}):
+            unmapped.append(
+                f"{key} (FSDP through accelerate: priced as data parallelism, every rank "
+                "holding every weight; for FSDP2 write a training spec with framework fsdp2)"
+            )
     rest = unmapped + keys.rest() + args.rest()
-    return StackConfig("deepspeed", train, None, rest, assumed, auto)
+    return StackConfig("deepspeed" if ds else "hf", train, None, rest, assumed, auto)
+
+
+def is_hf_args(data: Mapping[str, Any]) -> bool:
+    """HF ``TrainingArguments`` of a run without DeepSpeed: axolotl's YAML (``base_model`` and
+    its batch or sequence length), or LLaMA-Factory's and transformers' own (a per-device batch
+    and the model or the output folder)."""
+    if "base_model" in data and ("micro_batch_size" in data or "sequence_len" in data):
+        return True
+    return "per_device_train_batch_size" in data and (
+        "model_name_or_path" in data or "output_dir" in data
+    )
 
 
 def _read_data(path: Path, text: str) -> Any:
@@ -917,14 +1006,17 @@ def recognise(path: Path, text: str, find: Finder = _on_disk) -> StackConfig | N
         if not isinstance(ds, Mapping) or not is_deepspeed(ds):
             raise InputFormatError(f"{named}: not a DeepSpeed config (no zero_optimization)")
         return from_deepspeed(ds, data)
+    if isinstance(data, Mapping) and is_hf_args(data):
+        return from_deepspeed({}, data)  # data parallelism: no ZeRO stage
     return None
 
 
 #: what a stack config sent as text may be (``from_texts``)
 KINDS_TEXT = (
     "a torchtitan job TOML, a Megatron-LM argument list (pretrain_gpt.py flags, or a functional "
-    "test's model_config.yaml), a DeepSpeed config JSON, or an HF TrainingArguments YAML or "
-    "JSON naming its DeepSpeed config (sent beside it)"
+    "test's model_config.yaml), a DeepSpeed config JSON, or HF TrainingArguments as YAML or "
+    "JSON (transformers', LLaMA-Factory's, axolotl's), with the DeepSpeed config it names sent "
+    "beside it"
 )
 
 
@@ -967,6 +1059,7 @@ __all__ = [
     "from_megatron",
     "from_texts",
     "from_torchtitan",
+    "is_hf_args",
     "is_torchtitan",
     "megatron_args",
     "model_config_args",

@@ -381,3 +381,86 @@ def test_a_bad_value_in_a_stacks_config_is_one_error_line_naming_its_key(
     result = CliRunner().invoke(app, ["estimate", "llama-3-8b", "--train", str(path)])
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
+
+
+def test_an_axolotl_yaml_without_deepspeed_is_data_parallel_key_by_key() -> None:
+    """axolotl's Llama 3 8B full fine-tuning example (MANIFEST.json): its keys as its trainer
+    reads them; what it leaves to the GPU or the launch said, and nothing else."""
+    path = DATA / "axolotl_llama3" / "fft-8b.yaml"
+    mapped = recognise(path, path.read_text())
+    assert mapped is not None and mapped.kind == "hf"
+    assert mapped.train == {
+        "framework": "none",
+        "activation_profile": "hf",
+        "optimizer": "adamw_8bit",  # paged_adamw_8bit: bitsandbytes' 8-bit moments
+        "optimizer_impl": "fused",
+        "micro_batch_size": 1,
+        "grad_accum_steps": 8,
+        "seq_len": 8192,  # sequence_len, packed to it (sample_packing, pad_to_sequence_len)
+        "max_grad_norm": 1.0,
+        "precision": {
+            "params": "bf16",
+            "grads": "bf16",
+            "master": "fp32",
+            "optimizer_states": "fp32",
+        },
+        "recompute": "full",  # gradient_checkpointing
+        "parallel": {"dp": 8, "zero_stage": 0},
+    }
+    assert mapped.unmapped == []  # the keys set to nothing (deepspeed:, fsdp:) say nothing
+    said = "; ".join(mapped.assumed)
+    assert "bf16: auto as bf16" in said and "paged_adamw_8bit" in said and "8 GPUs" in said
+    planner.load_train(mapped.train)  # a valid training spec
+
+
+def test_what_trains_part_of_a_model_is_named_never_priced_in_silence() -> None:
+    """axolotl's LoRA example on an 8-bit base, and LLaMA-Factory's finetuning_type: the
+    estimate prices full fine-tuning, and the warning line says so."""
+    path = DATA / "axolotl_llama3" / "lora-8b.yml"
+    mapped = recognise(path, path.read_text())
+    assert mapped is not None and mapped.train["optimizer"] == "adamw_8bit"  # adamw_bnb_8bit
+    line = mapped.warning("lora-8b.yml") or ""
+    assert "adapter: lora (only part of the model trains" in line
+    assert "load_in_8bit: True" in line and "lora_r" in line
+    llama_factory = {"finetuning_type": "lora", "per_device_train_batch_size": 1}
+    assert any(
+        u.startswith("finetuning_type: lora") for u in from_deepspeed({}, llama_factory).unmapped
+    )
+    full = from_deepspeed({}, {**llama_factory, "finetuning_type": "full"})
+    assert not any("finetuning_type" in u for u in full.unmapped)
+
+
+@pytest.mark.parametrize(
+    ("optim", "optimizer", "impl"),
+    [
+        ("adamw_torch", "adamw", "foreach"),
+        ("adamw_torch_fused", "adamw", "fused"),
+        ("adamw_bnb_8bit", "adamw_8bit", "fused"),
+        ("adafactor", "adafactor", "for_loop"),
+        ("lion_32bit", "adamw", "foreach"),  # none of the spec's: named, the default kept
+    ],
+)
+def test_hf_optim_is_the_specs_optimizer_or_named(optim: str, optimizer: str, impl: str) -> None:
+    mapped = from_deepspeed({"zero_optimization": {"stage": 2}}, {"optim": optim})
+    assert (mapped.train["optimizer"], mapped.train["optimizer_impl"]) == (optimizer, impl)
+    assert ("optim" in mapped.unmapped) == (optim == "lion_32bit")
+
+
+def test_a_transformers_training_arguments_json_is_read_as_data_parallel(tmp_path: Path) -> None:
+    args = {
+        "output_dir": "out",
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "bf16": True,
+        "gradient_checkpointing": True,
+        "optim": "adamw_torch_fused",
+        "fsdp": "full_shard auto_wrap",
+    }
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(args))
+    mapped = recognise(path, path.read_text())
+    assert mapped is not None and mapped.kind == "hf"
+    assert mapped.train["micro_batch_size"] == 4 and mapped.train["optimizer_impl"] == "fused"
+    # FSDP through accelerate is not data parallelism: named, with what to write instead
+    assert any(u.startswith("fsdp (FSDP through accelerate") for u in mapped.unmapped)
+    assert "bf16 autocast" in "; ".join(mapped.assumed)
