@@ -21,8 +21,10 @@ forward, else set-up. Each step's forward, backward and optimizer step get their
 trace's first forward is taken for the run's first step: record the history before it). At the
 run's peak the live allocations are attributed where their frames allow: set-up to ``params``,
 the forward's to ``activations``, the optimizer's to ``optimizer_states`` (outside the
-optimizer's own step, where its temporaries are live too); the backward's hold gradients and
-activation gradients alike and are left out.
+optimizer's own step, where its temporaries are live too), and the backward's by their
+lifetime: what a backward makes and keeps past its end (freed in a later phase, or not within
+the trace) is the gradients it leaves in ``.grad`` (``grads``); what it frees before it ends
+(activation gradients, its temporaries) is left out.
 
 The pickle is read with an unpickler that refuses every class and function: a snapshot is
 plain dicts, lists, tuples, strings and numbers, and anything else is refused unread.
@@ -125,6 +127,32 @@ def _final(segments: list[Any], device: int, name: str) -> tuple[int, int]:
     return allocated, reserved
 
 
+def _outliving(entries: list[dict[str, Any]]) -> set[int]:
+    """The indices of the backward's allocations that outlive it: freed in a later phase or
+    never (within the trace). What a backward makes and keeps is the gradients it leaves in
+    ``.grad``; what it frees before it ends is activation gradients and its temporaries."""
+    made: dict[int, int] = {}  # addr -> index of the backward allocation live there
+    ended: set[int] = set()  # backward allocations freed within their backward
+    phase = None
+    for i, entry in enumerate(entries):
+        action = entry.get("action")
+        if action == "alloc":
+            now = phase_of(entry.get("frames") or [])
+            phase = now if now is not None else phase
+            if now == "backward":
+                made[int(entry.get("addr", 0))] = i
+        elif action == "free_completed":
+            at = made.pop(int(entry.get("addr", 0)), None)
+            if at is not None and phase == "backward":
+                ended.add(at)
+    backward = (
+        i
+        for i, e in enumerate(entries)
+        if e.get("action") == "alloc" and phase_of(e.get("frames") or []) == "backward"
+    )
+    return {i for i in backward if i not in ended}
+
+
 def _replay(entries: list[dict[str, Any]], allocated: int, reserved: int) -> _Replay:
     net = sum(e["size"] * _ADDS[e["action"]] for e in entries if e.get("action") in _ADDS)
     net_reserved = sum(
@@ -133,8 +161,9 @@ def _replay(entries: list[dict[str, Any]], allocated: int, reserved: int) -> _Re
     r = _Replay(allocated=allocated - net, reserved=reserved - net_reserved)
     r.peak, r.peak_reserved = r.allocated, r.reserved
     live: dict[int, tuple[int, str | None]] = {}
+    kept = _outliving(entries)
     step, phase, phase_peak = 0, None, 0
-    for entry in entries:
+    for index, entry in enumerate(entries):
         action = entry.get("action")
         if action in _SEGMENT:
             r.reserved += entry["size"] * _SEGMENT[action]
@@ -152,7 +181,8 @@ def _replay(entries: list[dict[str, Any]], allocated: int, reserved: int) -> _Re
                     step += phase != "forward"
                 phase, phase_peak = now, r.allocated
             r.allocated += entry["size"]
-            live[addr] = (entry["size"], now if step else None)
+            made_in = "grads" if now == "backward" and index in kept else now
+            live[addr] = (entry["size"], made_in if step else None)
         else:
             r.allocated -= entry["size"]
             live.pop(addr, None)
@@ -183,6 +213,8 @@ def buckets_at_peak(replay: _Replay) -> dict[str, int]:
     out = {}
     if replay.peak_live.get("setup"):
         out["params"] = replay.peak_live["setup"]
+    if replay.peak_live.get("grads"):
+        out["grads"] = replay.peak_live["grads"]
     if replay.peak_live.get("forward"):
         out["activations"] = replay.peak_live["forward"]
     if replay.peak_live.get("optimizer") and replay.peak_phase != "optimizer":

@@ -321,7 +321,9 @@ def a_snapshot() -> dict[str, Any]:
         entry("segment_alloc", 0x1000, 256 * MIB, SETUP),
         entry("alloc", 1, w, SETUP),  # the weights
         entry("alloc", 2, 50 * MIB, FORWARD),  # step 1's activations
-        entry("alloc", 3, w, BACKWARD),  # gradients
+        entry("alloc", 3, w, BACKWARD),  # gradients: kept past the backward
+        entry("alloc", 7, 20 * MIB, BACKWARD),  # an activation gradient: freed within it
+        entry("free_completed", 7, 20 * MIB, BACKWARD),
         entry("free_requested", 2, 50 * MIB, BACKWARD),
         entry("free_completed", 2, 50 * MIB, BACKWARD),
         entry("alloc", 4, s, OPTIMIZER),  # optimizer state
@@ -403,15 +405,17 @@ def test_a_memory_snapshot_replays_its_peak_phases_and_buckets() -> None:
     assert measured.allocated_bytes == (100 + 100 + 40 + 80) * MIB
     assert measured.reserved_bytes == 384 * MIB
     assert measured.phase == "forward"  # step 2's: no longer the first step's
+    # the backward's by their lifetime: the gradients it keeps, not the one it freed
     assert measured.buckets == {
         "params": 100 * MIB,
+        "grads": 100 * MIB,
         "activations": 80 * MIB,
         "optimizer_states": 40 * MIB,
     }
     phases = [(s.step, s.label, s.allocated_bytes) for s in reading.steps if s.step]
     assert phases == [
         (1, "forward", 150 * MIB),
-        (1, "backward", 250 * MIB),
+        (1, "backward", 270 * MIB),
         (1, "optimizer", 270 * MIB),
         (2, "forward", 320 * MIB),  # a phase starts with its first allocation, not a free
     ]
