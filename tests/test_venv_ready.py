@@ -55,12 +55,19 @@ def test_a_venv_whose_install_was_stopped_is_made_again(tmp_path: Path) -> None:
 def test_the_makefile_marks_its_installs_done_only_after_the_last() -> None:
     """``make -n install``: the script first, the mark removed after the last pip install and
     before the stamps (a stop before that leaves the mark, and the next install starts over)."""
+    # alone, as a user runs it: not as the sub-make of a make test, which names its folder
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     proc = subprocess.run(
-        ["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", "-n", "-B", "install"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("scripts/venv-ready.sh .venv")
+    assert lines[0].startswith("scripts/venv-ready.sh .venv"), lines[:3]
     last_pip = max(i for i, line in enumerate(lines) if "pip install" in line)
     done = lines.index("rm -f .venv/.installing")
     stamp = next(i for i, line in enumerate(lines) if line.startswith("touch .venv/.installed"))
