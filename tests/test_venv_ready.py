@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import processes
@@ -19,9 +18,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "venv-ready.sh"
 
 
-def _ready(venv: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    return processes.run([str(SCRIPT), str(venv), sys.executable], env=env, timeout=300)
+#: an interpreter standing in for python3 (every ``make install`` runs the script with the real
+#: one): ``-m venv DIR`` makes DIR with this script as its python and counts it in DIR/made,
+#: ``-m pip`` succeeds
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+    mkdir -p "$3/bin" "$3/lib/python3.11/site-packages" && cp "$0" "$3/bin/python"
+    echo made >> "$3/made"
+    exit 0
+fi
+[ "$1" = -m ] && [ "$2" = pip ]
+"""
+
+
+def _ready(venv: Path, python: Path) -> subprocess.CompletedProcess[str]:
+    return processes.run([str(SCRIPT), str(venv), str(python)], timeout=60)
 
 
 def _stopped_install(venv: Path) -> Path:
@@ -34,22 +45,31 @@ def _stopped_install(venv: Path) -> Path:
 
 
 def test_a_venv_whose_install_was_stopped_is_made_again(tmp_path: Path) -> None:
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
     venv = tmp_path / ".venv"
-    first = _ready(venv)
+    first = _ready(venv, python)
     assert first.returncode == 0, first.stderr
     assert (venv / "bin" / "python").exists() and (venv / ".installing").exists()
     left = _stopped_install(venv)
     # the install was stopped: the mark is still there, and the venv is made again
-    again = _ready(venv)
+    again = _ready(venv, python)
     assert again.returncode == 0, again.stderr
     assert "was stopped part-way" in again.stderr
-    assert not left.exists() and (venv / "bin" / "python").exists()
+    assert not left.exists() and (venv / "made").read_text() == "made\n"
     # an install that went through (the Makefile removed the mark) is kept as it is
     kept = _stopped_install(venv)
     (venv / ".installing").unlink()
-    third = _ready(venv)
+    third = _ready(venv, python)
     assert third.returncode == 0, third.stderr
     assert kept.exists() and "stopped" not in third.stderr
+    # a venv whose creation was stopped (a python, no pip) is made again too
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (venv / ".installing").unlink()
+    fourth = _ready(venv, python)
+    assert fourth.returncode == 0, fourth.stderr
+    assert not kept.exists() and (venv / "made").read_text() == "made\n"
 
 
 def test_the_makefile_marks_its_installs_done_only_after_the_last() -> None:
