@@ -198,6 +198,12 @@ def main() -> int:
     parser.add_argument("--signals", type=lambda s: s.split(","), default=list(SIGNALS))
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--record", type=Path, default=None, help="JSON lines, one a round")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="go on after a round whose next run failed (default: stop there; the clone it "
+        "left would only fail the rounds after it)",
+    )
     args = parser.parse_args()
     for name in args.signals:
         if name not in SIGNALS:
@@ -228,6 +234,9 @@ def main() -> int:
         if args.record:
             with args.record.open("a") as out:
                 out.write(json.dumps(entry) + "\n")
+        if not entry["passed"] and not args.keep_going and number < args.rounds:
+            print(f"stopped after round {number}: its next run failed", flush=True)
+            break
     print(f"{passed} of {args.rounds} next runs passed", flush=True)
     return 0 if passed == args.rounds else 1
 

@@ -62,6 +62,19 @@ def test_a_stop_that_breaks_the_next_run_fails_the_script(tmp_path: Path) -> Non
     assert "0 of 1 next runs passed" in out
 
 
+def test_the_rounds_stop_at_the_first_next_run_that_failed(tmp_path: Path) -> None:
+    """A clone a stop broke fails every round after it (each next run at once): the script
+    stops there unless told to go on."""
+    args = ("--rounds", "3", "--max-delay", "1.0", "--signals", "KILL")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()  # a record of its own each
+    code, rows, out = _run(tmp_path / "a" / "clone", FRAGILE, *args)
+    assert code == 1 and len(rows) == 1 and not rows[0]["passed"]
+    assert "stopped after round 1: its next run failed" in out and "0 of 3" in out
+    code, rows, out = _run(tmp_path / "b" / "clone", FRAGILE, *args, "--keep-going")
+    assert code == 1 and len(rows) == 3 and "stopped" not in out
+
+
 def test_a_left_behind_process_is_listed(tmp_path: Path) -> None:
     """A process the stopped run started in its own session (as a daemon does) outlives the
     group's kill: the round names it."""
