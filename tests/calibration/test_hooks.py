@@ -119,6 +119,19 @@ def test_the_hook_never_raises_and_writes_to_a_file(tmp_path: Path) -> None:
     assert len(writer.phases) == 6
 
 
+def _two_steps_marked(reporter: MemoryReporter, written: Path) -> None:
+    """A callback's reporter read the first two steps' backward and optimizer step (the first
+    step's backward named as its own phase), and wrote their largest allocated peak."""
+    assert [(p["phase"], p["step"]) for p in reporter.phases] == [
+        ("step1_backward", 1),
+        ("optimizer", 1),
+        ("backward", 2),
+        ("optimizer", 2),
+    ]
+    body = json.loads(written.read_text())
+    assert body["measured"]["allocated_bytes"] == max(p["allocated_bytes"] for p in reporter.phases)
+
+
 def test_the_hf_trainer_callback_marks_each_steps_phases(tmp_path: Path) -> None:
     import transformers
 
@@ -151,14 +164,7 @@ def test_the_hf_trainer_callback_marks_each_steps_phases(tmp_path: Path) -> None
     )
     with DeviceCap(1 << 34):  # the simulated device counts the HF run's storages
         trainer.train()
-    assert [(p["phase"], p["step"]) for p in reporter.phases] == [
-        ("step1_backward", 1),
-        ("optimizer", 1),
-        ("backward", 2),
-        ("optimizer", 2),
-    ]
-    body = json.loads((tmp_path / "hf.json").read_text())
-    assert body["measured"]["allocated_bytes"] == max(p["allocated_bytes"] for p in reporter.phases)
+    _two_steps_marked(reporter, tmp_path / "hf.json")
 
 
 def test_the_lightning_callback_marks_each_steps_phases(tmp_path: Path) -> None:
@@ -196,11 +202,4 @@ def test_the_lightning_callback_marks_each_steps_phases(tmp_path: Path) -> None:
     )
     with DeviceCap(1 << 34):
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2))
-    assert [(p["phase"], p["step"]) for p in reporter.phases] == [
-        ("step1_backward", 1),
-        ("optimizer", 1),
-        ("backward", 2),
-        ("optimizer", 2),
-    ]
-    body = json.loads((tmp_path / "lightning.json").read_text())
-    assert body["measured"]["allocated_bytes"] == max(p["allocated_bytes"] for p in reporter.phases)
+    _two_steps_marked(reporter, tmp_path / "lightning.json")
