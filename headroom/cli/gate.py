@@ -76,6 +76,24 @@ def _invalid_report(format: GateFormat, message: str, model: str, gpu: str) -> s
     return None
 
 
+def _stack_coefficients(
+    train: planner.TrainSpec, hw: planner.Hardware
+) -> planner.Coefficients | None:
+    """``estimate --calibrated``'s coefficients for the spec's stack, judged by its trust (None:
+    the profile has no calibrated set)."""
+    # the store (SQLAlchemy) only when asked for: the plain gate needs no database
+    from headroom.calibration.stored import calibrated_for
+    from headroom.store import open_store
+
+    try:
+        with open_store()() as session:
+            return calibrated_for(
+                session=session, profile=train.activation_profile, hw=hw, framework=train.framework
+            )
+    except planner.NotCalibrated:
+        return None
+
+
 def gate_command(
     model: ModelArg,
     train: TrainOpt = None,
@@ -90,6 +108,15 @@ def gate_command(
             "--require-calibration", help="Exit 3 when the coefficients are uncalibrated."
         ),
     ] = False,
+    calibrated: Annotated[
+        bool,
+        typer.Option(
+            "--calibrated",
+            help="Judge with the fitted coefficients of the spec's activation profile and the "
+            "trust its stack (GPU, framework, profile) has earned from its recent measurements, "
+            "as estimate --calibrated does; undecided (exit 3) if the profile has none.",
+        ),
+    ] = False,
     format: Annotated[
         GateFormat, typer.Option("--format", help="Output format.")
     ] = GateFormat.text,
@@ -101,7 +128,10 @@ def gate_command(
     3 cannot decide."""
     try:
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
-        verdict = planner.gate(planner.estimate(spec, train_spec, hw), margin, require_calibration)
+        coeffs = _stack_coefficients(train_spec, hw) if calibrated else None
+        budget = planner.estimate(spec, train_spec, hw, coeffs)
+        # asked for the stack's calibration, and it has none: undecided, as required
+        verdict = planner.gate(budget, margin, require_calibration or calibrated)
     except planner.HeadroomError as exc:
         report = _invalid_report(format, str(exc), model, gpu)
         if report is not None:
@@ -119,6 +149,8 @@ def gate_command(
         f"+ margin {verdict.margin_bytes / gib:.2f} GiB of "
         f"{verdict.gpu_capacity_bytes / gib:.2f} GiB; {verdict.reason}"
     )
+    if coeffs is not None:  # the trust the margin came from
+        summary += f"; coefficients: {coeffs.profile} ({coeffs.source})"
     if format is GateFormat.json:
         text = verdict.model_dump_json(indent=2)
     elif format is GateFormat.github:

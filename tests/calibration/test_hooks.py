@@ -73,6 +73,19 @@ def test_a_hooked_run_calibrates_its_stack_end_to_end(tmp_path: Path) -> None:
     expected = assess(planner.Coefficients.model_validate(coeffs), [stored["relative_error"]])
     assert coeffs["margin_fraction"] == pytest.approx(expected.margin_fraction)
     assert "1 recent measurement" in coeffs["source"]
+    # and the gate judges with the same coefficients and the margin that trust sets
+    gate = run_headroom("gate", *args[1:], "--format", "json", env=full_env)
+    assert gate.returncode == 0, gate.stderr
+    verdict = json.loads(gate.stdout)
+    assert verdict["calibrated"] and verdict["decision"] == "fits"
+    assert verdict["margin_bytes"] == json.loads(estimate.stdout)["margin_bytes"]
+    said = run_headroom("gate", *args[1:], env=full_env)
+    assert "1 recent measurement" in said.stdout, said.stdout
+    # a profile with no calibrated coefficients cannot be judged so: undecided, exit 3
+    textbook = run_headroom(
+        "gate", *args[1:], "--set", "activation_profile=textbook", "--format", "json", env=full_env
+    )
+    assert textbook.returncode == 3 and json.loads(textbook.stdout)["decision"] == "undecided"
 
 
 def test_a_service_that_dies_mid_run_fails_nothing_and_the_record_waits(
