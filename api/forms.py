@@ -13,6 +13,7 @@ field.
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -431,9 +432,9 @@ def mapped_train(
     except planner.HeadroomError as exc:
         raise planner.SpecError(f"train.stack_config: {exc}", field="train.stack_config") from None
     stack = stack.with_model(model.hidden_size)
-    data = stack.train
+    data = copy.deepcopy(stack.train)  # set over a copy: the mapping stays as mapped
     for key, item in given.set.items():
-        data = set_key(data, key, item)
+        set_key(data, key, item)
     line = stack.warning(given.stack_config[0].name)
     return data, [f"train: {line}"] if line else []
 

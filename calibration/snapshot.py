@@ -132,7 +132,7 @@ def _outliving(entries: list[dict[str, Any]]) -> set[int]:
     never (within the trace). What a backward makes and keeps is the gradients it leaves in
     ``.grad``; what it frees before it ends is activation gradients and its temporaries."""
     made: dict[int, int] = {}  # addr -> index of the backward allocation live there
-    ended: set[int] = set()  # backward allocations freed within their backward
+    kept: set[int] = set()
     phase = None
     for i, entry in enumerate(entries):
         action = entry.get("action")
@@ -141,16 +141,12 @@ def _outliving(entries: list[dict[str, Any]]) -> set[int]:
             phase = now if now is not None else phase
             if now == "backward":
                 made[int(entry.get("addr", 0))] = i
+                kept.add(i)
         elif action == "free_completed":
             at = made.pop(int(entry.get("addr", 0)), None)
             if at is not None and phase == "backward":
-                ended.add(at)
-    backward = (
-        i
-        for i, e in enumerate(entries)
-        if e.get("action") == "alloc" and phase_of(e.get("frames") or []) == "backward"
-    )
-    return {i for i in backward if i not in ended}
+                kept.discard(at)  # freed within its backward
+    return kept
 
 
 def _replay(entries: list[dict[str, Any]], allocated: int, reserved: int) -> _Replay:

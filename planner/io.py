@@ -431,14 +431,13 @@ def apply_overrides(data: dict[str, Any], assignments: list[str]) -> dict[str, A
             value = raw
         except ValueError as exc:  # digits past the int-string conversion limit
             raise SpecError(f"--set {key}: {_digits_reason(exc)}", field="--set") from None
-        out = set_key(out, key, value, copy=False)
+        set_key(out, key, value)
     return out
 
 
-def set_key(data: dict[str, Any], key: str, value: Any, *, copy: bool = True) -> dict[str, Any]:
-    """``data`` with dotted ``key`` (``parallel.dp``) set to ``value`` (a copy unless told)."""
-    out: dict[str, Any] = json.loads(json.dumps(data)) if copy else data
-    node = out
+def set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted ``key`` (``parallel.dp``) of ``data`` to ``value``, in place."""
+    node = data
     parts = key.split(".")
     for part in parts[:-1]:
         child = node.get(part)
@@ -447,4 +446,3 @@ def set_key(data: dict[str, Any], key: str, value: Any, *, copy: bool = True) ->
             node[part] = child
         node = child
     node[parts[-1]] = value
-    return out

@@ -20,6 +20,7 @@ from headroom.cli.options import (
     TextOrJson,
     TrainOpt,
     load_specs,
+    stored_coefficients,
 )
 
 
@@ -73,20 +74,8 @@ def estimate_command(
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
         coeffs = None
         if calibrated:
-            # the store (SQLAlchemy) only when asked for: the plain estimate needs no database
-            from headroom.calibration.stored import calibrated_for
-            from headroom.store import open_store
-
-            with (
-                user_errors(ExitCode.UNDECIDED, (planner.NotCalibrated,)),
-                open_store()() as session,
-            ):
-                coeffs = calibrated_for(
-                    session=session,
-                    profile=train_spec.activation_profile,
-                    hw=hw,
-                    framework=train_spec.framework,
-                )
+            with user_errors(ExitCode.UNDECIDED, (planner.NotCalibrated,)):
+                coeffs = stored_coefficients(train_spec, hw)
         budget = planner.estimate(spec, train_spec, hw, coeffs)
         explanations = planner.explain(spec, train_spec, hw) if explain else None
         compared = planner.compare(spec, train_spec, hw) if compare else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,7 @@ from headroom.cli.options import (
     SetOpt,
     TrainOpt,
     load_specs,
+    stored_coefficients,
 )
 
 
@@ -76,24 +78,6 @@ def _invalid_report(format: GateFormat, message: str, model: str, gpu: str) -> s
     return None
 
 
-def _stack_coefficients(
-    train: planner.TrainSpec, hw: planner.Hardware
-) -> planner.Coefficients | None:
-    """``estimate --calibrated``'s coefficients for the spec's stack, judged by its trust (None:
-    the profile has no calibrated set)."""
-    # the store (SQLAlchemy) only when asked for: the plain gate needs no database
-    from headroom.calibration.stored import calibrated_for
-    from headroom.store import open_store
-
-    try:
-        with open_store()() as session:
-            return calibrated_for(
-                session=session, profile=train.activation_profile, hw=hw, framework=train.framework
-            )
-    except planner.NotCalibrated:
-        return None
-
-
 def gate_command(
     model: ModelArg,
     train: TrainOpt = None,
@@ -128,7 +112,10 @@ def gate_command(
     3 cannot decide."""
     try:
         spec, train_spec, hw = load_specs(model, train, set_, gpu, host_memory, gpus_per_node)
-        coeffs = _stack_coefficients(train_spec, hw) if calibrated else None
+        coeffs = None
+        if calibrated:
+            with contextlib.suppress(planner.NotCalibrated):  # none: undecided, below
+                coeffs = stored_coefficients(train_spec, hw)
         budget = planner.estimate(spec, train_spec, hw, coeffs)
         # asked for the stack's calibration, and it has none: undecided, as required
         verdict = planner.gate(budget, margin, require_calibration or calibrated)

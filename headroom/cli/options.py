@@ -34,6 +34,7 @@ __all__ = [
     "TextOrJson",
     "TrainOpt",
     "load_specs",
+    "stored_coefficients",
     "train_dict",
 ]
 
@@ -142,6 +143,20 @@ def train_dict(
     if not isinstance(data, dict):
         raise planner.InputFormatError(f"{train_file}: expected a JSON/YAML object")
     return apply_overrides(data, assignments)
+
+
+def stored_coefficients(train: planner.TrainSpec, hw: planner.Hardware) -> planner.Coefficients:
+    """``--calibrated``'s coefficients: the store's fitted set of the spec's activation profile
+    on ``hw``, judged by the trust its stack (GPU, framework, profile) has earned from its
+    recent records (``calibration.stored.calibrated_for``); ``NotCalibrated`` if it has none."""
+    # the store (SQLAlchemy) only when asked for: the plain estimate and gate need no database
+    from headroom.calibration.stored import calibrated_for
+    from headroom.store import open_store
+
+    with open_store()() as session:
+        return calibrated_for(
+            session=session, profile=train.activation_profile, hw=hw, framework=train.framework
+        )
 
 
 def load_specs(
