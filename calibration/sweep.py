@@ -40,6 +40,7 @@ from typing import Any
 
 from headroom import planner
 from headroom.calibration import throughput
+from headroom.planner.cluster import cluster_preset
 from headroom.planner.estimator import stage_peaks
 
 #: one hover text of the figure (``nan`` where the run crashed or ran out of memory)
@@ -51,6 +52,8 @@ _QUOTE = re.compile(
 )
 #: the fewest distinct layouts a group is ranked over
 MIN_LAYOUTS = 5
+#: the cluster preset the runs are priced on
+CLUSTER = "DGX-H100"
 
 
 @cache
@@ -155,7 +158,7 @@ def case(run: SweepRun) -> dict[str, Any]:
             "ffn_hidden_size": shape["ffn"],
             "tied_embeddings": shape["tied"],
         },
-        "cluster": "DGX-H100",
+        "cluster": CLUSTER,
         "tp": run.tp,
         "pp": run.pp,
         "gpus": run.gpus,
@@ -178,9 +181,76 @@ def case(run: SweepRun) -> dict[str, Any]:
     }
 
 
-def replay(run: SweepRun, efficiency: float | None = None) -> throughput.Replay:
-    """The model's step time for the run's own layout."""
-    return throughput.replay(case(run), efficiency=efficiency)
+#: the most nodes of a run the step floors are fitted to: at 32 and 64 nodes the same layout
+#: repeats with results 1.1-1.5 s a micro-batch apart, which no time per layer describes
+FLOOR_FIT_MAX_NODES = 8
+#: the TP degrees the pipeline's floor across nodes is fitted over (TP inside a node)
+FLOOR_FIT_TP = (2, 4, 8)
+
+
+def slot_layer_seconds(run: SweepRun) -> float:
+    """A run's measured seconds per layer and pass of its first stage in one 1F1B slot: its
+    step over ``grad_accum + pp - 1`` slots (the fill and drain included), over twice the
+    stage's layers (the earlier stages take the remainder)."""
+    layers = -(-int(load()["models"][run.model]["layers"]) // run.pp)
+    tokens = run.global_batch * int(load()["seq_len"])
+    seconds = tokens / (run.gpus * (run.tokens_per_s_per_gpu or 0.0))
+    return seconds / (run.grad_accum + run.pp - 1) / (2 * layers)
+
+
+@cache
+def fit_step_floors() -> dict[str, float]:
+    """nanotron's step floors (``Coefficients``' ``tp_host_layer_seconds``,
+    ``pp_cross_node_layer_seconds`` and ``..._per_tp``), from the measured times of fit runs
+    alone (no model in the loop):
+
+    - under TP, the host's: the median of ``slot_layer_seconds`` over the one-node runs with
+      TP > 1 at micro-batch 1 (the least GPU work a layer-pass has; the GPU's hides it above);
+    - a pipeline across nodes: per TP degree of ``FLOOR_FIT_TP``, the median over the runs of
+      at most ``FLOOR_FIT_MAX_NODES`` nodes with PP > 1 across nodes at micro-batch 1-2, then
+      the least-squares line ``a + b x tp`` through the medians.
+    """
+    per_node = load()["gpus_per_node"]
+    fit = [r for r in runs() if priced(r) and not r.held_out]
+    host = statistics.median(
+        slot_layer_seconds(r) for r in fit if r.gpus <= per_node and r.tp > 1 and r.micro_batch == 1
+    )
+    points = []
+    for tp in FLOOR_FIT_TP:
+        times = [
+            slot_layer_seconds(r)
+            for r in fit
+            if per_node < r.gpus <= FLOOR_FIT_MAX_NODES * per_node
+            and r.pp > 1
+            and r.tp == tp
+            and r.micro_batch <= 2
+        ]
+        points.append((float(tp), statistics.median(times)))
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return {
+        "tp_host_layer_seconds": host,
+        "pp_cross_node_layer_seconds": my - slope * mx,
+        "pp_cross_node_layer_seconds_per_tp": slope,
+    }
+
+
+@cache
+def coefficients(floors: bool = True) -> planner.Coefficients:
+    """The coefficients a run is priced with: the H100's textbook set, with nanotron's step
+    floors (``fit_step_floors``) unless ``floors`` is false."""
+    hw = cluster_preset(CLUSTER).hardware()
+    base = planner.default_coefficients("textbook", hw.name)
+    return base.model_copy(update=fit_step_floors()) if floors else base
+
+
+def replay(
+    run: SweepRun, efficiency: float | None = None, floors: bool = True
+) -> throughput.Replay:
+    """The model's step time for the run's own layout (with nanotron's step floors unless
+    ``floors`` is false)."""
+    return throughput.replay(case(run), coefficients(floors), efficiency=efficiency)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -222,12 +292,26 @@ class Group:
     best: tuple[int, int, int, int, int]
 
 
-def groups(efficiency: float | None = None) -> list[Group]:
-    """Every group of at least ``MIN_LAYOUTS`` distinct priced layouts, by GPUs then model."""
+#: reserved GiB from which a run is near its GPU's capacity (79.6 GiB): every run of at most
+#: eight nodes that reserved this much ran over twice as long as the model prices it (the
+#: caching allocator frees its cache and retries, which the step model does not price)
+NEAR_CAPACITY_GIB = 70.0
+
+
+def near_capacity(run: SweepRun) -> bool:
+    """The run reserved ``NEAR_CAPACITY_GIB`` or more."""
+    return (run.reserved_gib or 0.0) >= NEAR_CAPACITY_GIB
+
+
+def groups(
+    efficiency: float | None = None, floors: bool = True, without_near_capacity: bool = False
+) -> list[Group]:
+    """Every group of at least ``MIN_LAYOUTS`` distinct priced layouts, by GPUs then model
+    (``without_near_capacity``: the runs that reserved ``NEAR_CAPACITY_GIB`` left out)."""
     found: dict[tuple[str, int], list[tuple[SweepRun, throughput.Replay]]] = defaultdict(list)
     for run in runs():
-        if priced(run):
-            found[(run.model, run.gpus)].append((run, replay(run, efficiency)))
+        if priced(run) and not (without_near_capacity and near_capacity(run)):
+            found[(run.model, run.gpus)].append((run, replay(run, efficiency, floors)))
     out = []
     for (model, gpus), pairs in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         layouts = {run.layout for run, _ in pairs}
@@ -358,6 +442,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--memory", action="store_true", help="the reserved peaks against the estimate instead"
     )
+    parser.add_argument(
+        "--no-floors", action="store_true", help="price without nanotron's step floors"
+    )
+    parser.add_argument(
+        "--without-near-capacity",
+        action="store_true",
+        help=f"leave out the runs that reserved {NEAR_CAPACITY_GIB:g} GiB or more",
+    )
     args = parser.parse_args(argv)
     if args.memory:
         mem = memory_rows()
@@ -371,11 +463,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{100 * m.p10:+7.1f}% {100 * m.p90:+7.1f}%"
                 )
         return 0
-    rows = groups()
+    rows = groups(floors=not args.no_floors, without_near_capacity=args.without_near_capacity)
     if args.json:
         print(json.dumps([asdict(g) for g in rows], indent=1))
     else:
         print(render(rows))
+        if not args.no_floors:
+            fl = fit_step_floors()
+            print(
+                "\nnanotron's step floors (fit_step_floors): "
+                f"{1e3 * fl['tp_host_layer_seconds']:.2f} ms per layer-pass under TP; "
+                f"{1e3 * fl['pp_cross_node_layer_seconds']:.2f} + "
+                f"{1e3 * fl['pp_cross_node_layer_seconds_per_tp']:.2f} x tp ms where the "
+                "pipeline crosses nodes"
+            )
     return 0
 
 

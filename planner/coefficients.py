@@ -277,6 +277,30 @@ class Coefficients(FewUnknownKeys):
         description="Fixed time per layer, pass and micro-batch beyond its FLOPs: kernel "
         "launches and small operations (step-time model of a parallel layout).",
     )
+    tp_host_layer_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=1.0,
+        description="Least time per layer and pass of a micro-batch under TP > 1: the host's "
+        "dispatch of the layer's kernels and collectives, which the GPU's work hides only when "
+        "it is longer (step-time model of a parallel layout: a micro-batch takes the larger). "
+        "0: not measured for the stack. Fitted for nanotron on the Ultra-Scale Playbook's "
+        "sweep (calibration/sweep.py fit_step_floors).",
+    )
+    pp_cross_node_layer_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=1.0,
+        description="Least time per layer and pass of a micro-batch whose pipeline's stages "
+        "sit on different nodes: this plus pp_cross_node_layer_seconds_per_tp x TP (step-time "
+        "model of a parallel layout; 0: not measured for the stack).",
+    )
+    pp_cross_node_layer_seconds_per_tp: float = Field(
+        default=0.0,
+        ge=0,
+        le=1.0,
+        description="See pp_cross_node_layer_seconds.",
+    )
     elementwise_bytes_per_hidden: float = Field(
         default=256.0,
         ge=0,

@@ -34,6 +34,14 @@ is named and ``explain_step`` gives its formula):
 - ``offload_transfer``, ``cpu_optimizer``: the host link and the CPU step of optimizer
   offload or streaming, overlapped as the ``StepModel`` overlaps them.
 - ``gpu_optimizer``: the optimizer step's memory traffic over the GPU's memory bandwidth.
+- ``host_bound``: what a micro-batch waits on the host beyond its GPU work. A micro-batch
+  takes at least ``layers x passes`` times a least time per layer-pass
+  (``host_layer_floor``): the coefficients' ``tp_host_layer_seconds`` under TP (the eager
+  dispatch of a layer's kernels and collectives) and, where the pipeline's stages sit on
+  different nodes, ``pp_cross_node_layer_seconds + pp_cross_node_layer_seconds_per_tp x tp``.
+  Both are 0 unless measured for the stack; nanotron's are fitted to the Ultra-Scale
+  Playbook's sweep (``calibration/sweep.py``), where they separate layouts of one node's
+  FLOPs by up to 5x.
 
 A collective over ``n`` ranks, ``m`` of them in a node and ``k = n / m`` nodes, runs
 hierarchically (NCCL's rings and trees): the intra-node part at the cluster's intra-node
@@ -204,6 +212,7 @@ class StepTerms(NamedTuple):
     offload_transfer: float
     cpu_optimizer: float
     gpu_optimizer: float
+    host_bound: float
     step: float
 
 
@@ -215,6 +224,26 @@ def group_shape(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
         return 1, size
     per_node = min(size, max(1, gpus_per_node // stride))
     return per_node, -(-size // per_node)
+
+
+def pipeline_crosses_nodes(lay: Layout, gpus_per_node: int) -> bool:
+    """Whether a layout's pipeline stages sit on different nodes (PP is the slowest-varying
+    rank, ``world / pp`` ranks apart)."""
+    return lay.pp > 1 and group_shape(lay.pp, lay.world // lay.pp, gpus_per_node)[1] > 1
+
+
+def host_layer_floor(coeffs: Coefficients, lay: Layout, gpus_per_node: int) -> float:
+    """A micro-batch's least seconds per layer and pass on a layout: the coefficients'
+    ``tp_host_layer_seconds`` under TP > 1 and, where the pipeline crosses nodes,
+    ``pp_cross_node_layer_seconds + pp_cross_node_layer_seconds_per_tp x tp`` if larger (0
+    for a stack none was measured for)."""
+    floor = coeffs.tp_host_layer_seconds if lay.tp > 1 else 0.0
+    if pipeline_crosses_nodes(lay, gpus_per_node):
+        cross = (
+            coeffs.pp_cross_node_layer_seconds + coeffs.pp_cross_node_layer_seconds_per_tp * lay.tp
+        )
+        floor = max(floor, cross)
+    return floor
 
 
 class Links(NamedTuple):
@@ -288,6 +317,7 @@ class _LayoutCosts(NamedTuple):
     expert_numel: int
     dp_ar: tuple[float, float]  # dense gradients' group: all-reduce (per byte, seconds)
     edp_ar: tuple[float, float]  # expert gradients' group
+    host_layer: float  # a micro-batch's least seconds per layer-pass (``host_layer_floor``)
 
 
 class _Shape(NamedTuple):
@@ -1103,6 +1133,7 @@ class Planner:
             sp0.expert_numel,
             all_reduce_cost(dp_group, tp * cp if cp > 1 else tp, ln),
             all_reduce_cost(dp_group // ep, tp * ep, ln),
+            host_layer_floor(self.coeffs, lay, ln.gpus_per_node),
         )
 
     # -- pricing ---------------------------------------------------------------------------
@@ -1169,6 +1200,9 @@ class Planner:
                 else:
                     dp_comm = max(0.0, grads_ar / 2 - backward) + max(0.0, params_ag - forward)
         micro = compute_micro + tp_micro + ep_micro + cp_micro + pp_micro + z3_micro
+        # the host's least time per micro-batch: the GPU's work hides it only when longer
+        host_micro = max(0.0, passes * c.layers * c.host_layer - micro)
+        micro += host_micro
         bubble = (pp - 1) / vpp * micro
         pipeline = m * micro + bubble
         # the optimizer step on the GPU: its state's traffic (read and write master and
@@ -1206,6 +1240,7 @@ class Planner:
             transfer,
             cpu,
             gpu_opt,
+            m * host_micro,
             step,
         )
 
@@ -1374,6 +1409,7 @@ class Planner:
                 a_comm += 2 * vpp * c.pp_b
                 b_comm += 2 * vpp * c.pp_c
             cp_scale = (passes + 1) * layers
+            host = passes * layers * c.host_layer
             for i, mb in enumerate(mbs):
                 compute_micro = k_compute * mb + c_compute
                 micro = compute_micro + a_comm * mb + b_comm
@@ -1393,6 +1429,8 @@ class Planner:
                         dp_comm = max(0.0, grads_ar / 2 - compute_micro * 2 / 3) + max(
                             0.0, params_ag - compute_micro / 3
                         )
+                if micro < host:
+                    micro = host
                 m = per_rank // mb
                 pipeline = (m + fill) * micro
                 if streaming:
@@ -1824,6 +1862,25 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
             "the optimizer's GPU share x bytes touched per element (master and moments read "
             "and written, gradient read, parameter written) / memory bandwidth",
             {"memory_bandwidth_bytes_per_s": hw.memory_bandwidth_bytes_per_s},
+        ),
+        (
+            "host_bound",
+            t.host_bound,
+            "micro_batches x the time a micro-batch waits on the host beyond its GPU work: "
+            "layers x passes x the least time per layer-pass (tp_host_layer_seconds under TP > "
+            "1; pp_cross_node_layer_seconds + pp_cross_node_layer_seconds_per_tp x tp where "
+            "the pipeline crosses nodes) less the micro-batch's compute and exposed "
+            "communication, where positive (0 for a stack no floor was measured for)",
+            {
+                "micro_batches": m,
+                "tp": lay.tp,
+                "pipeline_crosses_nodes": pipeline_crosses_nodes(lay, g),
+                "tp_host_layer_seconds": planner.coeffs.tp_host_layer_seconds,
+                "pp_cross_node_layer_seconds": planner.coeffs.pp_cross_node_layer_seconds,
+                "pp_cross_node_layer_seconds_per_tp": (
+                    planner.coeffs.pp_cross_node_layer_seconds_per_tp
+                ),
+            },
         ),
         (
             "step",

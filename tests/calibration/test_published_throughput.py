@@ -77,11 +77,11 @@ def test_torchtitans_fsdp2_runs_are_within_the_reported_error() -> None:
 
 def test_the_h100s_held_out_run_is_within_the_reported_error() -> None:
     """torchtitan's 128-GPU Llama 3.1 8B run on Grand Teton H100s (500 W, HBM2e at 2.4 TB/s),
-    held out of the H100's fit: -2.1 % (with the A100's efficiency it was -31 %); its 8-GPU run,
-    fitted, +1.0 %."""
+    held out of the H100's fit: -3.8 % (with the A100's efficiency it was -31 %); its 8-GPU run,
+    fitted, -0.8 %."""
     errors = {r.id: r.error for r in replay_all(ids=[i for i in IDS if "-h100-" in i])}
-    assert -0.04 <= errors["torchtitan-h100-llama3-8b-fsdp128"] <= 0.0
-    assert 0.0 <= errors["torchtitan-h100-llama3-8b-fsdp8"] <= 0.02
+    assert -0.05 <= errors["torchtitan-h100-llama3-8b-fsdp128"] <= 0.0
+    assert -0.02 <= errors["torchtitan-h100-llama3-8b-fsdp8"] <= 0.01
     # torch.compile is not a knob of the model: the compiled runs are predicted slower, as
     # uncompiled runs (the fused elementwise work), and reported
     assert 0.10 <= errors["torchtitan-h100-llama3-8b-fsdp128-compile"] <= 0.20

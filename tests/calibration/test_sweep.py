@@ -62,7 +62,7 @@ def test_a_third_of_the_runs_is_held_out_by_the_file() -> None:
 
 def test_the_h100s_efficiency_is_the_fit_of_its_fitting_runs() -> None:
     """torchtitan's 8-GPU run and the sweep's one-node runs (fit split), each source weighing
-    the same: 0.454 (the A100s' 0.648 made every H100 run 20-30 % too fast)."""
+    the same: 0.465 (the A100s' 0.648 made every H100 run 20-30 % too fast)."""
     ids = [
         c["id"]
         for c in published()["cases"]
@@ -79,39 +79,87 @@ def test_the_h100s_efficiency_is_the_fit_of_its_fitting_runs() -> None:
 
 
 def test_one_and_two_node_groups_are_within_the_reported_error() -> None:
-    """Median step-time error per group, reported in docs/ESTIMATOR.md: one node (fit) -3.0 ..
-    +4.9 %, two nodes (held out) -7.8 ... +2.6 %."""
+    """Median step-time error per group, reported in docs/ESTIMATOR.md: one node (fit) -2.6 ..
+    +4.2 %, two nodes (held out) -1.3 ... +12.1 %."""
     for gpus in (8, 16):
         for model in ("1B", "3B", "8B"):
             g = _group(model, gpus)
             assert g.held_out == (gpus == 16)
-            assert -0.10 <= g.median_error <= 0.06, g
+            assert -0.05 <= g.median_error <= 0.13, g
+
+
+def test_the_step_floors_are_measured_from_fit_runs_and_hold_on_the_held_out() -> None:
+    """nanotron's floors come from measured times alone: 2.64 ms per layer-pass under TP on one
+    node at micro-batch 1, and 4.17 + 1.11 x tp ms where the pipeline crosses nodes (8 nodes).
+    The held-out runs (16, 32 and 128 GPUs), never looked at by the fit, give per-TP medians
+    within 20 % of that line."""
+    fl = S.fit_step_floors()
+    assert 2.0e-3 <= fl["tp_host_layer_seconds"] <= 3.0e-3
+    assert 3.0e-3 <= fl["pp_cross_node_layer_seconds"] <= 6.0e-3
+    assert 0.8e-3 <= fl["pp_cross_node_layer_seconds_per_tp"] <= 1.5e-3
+    for gpus in S.load()["held_out"]["gpus"]:
+        for tp in S.FLOOR_FIT_TP:
+            times = sorted(
+                S.slot_layer_seconds(r)
+                for r in S.runs()
+                if S.priced(r) and r.gpus == gpus and r.pp > 1 and r.tp == tp
+                if r.micro_batch <= 2
+            )
+            line = fl["pp_cross_node_layer_seconds"] + fl["pp_cross_node_layer_seconds_per_tp"] * tp
+            assert times and abs(times[len(times) // 2] / line - 1) <= 0.20, (gpus, tp)
+
+
+def test_the_floors_are_what_ranks_the_layouts() -> None:
+    """With nanotron's floors, Spearman's rho is at least 0.8 in 16 of the 26 groups (3 without)
+    and its mean rises from 0.60 to 0.76; the held-out groups' (which no floor was fitted to)
+    range from 0.51-0.76 to 0.68-0.93. On one, two and eight nodes the 1B's and 3B's groups
+    rank at 0.82 ... 0.92 and the model's first layout is the fastest measured (within 3 %)."""
+    without = S.groups(floors=False)
+    assert sum(g.spearman >= 0.8 for g in without) <= 3
+    held = [g.spearman for g in GROUPS if g.held_out]
+    assert len(held) == 10 and min(held) >= 0.65 and sorted(held)[5] >= 0.8
+    assert sum(g.spearman >= 0.8 for g in GROUPS) >= 16
+    mean = sum(g.spearman for g in GROUPS) / len(GROUPS)
+    assert mean >= sum(g.spearman for g in without) / len(without) + 0.15
+    for gpus in (8, 16, 64):
+        for model in ("1B", "3B"):
+            g = _group(model, gpus)
+            assert g.spearman >= 0.8 and g.pick_ratio >= 0.97, g
+
+
+def test_runs_near_capacity_ran_over_twice_as_long_as_priced() -> None:
+    """Every run of at most eight nodes that reserved 70 GiB or more of the H100's 79.6 ran over
+    twice as long as the model prices it (the allocator's retries are not priced); of the
+    others, fewer than one in six. The 8B's one-node group, which the model ranked at 0.52
+    (its first layout ran at 0.37 of the fastest, reserving 71.5 GiB), ranks at 0.94 without
+    them, its first layout the fastest."""
+    near, slow, others, others_slow = 0, 0, 0, 0
+    for run in S.runs():
+        if not S.priced(run) or run.gpus > 64:
+            continue
+        r = S.replay(run)
+        over = r.published_seconds > 2 * r.predicted_seconds
+        if S.near_capacity(run):
+            near, slow = near + 1, slow + over
+        else:
+            others, others_slow = others + 1, others_slow + over
+    assert near >= 15 and slow == near
+    assert others_slow < others / 6
+    g = _group("8B", 8)
+    assert g.spearman < 0.6 and g.pick_ratio < 0.4
+    clean = next(x for x in S.groups(without_near_capacity=True) if (x.model, x.gpus) == ("8B", 8))
+    assert clean.spearman >= 0.9 and clean.pick_ratio == 1.0
 
 
 def test_many_nodes_are_under_predicted_as_documented() -> None:
-    """From four nodes up the sweep's steps are far slower than the model prices them (-32 % at
-    32 GPUs to -97 % at 512, worse with more data-parallel ranks): its cluster's network is not
-    a DGX H100's, and its runs there repeat with differences of seconds. Reported, not fitted
-    away: no coefficient of the model is fitted to these groups."""
-    many = [g for g in GROUPS if g.gpus >= 32]
-    assert len(many) == 20 and all(g.median_error < -0.25 for g in many)
-    by_gpus = {gpus: min(g.median_error for g in many if g.gpus == gpus) for gpus in (32, 512)}
-    assert by_gpus[512] < by_gpus[32]
-
-
-def test_the_ranking_of_layouts_is_the_reported_one() -> None:
-    """Spearman's rho of predicted with measured tokens/s per GPU (docs/ESTIMATOR.md): 0.51 ...
-    0.90 on one and two nodes, 0.20 ... 0.80 beyond; the model's first layout is the fastest
-    measured (within 3 %) in the 1B's and 3B's one- and two-node groups. The 8B's is 0.37 of
-    it on both: data parallelism with two pipeline stages, micro-batch 1 and ZeRO-1, which ran
-    at 2,700 tokens/s per GPU where its neighbours ran at 6,000-7,500; the model does not know
-    why."""
-    few = [g for g in GROUPS if g.gpus <= 16]
-    assert len(few) == 6
-    assert all(0.5 <= g.spearman <= 0.95 for g in few)
-    assert all((g.pick_ratio >= 0.97) == (g.model != "8B") for g in few)
-    assert all(g.pick == (g.gpus // 2, 1, 2, 1, 1) for g in few if g.model == "8B")
-    assert all(0.15 <= g.spearman <= 0.85 for g in GROUPS if g.gpus > 16)
+    """From 32 nodes up the sweep's steps are far slower than the model prices them (-24 % to
+    -81 %, worse at 64 nodes): its cluster's network is not a DGX H100's, and its runs there
+    repeat with differences of seconds. Reported, not fitted away: no coefficient of the model
+    is fitted to these groups."""
+    many = [g for g in GROUPS if g.gpus >= 256]
+    assert len(many) == 9 and all(g.median_error < -0.2 for g in many)
+    by_gpus = {gpus: max(g.median_error for g in many if g.gpus == gpus) for gpus in (256, 512)}
+    assert by_gpus[512] < by_gpus[256]
 
 
 def test_the_sweeps_memory_is_the_reported_one() -> None:

@@ -29,6 +29,8 @@ from headroom.planner.layout import (
     Planner,
     PlanResult,
     group_shape,
+    host_layer_floor,
+    pipeline_crosses_nodes,
 )
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -248,14 +250,19 @@ def test_the_model_state_floor_rejects_only_what_cannot_fit() -> None:
         Layout(128, 4, 8, 1, 2, 2, 1),
     ],
 )
-def test_pricing_a_group_gives_each_candidates_step_terms(lay: Layout) -> None:
+@pytest.mark.parametrize("floors", [False, True])
+def test_pricing_a_group_gives_each_candidates_step_terms(lay: Layout, floors: bool) -> None:
     """``price_group`` (the search's hoisted arithmetic) equals ``step_terms`` (what --explain
-    shows) for every micro-batch, recompute, ZeRO stage and placement."""
+    shows) for every micro-batch, recompute, ZeRO stage and placement, with and without step
+    floors (``host_bound``)."""
     p = _planner("mixtral-8x7b", "H100-80GB", lay.world, 1024, 4096)
+    if floors:
+        p.coeffs = p.coeffs.model_copy(update=FLOORS)
     if lay.dp * lay.cp % 2 == 0:
         lay = lay._replace(ep=2)
     c = p.costs(lay)
     mbs = [1, 2, 4]
+    bound = False
     for zero in (0, 1, 3):
         for mode, offloaded in (("none", 0), ("optimizer", 123_456_789)):
             out: list[tuple[float, int]] = []
@@ -265,6 +272,38 @@ def test_pricing_a_group_gives_each_candidates_step_terms(lay: Layout) -> None:
                 t = p.step_terms(lay, c, zero, mode, offloaded, mb, r)
                 assert step == pytest.approx(t.step, rel=1e-12)
                 assert t.compute > 0 and t.step >= t.compute
+                bound = bound or t.host_bound > 0
+                # a micro-batch is never shorter than its layers' floor
+                floor = host_layer_floor(p.coeffs, lay, 8) * 2 * c.layers
+                assert t.step >= (1024 // (lay.dp * mb)) * floor * (1 - 1e-12)
+    assert bound == (floors and host_layer_floor(p.coeffs, lay, 8) > 0)
+
+
+#: step floors large enough to bind in the layouts above
+FLOORS = {
+    "tp_host_layer_seconds": 0.03,
+    "pp_cross_node_layer_seconds": 0.01,
+    "pp_cross_node_layer_seconds_per_tp": 0.003,
+}
+
+
+def test_the_host_floor_is_tps_and_the_pipelines_across_nodes() -> None:
+    """Under TP the host's floor; a pipeline whose stages sit on different nodes (PP is the
+    slowest-varying rank) the larger of it and the line in TP; neither without the
+    coefficients (0, the shipped default), nor for TP 1 inside a node."""
+    coeffs = planner.default_coefficients("textbook").model_copy(update=FLOORS)
+    assert host_layer_floor(coeffs, Layout(8, 1, 1, 1, 1, 8, 1), 8) == 0.0
+    assert host_layer_floor(coeffs, Layout(8, 4, 1, 1, 1, 2, 1), 8) == 0.03
+    # PP 2 x DP 4 in one node: the stages share it
+    assert not pipeline_crosses_nodes(Layout(8, 1, 2, 1, 1, 4, 1), 8)
+    assert host_layer_floor(coeffs, Layout(8, 1, 2, 1, 1, 4, 1), 8) == 0.0
+    # 16 GPUs: TP 2 x DP 2 per stage, 4 stages over 2 nodes
+    assert pipeline_crosses_nodes(Layout(16, 2, 4, 1, 1, 2, 1), 8)
+    assert host_layer_floor(coeffs, Layout(16, 2, 4, 1, 1, 2, 1), 8) == 0.03
+    assert host_layer_floor(coeffs, Layout(64, 8, 4, 1, 1, 2, 1), 8) == pytest.approx(0.034)
+    assert host_layer_floor(coeffs, Layout(16, 1, 2, 1, 1, 8, 1), 8) == pytest.approx(0.013)
+    shipped = planner.default_coefficients("textbook")
+    assert host_layer_floor(shipped, Layout(64, 8, 4, 1, 1, 2, 1), 8) == 0.0
 
 
 def test_interleaving_holds_megatrons_in_flight_micro_batches() -> None:

@@ -48,19 +48,19 @@ def test_a_compute_bound_step_is_its_compute_either_way() -> None:
 
 
 def test_a_gpus_own_compute_efficiency_wins_over_the_coefficients() -> None:
-    """The H100's efficiency is fitted to published H100 runs (0.454); a GPU with no fit of its
+    """The H100's efficiency is fitted to published H100 runs (0.465); a GPU with no fit of its
     own (the A100s, whose runs fitted the coefficients' 0.648) prices at the coefficients'."""
     model = planner.load_model("llama-3-8b")
     coeffs = planner.default_coefficients("textbook")
     h100, a100 = planner.gpu("H100-80GB"), planner.gpu("A100-80GB")
-    assert h100.compute_efficiency == 0.454 and a100.compute_efficiency is None
-    assert StepModel(model, 4096, 1, h100, coeffs).flops_per_s == pytest.approx(989e12 * 0.454)
+    assert h100.compute_efficiency == 0.465 and a100.compute_efficiency is None
+    assert StepModel(model, 4096, 1, h100, coeffs).flops_per_s == pytest.approx(989e12 * 0.465)
     assert StepModel(model, 4096, 1, a100, coeffs).flops_per_s == pytest.approx(
         a100.bf16_flops * coeffs.compute_efficiency
     )
     # a coefficient set's own value never overrides a GPU's fit; a custom GPU may carry its own
     other = coeffs.model_copy(update={"compute_efficiency": 0.9})
-    assert StepModel(model, 4096, 1, h100, other).flops_per_s == pytest.approx(989e12 * 0.454)
+    assert StepModel(model, 4096, 1, h100, other).flops_per_s == pytest.approx(989e12 * 0.465)
     custom = a100.model_copy(update={"compute_efficiency": 0.5})
     assert StepModel(model, 4096, 1, custom, other).flops_per_s == pytest.approx(
         a100.bf16_flops * 0.5
