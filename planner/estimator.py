@@ -56,6 +56,8 @@ from headroom.planner.phases import (
     stage_layer_backward,
     stages_largest,
 )
+from headroom.planner.schedules import check_schedule
+from headroom.planner.schedules import in_flight as schedule_in_flight
 from headroom.planner.stage import StageParams
 from headroom.planner.states import (
     HostBytes,
@@ -115,6 +117,7 @@ class Knobs(NamedTuple):
     deepspeed: tuple[int, ...] = ()  # DeepSpeed's knobs (``deepspeed_knobs``)
     distributed_optimizer: bool = True  # megatron's use_distributed_optimizer
     vpp: int = 1  # virtual pipeline stages per rank (1: 1F1B; more: interleaved 1F1B)
+    pp_schedule: str | None = None  # the schedule the spec names (``planner.schedules``)
     selective_op: bool = False  # torchtitan's per-op selective checkpointing (every layer a
     # block re-run in its backward; ``checkpoint_every`` stays None: no block checkpoints)
     loss_impl: str = "standard"  # the loss's implementation (``planner.losses``)
@@ -176,6 +179,7 @@ def knobs(train: TrainSpec) -> Knobs:
         deepspeed=deepspeed_knobs(train) if train.framework == "deepspeed" else (),
         distributed_optimizer=train.megatron.use_distributed_optimizer,
         vpp=parallel.vpp,
+        pp_schedule=parallel.pp_schedule,
         selective_op=train.recompute == "selective_op",
         loss_impl=train.loss.priced_impl,
         loss_chunks=train.loss.num_chunks,
@@ -233,6 +237,7 @@ FRAMEWORK_RULES = {
 
 def _check(train: TrainSpec) -> None:
     p = train.parallel
+    check_schedule(p.pp_schedule, train.framework, p.vpp)
     rules = FRAMEWORK_RULES.get(train.framework)
     if rules is not None:
         if p.zero_stage not in rules.zero_stages:
@@ -524,26 +529,26 @@ def stage_terms_from_knobs(
     return StageTerms(
         states=states,
         activations=acts,
-        in_flight=in_flight(settings.pp, settings.vpp, stage, settings.grad_accum),
+        in_flight=in_flight(
+            settings.pp, settings.vpp, stage, settings.grad_accum, settings.pp_schedule
+        ),
         checkpoint_every=settings.checkpoint_every,
         streaming=settings.offload_mode == "streaming",
         accumulating=settings.grad_accum > 1,
     )
 
 
-def in_flight(pp: int, vpp: int, stage: int, grad_accum: int) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at once. 1F1B (``vpp`` 1): the
-    stage's warm-up forwards and the running one, ``pp - stage``, at most ``grad_accum``.
-    Interleaved 1F1B (Megatron's ``forward_backward_pipelining_with_interleaving``): the rank
-    runs ``(pp - stage - 1) x 2 + (vpp - 1) x pp`` warm-up forwards of its model chunks (each
-    ``1/vpp`` of its layers) and the running one, at most every chunk of every micro-batch
-    (``grad_accum x vpp``); counted in whole micro-batches of the stage, rounded up, as
-    Megatron's theoretical memory report counts them (stage 0: ``ceil(pp + (pp - 1) / vpp)``).
-    """
-    if vpp == 1:
-        return min(pp - stage, grad_accum)
-    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, grad_accum * vpp)
-    return -(-chunks // vpp)
+def in_flight(pp: int, vpp: int, stage: int, grad_accum: int, schedule: str | None = None) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at once under ``schedule`` (the
+    spec's named one, else 1F1B or, where vpp > 1, interleaved 1F1B;
+    ``planner.schedules.in_flight``). Interleaved 1F1B (Megatron's
+    ``forward_backward_pipelining_with_interleaving``, torch's ``ScheduleInterleaved1F1B``):
+    the rank runs ``(pp - stage - 1) x 2 + (vpp - 1) x pp`` warm-up forwards of its model
+    chunks (each ``1/vpp`` of its layers) and the running one, at most every chunk of every
+    micro-batch (``grad_accum x vpp``); counted in whole micro-batches of the stage, rounded
+    up, as Megatron's theoretical memory report counts them (stage 0:
+    ``ceil(pp + (pp - 1) / vpp)``)."""
+    return schedule_in_flight(pp, vpp, stage, grad_accum, schedule)
 
 
 def check_interleaving(model: ModelSpec, pp: int, vpp: int) -> None:
@@ -574,13 +579,14 @@ def stages_allocated(
     grad_accum: int,
     streaming: bool,
     vpp: int = 1,
+    schedule: str | None = None,
 ) -> tuple[StageAllocated, ...]:
     """The largest phase of each of ``stages`` (the last is the pipeline's last stage)."""
     pp = stages[-1] + 1
     accumulating = grad_accum > 1
     out = []
     for i, stage in enumerate(stages):
-        flight = in_flight(pp, vpp, stage, grad_accum)
+        flight = in_flight(pp, vpp, stage, grad_accum, schedule)
         largest = largest_phase(all_states[i], all_acts[i], flight, streaming, accumulating)
         out.append(_new(StageAllocated, largest))  # (allocated_bytes, phase_index)
     return tuple(out)
@@ -608,17 +614,19 @@ def end_stages(
     """The largest phase and the host bytes of each stage that can be the heaviest: the first
     and, when pp > 1, the last."""
     pp, vpp, grad_accum = settings.pp, settings.vpp, settings.grad_accum
+    schedule = settings.pp_schedule
     # micro-batches in flight on a stage (``in_flight``): under 1F1B min(pp - stage,
     # grad_accum), so 1 on the last
     stages: tuple[int, ...]
     in_flights: tuple[int, ...]
     if pp == 1:
         stages, in_flights = (0,), (1,)
-    elif vpp == 1:
-        stages, in_flights = (0, pp - 1), (min(pp, grad_accum), 1)
     else:
         stages = (0, pp - 1)
-        in_flights = (in_flight(pp, vpp, 0, grad_accum), in_flight(pp, vpp, pp - 1, grad_accum))
+        in_flights = (
+            in_flight(pp, vpp, 0, grad_accum, schedule),
+            in_flight(pp, vpp, pp - 1, grad_accum, schedule),
+        )
     _, _, constants, hosts = stages_states(model, settings, coeffs, stages)
     largest = stages_largest(
         model,

@@ -338,7 +338,13 @@ def fit(
                     if allocated is None:
                         grad_accum = mb[0]["grad_accum"]
                         allocated = allocated_of[skey, akey] = stages_allocated(
-                            all_states, all_acts, stages, grad_accum, streaming, base.vpp
+                            all_states,
+                            all_acts,
+                            stages,
+                            grad_accum,
+                            streaming,
+                            base.vpp,
+                            base.pp_schedule,
                         )
                     peak_bytes, where, _ = gpu_peak(allocated, over)
                     host_peak = sum(all_states[where].host) * ranks

@@ -25,7 +25,10 @@ is named and ``explain_step`` gives its formula):
   gradients), less the attention it overlaps.
 - ``pp_comm``: per micro-batch, each of the rank's ``vpp`` chunks sends its output forward and
   its input's gradient back.
-- ``bubble``: ``(pp - 1) / vpp`` micro-batch times (Narayanan et al. 2021, eq. 1 and 2).
+- ``bubble``: the schedule's fill and drain (``planner.schedules.bubble_micro_batches``):
+  ``pp - 1`` micro-batch times under 1F1B and GPipe, ``(pp - 1) / vpp`` interleaved
+  (Narayanan et al. 2021, eq. 1 and 2), a third of that under the interleaved zero-bubble
+  schedule.
 - ``dp_comm``: gradient reduction over DP x CP (all-reduce at ZeRO 0, reduce-scatter at 1-2,
   with the updated parameters all-gathered after the step), less the last micro-batch's
   backward it overlaps (and the parameters' gather less the first forward); ZeRO 3 gathers the
@@ -116,6 +119,12 @@ from headroom.planner.hardware import Hardware, compute_efficiency
 from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import count_params
+from headroom.planner.schedules import (
+    SINGLE_STAGE,
+    bubble_micro_batches,
+    micro_batch_rule,
+    schedule_of,
+)
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
 from headroom.planner.train import Loss, Recompute, RecomputePolicy, TrainSpec
@@ -868,6 +877,8 @@ class Planner:
         rank (up to ``PLAN_MAX_VPP``) that split the layers into equal model chunks; none but 1
         under DeepSpeed, whose pipeline engine runs 1F1B only (``TrainSchedule``)."""
         layers = self.model.num_layers
+        if self.train.parallel.pp_schedule in SINGLE_STAGE:
+            return (1,) if self.want.vpp in (None, 1) else ()
         if self.want.vpp is not None:
             v = self.want.vpp
             ok = v == 1 or (
@@ -877,6 +888,12 @@ class Planner:
         if pp == 1 or self.train.framework == "deepspeed":
             return (1,)
         return (1, *(v for v in range(2, PLAN_MAX_VPP + 1) if layers % (pp * v) == 0))
+
+    def bubble(self, pp: int, vpp: int) -> float:
+        """The pipeline's fill and drain in micro-batch times under the spec's schedule
+        (``planner.schedules.bubble_micro_batches``)."""
+        named = self.train.parallel.pp_schedule
+        return bubble_micro_batches(pp, vpp, named)
 
     def sequence_parallel(self, tp: int) -> bool:
         """Whether a layout of ``tp`` runs sequence parallelism: wherever tp > 1, unless the
@@ -908,6 +925,10 @@ class Planner:
             if ok and want.grad_accum_steps is not None:
                 ok = per_rank // mb == want.grad_accum_steps
             micro = [mb] if ok else []
+        named = self.train.parallel.pp_schedule
+        if named is not None:
+            # a named schedule is torch's (``planner.schedules.micro_batch_rule``)
+            return [mb for mb in micro if micro_batch_rule(named, pp, vpp, per_rank // mb) is None]
         if vpp > 1:
             # Megatron-Core's interleaved schedule refuses a micro-batch count the pipeline
             # size does not divide. megatron/core/pipeline_parallel/schedules.py,
@@ -1203,7 +1224,7 @@ class Planner:
         # the host's least time per micro-batch: the GPU's work hides it only when longer
         host_micro = max(0.0, passes * c.layers * c.host_layer - micro)
         micro += host_micro
-        bubble = (pp - 1) / vpp * micro
+        bubble = self.bubble(pp, vpp) * micro
         pipeline = m * micro + bubble
         # the optimizer step on the GPU: its state's traffic (read and write master and
         # moments, read the gradient, write the parameter)
@@ -1331,6 +1352,11 @@ class Planner:
                 "ep": lay.ep,
                 "sequence_parallel": self.sequence_parallel(lay.tp),
                 "zero_stage": cand.zero,
+                **(
+                    {"pp_schedule": self.train.parallel.pp_schedule}
+                    if self.train.parallel.pp_schedule is not None
+                    else {}
+                ),
             },
         }
 
@@ -1380,7 +1406,7 @@ class Planner:
             gpu_opt = max(0.0, on_gpu) * touched / self.hw.memory_bandwidth_bytes_per_s
             transfer = offloaded_numel * (base.param_bytes + grad_bytes) / price.link
             tail = gpu_opt + max(transfer, offloaded_numel / price.cpu_rate)
-        fill = (pp - 1) / vpp
+        fill = self.bubble(pp, vpp)
         scale = self.seq / cp / (tp * pp) / self.rate
         layers, moe_layers = c.layers, c.moe_layers
         for r in recomputes:
@@ -1796,9 +1822,17 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
         (
             "bubble",
             t.bubble,
-            "(pp - 1) / vpp x one micro-batch's time (its compute and exposed communication): "
-            "the pipeline's fill and drain (Narayanan et al. 2021)",
-            {"pp": lay.pp, "vpp": lay.vpp, "micro_batches": m},
+            "the schedule's fill and drain in micro-batch times x one micro-batch's time (its "
+            "compute and exposed communication): 1F1B and GPipe pp - 1, interleaved and looped "
+            "(pp - 1) / vpp (Narayanan et al. 2021), interleaved zero-bubble (pp - 1) / (3 vpp) "
+            "(Qi et al. 2024)",
+            {
+                "pp": lay.pp,
+                "vpp": lay.vpp,
+                "micro_batches": m,
+                "pp_schedule": schedule_of(planner.train.parallel.pp_schedule, lay.vpp),
+                "bubble_micro_batches": planner.bubble(lay.pp, lay.vpp),
+            },
         ),
         (
             "tp_comm",
@@ -1999,11 +2033,11 @@ def price_spec(
         want,
     )
     lay = Layout(world, p.tp, p.pp, p.vpp, p.cp, p.dp, p.ep)
-    if not planner.micro_batches(p.dp, p.pp, p.vpp):  # the interleaved schedule's rule
+    if not planner.micro_batches(p.dp, p.pp, p.vpp):  # the schedule's rule
+        why = micro_batch_rule(p.pp_schedule, p.pp, p.vpp, train.grad_accum_steps)
         raise SpecError(
-            f"grad_accum_steps: the interleaved schedule (parallel.vpp {p.vpp}) runs a "
-            f"micro-batch count that parallel.pp ({p.pp}) divides, as Megatron-Core checks "
-            f"it; got {train.grad_accum_steps}",
+            f"grad_accum_steps: {why or 'the schedule does not run it'}; got "
+            f"{train.grad_accum_steps}",
             field="grad_accum_steps",
         )
     if lay not in planner.layouts():

@@ -187,6 +187,9 @@ _TITAN_NO_MEMORY = (
 _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 _TITAN_IMPL = {"fused": "fused", "foreach": "foreach", "for-loop": "for_loop"}
 _INTERLEAVED = ("interleaved1f1b", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+#: torchtitan's schedules that run every forward before any backward, by their lower-case
+#: names (``torch.distributed.pipelining.get_schedule_class`` takes any case)
+_ALL_FORWARDS_FIRST = {"gpipe": "GPipe", "loopedbfs": "LoopedBFS"}
 
 
 def is_torchtitan(data: Mapping[str, Any]) -> bool:
@@ -272,7 +275,11 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
             )
         )
         keys.get("parallelism.pipeline_parallel_layers_per_stage")
-        if schedule.lower() in _INTERLEAVED:
+        if schedule.lower() in _ALL_FORWARDS_FIRST:
+            # every micro-batch's activations held before the first backward, whatever the
+            # stages per rank: the schedule's memory, priced with one stage per rank
+            parallel["pp_schedule"] = _ALL_FORWARDS_FIRST[schedule.lower()]
+        elif schedule.lower() in _INTERLEAVED:
             # its chunks hold the layers torchtitan splits, which the file does not say and
             # the interleaved price needs evenly split: the plain schedule's is taken
             assumed.append(

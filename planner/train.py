@@ -21,6 +21,7 @@ from headroom.planner.losses import (
     DEFAULT_LOSS_CHUNKS,
     LossImpl,
 )
+from headroom.planner.schedules import PipelineSchedule
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
@@ -84,6 +85,16 @@ class Parallel(_Frozen):
         description="Virtual pipeline stages per rank: 1 is the 1F1B schedule, more is "
         "Megatron's interleaved 1F1B (virtual_pipeline_model_parallel_size); needs pp > 1 and "
         "num_layers divisible by pp x vpp.",
+    )
+    pp_schedule: PipelineSchedule | None = Field(
+        default=None,
+        description="The pipeline schedule, by torch.distributed.pipelining's name "
+        "(torchtitan's parallelism.pipeline_parallel_schedule): 1F1B and GPipe run one stage "
+        "per rank (vpp 1); Interleaved1F1B, LoopedBFS and InterleavedZeroBubble run vpp; "
+        "ZBVZeroBubble and DualPipeV two in a V (named, not yet priced). Megatron-Core runs "
+        "1F1B and Interleaved1F1B, DeepSpeed 1F1B. Default: 1F1B, or Megatron-Core's "
+        "interleaved 1F1B where vpp > 1. Sets the micro-batches each stage holds in flight "
+        "and the pipeline's bubble (planner/schedules.py).",
     )
 
     @model_validator(mode="after")

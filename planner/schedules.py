@@ -1,0 +1,160 @@
+"""Pipeline schedules: what each holds in flight, its bubble, and the micro-batch counts it
+runs.
+
+The names are ``torch.distributed.pipelining``'s (``get_schedule_class``), which torchtitan's
+``parallelism.pipeline_parallel_schedule`` takes: ``1F1B`` and ``GPipe`` run one stage per
+rank; ``Interleaved1F1B``, ``LoopedBFS`` and ``InterleavedZeroBubble`` run ``vpp`` (virtual)
+stages per rank; ``ZBVZeroBubble`` and ``DualPipeV`` two per rank in a V. Megatron-Core runs
+1F1B and interleaved 1F1B (``virtual_pipeline_model_parallel_size``), DeepSpeed's
+``PipelineEngine`` 1F1B only. A spec that names no schedule runs 1F1B, or interleaved 1F1B
+where ``vpp`` > 1, with Megatron-Core's rule for the interleaved micro-batch count.
+
+**In flight** (``in_flight``): the micro-batches of a stage whose activations are alive at
+once, in whole micro-batches of the stage (chunks of ``1/vpp`` of its layers, rounded up), as
+torch 2.13's schedules order their actions (``_calculate_single_rank_operations``; a
+micro-batch's chunk is alive from its forward to its last backward: the full backward, or,
+where the backward is split, the weights' backward, which keeps the graph its input backward
+retained). ``tests/planner/test_schedules.py`` replays torch's own orders and finds these:
+
+- ``1F1B``: ``min(pp - stage, m)`` (the stage's warm-up forwards and the running one).
+- ``GPipe``, ``LoopedBFS``: every micro-batch, ``m`` (all forwards before any backward).
+- ``Interleaved1F1B``: ``min((vpp - 1) x r + 2 (pp - 1 - stage) + 1, m x vpp)`` chunks, where
+  ``r = m // max(1, m // pp)`` micro-batches make a round (``pp`` when ``m`` is a multiple of
+  it, as Megatron-Core's count, which its theoretical memory reports).
+- ``InterleavedZeroBubble``: ``min((vpp - 1) x r + pp, m x vpp)`` chunks on every stage (the
+  first stage's count: the deferred weight backwards keep the later stages' too).
+
+**Bubble** (``bubble_micro_batches``), in micro-batch times of the stage, with a chunk's
+forward F, input backward B and weight backward W equal (a transformer's backward is twice its
+forward): 1F1B and GPipe ``pp - 1`` (Narayanan et al. 2021, eq. 1); interleaved and looped
+``(pp - 1) / vpp`` (eq. 2); the interleaved zero-bubble schedule (ZB-H1, Qi et al. 2024,
+arXiv:2401.10241: ``(pp - 1)(F + B - 2W)``) a third of interleaved 1F1B's.
+
+The V schedules (``ZBVZeroBubble``, ``DualPipeV``) put the first and the last model chunks on
+the first rank (its embedding and its head), which the stages' parameters do not model yet:
+they are named by the spec and refused by the estimate (``check_schedule``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from headroom.planner.errors import SpecError
+
+PipelineSchedule = Literal[
+    "1F1B",
+    "Interleaved1F1B",
+    "GPipe",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+]
+#: every schedule a spec can name
+SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+#: schedules of one stage per rank (``parallel.vpp`` 1)
+SINGLE_STAGE = ("1F1B", "GPipe")
+#: schedules of two stages per rank in a V (``parallel.vpp`` 2)
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+#: schedules the estimate prices
+PRICED = tuple(s for s in SCHEDULES if s not in V_SHAPED)
+#: the schedules each framework runs (the others run torch.distributed.pipelining's)
+FRAMEWORK_SCHEDULES = {
+    "megatron": ("1F1B", "Interleaved1F1B"),
+    "deepspeed": ("1F1B",),
+}
+
+
+def schedule_of(named: str | None, vpp: int) -> str:
+    """The schedule a spec runs: the one it names, else 1F1B (interleaved where vpp > 1)."""
+    if named is not None:
+        return named
+    return "1F1B" if vpp == 1 else "Interleaved1F1B"
+
+
+def _round(pp: int, grad_accum: int) -> int:
+    """torch's micro-batches per round of an interleaved schedule."""
+    return grad_accum // max(1, grad_accum // pp)
+
+
+def in_flight(pp: int, vpp: int, stage: int, grad_accum: int, schedule: str | None = None) -> int:
+    """Micro-batches of ``stage`` whose activations are alive at once (module docstring;
+    ``schedule`` None: ``schedule_of``'s)."""
+    schedule = schedule_of(schedule, vpp)
+    if schedule in ("GPipe", "LoopedBFS"):
+        return grad_accum
+    if schedule == "1F1B":
+        return min(pp - stage, grad_accum)
+    r = _round(pp, grad_accum)
+    if schedule == "InterleavedZeroBubble":
+        chunks = (vpp - 1) * r + pp
+    else:
+        chunks = (vpp - 1) * r + 2 * (pp - 1 - stage) + 1
+    return -(-min(chunks, grad_accum * vpp) // vpp)
+
+
+def bubble_micro_batches(pp: int, vpp: int, schedule: str | None = None) -> float:
+    """The pipeline's fill and drain in micro-batch times of a stage (module docstring;
+    ``schedule`` None: ``schedule_of``'s)."""
+    schedule = schedule_of(schedule, vpp)
+    if schedule in ("1F1B", "GPipe"):
+        return float(pp - 1)
+    if schedule == "InterleavedZeroBubble":
+        return (pp - 1) / (3 * vpp)
+    return (pp - 1) / vpp
+
+
+def micro_batch_rule(named: str | None, pp: int, vpp: int, grad_accum: int) -> str | None:
+    """Why ``grad_accum`` micro-batches are not a count the schedule runs (None: it runs
+    them). Named schedules are torch's: 1F1B needs at least ``pp``; the interleaved ones a
+    count a round divides (``ScheduleInterleaved1F1B``: ``m % max(1, m // pp) == 0``);
+    DualPipeV at least its ``2 x pp`` stages. A spec that names none and interleaves is
+    Megatron-Core's: a count ``pp`` divides."""
+    if pp == 1:
+        return None
+    if named is None:
+        if vpp > 1 and grad_accum % pp:
+            return (
+                f"the interleaved schedule (parallel.vpp {vpp}) runs a micro-batch count that "
+                f"parallel.pp ({pp}) divides, as Megatron-Core checks it"
+            )
+        return None
+    if named == "1F1B" and grad_accum < pp:
+        return f"1F1B runs at least parallel.pp ({pp}) micro-batches, as torch checks it"
+    if named in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, grad_accum // pp)
+        if grad_accum % rounds:
+            return (
+                f"{named} runs a micro-batch count its rounds ({rounds} of parallel.pp "
+                f"{pp}) divide, as torch checks it"
+            )
+    if named == "DualPipeV" and grad_accum < 2 * pp:
+        return f"DualPipeV runs at least its 2 x parallel.pp ({2 * pp}) stages' micro-batches"
+    return None
+
+
+def check_schedule(named: str | None, framework: str, vpp: int) -> None:
+    """A SpecError naming ``parallel.pp_schedule`` where the framework does not run the
+    schedule, its stages per rank are not ``vpp``, or the estimate does not price it."""
+    if named is None:
+        return
+    runs = FRAMEWORK_SCHEDULES.get(framework)
+    if runs is not None and named not in runs:
+        raise SpecError(
+            f"parallel.pp_schedule: framework {framework} runs {' and '.join(runs)}; allowed: "
+            f"{', '.join(runs)}, got {named}",
+            field="parallel.pp_schedule",
+        )
+    if named in SINGLE_STAGE and vpp != 1:
+        raise SpecError(
+            f"parallel.pp_schedule: {named} runs one stage per rank, so parallel.vpp must be 1, "
+            f"got {vpp}; with more: " + ", ".join(s for s in SCHEDULES if s not in SINGLE_STAGE),
+            field="parallel.pp_schedule",
+        )
+    if named in V_SHAPED:
+        raise SpecError(
+            f"parallel.pp_schedule: {named} places two model chunks per rank in a V (the "
+            "embedding and the head on the first rank), which the estimate does not price; "
+            f"priced: {', '.join(PRICED)}",
+            field="parallel.pp_schedule",
+        )
