@@ -19,6 +19,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from headroom_process import serve_headroom
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +49,10 @@ def _tally(path: Path) -> tuple[Counter[tuple[str, str, int]], list[str]]:
     return counts, sorted({label for label, _, _ in counts})
 
 
+# ~90 s alone; on two cores beside the rest of the suite and another load it passed 300 s.
+# Its child's bound (540 s) stays below the test's limit, so the child is reaped with its own
+# error before the limit stops the test.
+@pytest.mark.timeout(600)
 def test_schemathesis_all_checks_pass_and_reach_the_handlers(tmp_path: Path) -> None:
     env = {
         "HEADROOM_DATABASE_URL": f"sqlite:///{tmp_path / 'headroom.db'}",
@@ -72,7 +77,7 @@ def test_schemathesis_all_checks_pass_and_reach_the_handlers(tmp_path: Path) -> 
             },
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=540,
         )
     report = result.stdout[-20_000:] + result.stderr[-5_000:]
     assert result.returncode == 0, report
