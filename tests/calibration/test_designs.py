@@ -67,10 +67,12 @@ def test_every_shape_says_why_and_every_run_names_its_split(impl: str) -> None:
 
 
 def test_the_typed_records_write_the_committed_files() -> None:
+    # every file predates the pipeline schedule: written again, its specs gain its default
     text = (DATA / "runtime-traces.json").read_text()
     rewritten = json.loads(TracesFile.model_validate_json(text).to_json_text())
     for record in rewritten["records"]:
         _without_layer_shapes(record)
+        assert record["train"]["parallel"].pop("pp_schedule") is None
     assert rewritten == json.loads(text)
     # the hf file predates max_grad_norm, the frameworks, the interleaved schedule, the loss
     # and the step in the backward; written again it gains their defaults, nothing else
@@ -84,6 +86,7 @@ def test_the_typed_records_write_the_committed_files() -> None:
         assert record["train"].pop("deepspeed")["reduce_bucket_size"] == 500_000_000
         assert record["train"].pop("megatron")["use_distributed_optimizer"] is True
         assert record["train"]["parallel"].pop("vpp") == 1
+        assert record["train"]["parallel"].pop("pp_schedule") is None
         assert record["train"].pop("loss") == {
             "impl": "standard",
             "chunks": None,
@@ -98,6 +101,7 @@ def test_the_typed_records_write_the_committed_files() -> None:
         rewritten = json.loads(kind.model_validate_json(text).to_json_text())
         for record in rewritten["records"]:
             _without_layer_shapes(record)
+            assert record["train"]["parallel"].pop("pp_schedule") is None
         assert rewritten == json.loads(text), name
 
 
