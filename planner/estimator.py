@@ -56,8 +56,7 @@ from headroom.planner.phases import (
     stage_layer_backward,
     stages_largest,
 )
-from headroom.planner.schedules import check_schedule
-from headroom.planner.schedules import in_flight as schedule_in_flight
+from headroom.planner.schedules import check_schedule, in_flight
 from headroom.planner.stage import StageParams
 from headroom.planner.states import (
     HostBytes,
@@ -538,19 +537,6 @@ def stage_terms_from_knobs(
     )
 
 
-def in_flight(pp: int, vpp: int, stage: int, grad_accum: int, schedule: str | None = None) -> int:
-    """Micro-batches whose activations stage ``stage`` holds at once under ``schedule`` (the
-    spec's named one, else 1F1B or, where vpp > 1, interleaved 1F1B;
-    ``planner.schedules.in_flight``). Interleaved 1F1B (Megatron's
-    ``forward_backward_pipelining_with_interleaving``, torch's ``ScheduleInterleaved1F1B``):
-    the rank runs ``(pp - stage - 1) x 2 + (vpp - 1) x pp`` warm-up forwards of its model
-    chunks (each ``1/vpp`` of its layers) and the running one, at most every chunk of every
-    micro-batch (``grad_accum x vpp``); counted in whole micro-batches of the stage, rounded
-    up, as Megatron's theoretical memory report counts them (stage 0:
-    ``ceil(pp + (pp - 1) / vpp)``)."""
-    return schedule_in_flight(pp, vpp, stage, grad_accum, schedule)
-
-
 def check_interleaving(model: ModelSpec, pp: int, vpp: int) -> None:
     """Interleaving splits each stage's layers into ``vpp`` equal model chunks."""
     if vpp > 1 and model.num_layers % (pp * vpp):
@@ -615,8 +601,7 @@ def end_stages(
     and, when pp > 1, the last."""
     pp, vpp, grad_accum = settings.pp, settings.vpp, settings.grad_accum
     schedule = settings.pp_schedule
-    # micro-batches in flight on a stage (``in_flight``): under 1F1B min(pp - stage,
-    # grad_accum), so 1 on the last
+    # micro-batches in flight on a stage: the schedule's (``in_flight``)
     stages: tuple[int, ...]
     in_flights: tuple[int, ...]
     if pp == 1:

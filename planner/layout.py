@@ -910,8 +910,8 @@ class Planner:
 
     def micro_batches(self, dp: int, pp: int, vpp: int) -> list[int]:
         """The micro-batches a rank of a layout tries: powers of two that divide its share of
-        the global batch, or the constraints' micro-batch and accumulation; under an
-        interleaved schedule, those whose micro-batch count divides by ``pp``."""
+        the global batch, or the constraints' micro-batch and accumulation; of those, the ones
+        whose micro-batch count the schedule runs."""
         per_rank = self.batch // dp
         want = self.want
         if want.micro_batch_size is None and want.grad_accum_steps is None:
@@ -925,30 +925,10 @@ class Planner:
             if ok and want.grad_accum_steps is not None:
                 ok = per_rank // mb == want.grad_accum_steps
             micro = [mb] if ok else []
+        # the schedule's rule (``planner.schedules.micro_batch_rule``): a named schedule is
+        # torch's; an unnamed interleaved one is Megatron-Core's
         named = self.train.parallel.pp_schedule
-        if named is not None:
-            # a named schedule is torch's (``planner.schedules.micro_batch_rule``)
-            return [mb for mb in micro if micro_batch_rule(named, pp, vpp, per_rank // mb) is None]
-        if vpp > 1:
-            # Megatron-Core's interleaved schedule refuses a micro-batch count the pipeline
-            # size does not divide. megatron/core/pipeline_parallel/schedules.py,
-            # forward_backward_pipelining_with_interleaving (NVIDIA/Megatron-LM 2e2bdf62):
-            #     if num_microbatches % pipeline_parallel_size != 0:
-            #         msg = f'number of microbatches ({num_microbatches}) is not divisible by '
-            #         msg += f'pipeline-model-parallel-size ({pipeline_parallel_size}) '
-            #         msg += 'when using interleaved schedule'
-            #         raise RuntimeError(msg)
-            # Since 4295be1a the check reads microbatch_group_size_per_vp_stage, which
-            # ModelParallelConfig.__post_init__ sets to pipeline_model_parallel_size (d98e8a64):
-            #     if (config.microbatch_group_size_per_vp_stage > num_microbatches
-            #         or config.microbatch_group_size_per_vp_stage < pipeline_parallel_size):
-            #         raise ValueError(msg)
-            #     final_microbatch_group_size = num_microbatches % config.microbatch_group_...
-            #     if 0 < final_microbatch_group_size < pipeline_parallel_size: raise ...
-            # i.e. still a count divisible by pp. torch.distributed.pipelining's
-            # ScheduleInterleaved1F1B (torchtitan) runs such counts too.
-            micro = [mb for mb in micro if (per_rank // mb) % pp == 0]
-        return micro
+        return [mb for mb in micro if micro_batch_rule(named, pp, vpp, per_rank // mb) is None]
 
     def layouts(self) -> list[Layout]:
         """Every layout of at most ``gpus`` GPUs (whole nodes, or part of one node) that the

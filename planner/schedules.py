@@ -113,6 +113,23 @@ def micro_batch_rule(named: str | None, pp: int, vpp: int, grad_accum: int) -> s
     if pp == 1:
         return None
     if named is None:
+        # Megatron-Core's interleaved schedule refuses a micro-batch count the pipeline
+        # size does not divide. megatron/core/pipeline_parallel/schedules.py,
+        # forward_backward_pipelining_with_interleaving (NVIDIA/Megatron-LM 2e2bdf62):
+        #     if num_microbatches % pipeline_parallel_size != 0:
+        #         msg = f'number of microbatches ({num_microbatches}) is not divisible by '
+        #         msg += f'pipeline-model-parallel-size ({pipeline_parallel_size}) '
+        #         msg += 'when using interleaved schedule'
+        #         raise RuntimeError(msg)
+        # Since 4295be1a the check reads microbatch_group_size_per_vp_stage, which
+        # ModelParallelConfig.__post_init__ sets to pipeline_model_parallel_size (d98e8a64):
+        #     if (config.microbatch_group_size_per_vp_stage > num_microbatches
+        #         or config.microbatch_group_size_per_vp_stage < pipeline_parallel_size):
+        #         raise ValueError(msg)
+        #     final_microbatch_group_size = num_microbatches % config.microbatch_group_...
+        #     if 0 < final_microbatch_group_size < pipeline_parallel_size: raise ...
+        # i.e. still a count divisible by pp. torch.distributed.pipelining's
+        # ScheduleInterleaved1F1B (torchtitan) runs such counts too.
         if vpp > 1 and grad_accum % pp:
             return (
                 f"the interleaved schedule (parallel.vpp {vpp}) runs a micro-batch count that "
