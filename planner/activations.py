@@ -356,6 +356,7 @@ class ActivationInputs(NamedTuple):
     selective_op: bool  # torchtitan's per-op selective checkpointing: every layer a block
     # whose backward re-runs it, what its policy saves kept (``selective_op_layer_bytes``)
     checkpoint_every: int | None  # layers per recomputed block (None: no block recompute)
+    v_shaped: bool  # a V schedule's placement: the first rank holds the head
 
 
 #: ``ActivationInputs``' fields before the recompute ones (``layer_shape``'s key)
@@ -680,7 +681,7 @@ def activation_terms(
     model: ModelSpec, coeffs: Coefficients, stage: int, inputs: ActivationInputs
 ) -> ActivationTerms:
     """One micro-batch's activation terms of ``stage``'s rank under ``inputs``."""
-    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage, inputs.v_shaped)
     return stage_activation_terms(model, coeffs, sp, inputs, layer_terms(model, coeffs, inputs))
 
 

@@ -56,7 +56,7 @@ from headroom.planner.phases import (
     stage_layer_backward,
     stages_largest,
 )
-from headroom.planner.schedules import check_schedule, in_flight
+from headroom.planner.schedules import V_SHAPED, check_schedule, in_flight
 from headroom.planner.stage import StageParams
 from headroom.planner.states import (
     HostBytes,
@@ -435,6 +435,7 @@ def states_inputs(settings: Knobs, coeffs: Coefficients) -> StatesInputs:
         # embedding_grad_whole_vocab: read by fsdp2 with tp > 1 only
         coeffs.embedding_grad_whole_vocab if framework == "fsdp2" and settings.tp > 1 else True,
         settings.optimizer_in_backward,
+        settings.pp_schedule in V_SHAPED,  # v_shaped
     )
     return _new(StatesInputs, fields)
 
@@ -462,6 +463,7 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         settings.selective,
         settings.selective_op,
         settings.checkpoint_every,
+        settings.pp_schedule in V_SHAPED,  # v_shaped
     )
     return _new(ActivationInputs, fields)
 

@@ -28,7 +28,8 @@ is named and ``explain_step`` gives its formula):
 - ``bubble``: the schedule's fill and drain (``planner.schedules.bubble_micro_batches``):
   ``pp - 1`` micro-batch times under 1F1B and GPipe, ``(pp - 1) / vpp`` interleaved
   (Narayanan et al. 2021, eq. 1 and 2), a third of that under the interleaved zero-bubble
-  schedule.
+  schedule, ``(pp - 1) / 6`` under the V schedules (more under ZB-V with fewer than
+  ``3 pp / 2`` micro-batches).
 - ``dp_comm``: gradient reduction over DP x CP (all-reduce at ZeRO 0, reduce-scatter at 1-2,
   with the updated parameters all-gathered after the step), less the last micro-batch's
   backward it overlaps (and the parameters' gather less the first forward); ZeRO 3 gathers the
@@ -120,10 +121,12 @@ from headroom.planner.losses import WHOLE_VOCAB_IMPLS
 from headroom.planner.model import ModelSpec
 from headroom.planner.params import count_params
 from headroom.planner.schedules import (
+    BY_COUNT,
     SINGLE_STAGE,
     bubble_micro_batches,
     micro_batch_rule,
     schedule_of,
+    v_shaped,
 )
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
@@ -875,10 +878,13 @@ class Planner:
     def interleavings(self, pp: int) -> tuple[int, ...]:
         """The ``vpp`` a pipeline of ``pp`` stages takes: 1 (1F1B), and the virtual stages per
         rank (up to ``PLAN_MAX_VPP``) that split the layers into equal model chunks; none but 1
-        under DeepSpeed, whose pipeline engine runs 1F1B only (``TrainSchedule``)."""
+        under DeepSpeed, whose pipeline engine runs 1F1B only (``TrainSchedule``); 2 alone for
+        a V schedule, which needs a pipeline."""
         layers = self.model.num_layers
         if self.train.parallel.pp_schedule in SINGLE_STAGE:
             return (1,) if self.want.vpp in (None, 1) else ()
+        if v_shaped(self.train.parallel.pp_schedule):  # two chunks per rank, in a V
+            return (2,) if pp > 1 and layers % (2 * pp) == 0 and self.want.vpp in (None, 2) else ()
         if self.want.vpp is not None:
             v = self.want.vpp
             ok = v == 1 or (
@@ -889,11 +895,12 @@ class Planner:
             return (1,)
         return (1, *(v for v in range(2, PLAN_MAX_VPP + 1) if layers % (pp * v) == 0))
 
-    def bubble(self, pp: int, vpp: int) -> float:
+    def bubble(self, pp: int, vpp: int, grad_accum: int | None = None) -> float:
         """The pipeline's fill and drain in micro-batch times under the spec's schedule
-        (``planner.schedules.bubble_micro_batches``)."""
+        (``planner.schedules.bubble_micro_batches``), with ``grad_accum`` micro-batches
+        (None: enough to fill it)."""
         named = self.train.parallel.pp_schedule
-        return bubble_micro_batches(pp, vpp, named)
+        return bubble_micro_batches(pp, vpp, named, grad_accum)
 
     def sequence_parallel(self, tp: int) -> bool:
         """Whether a layout of ``tp`` runs sequence parallelism: wherever tp > 1, unless the
@@ -1117,7 +1124,7 @@ class Planner:
             # the forward attention of a sequence's shard: 2 x d_attn x seq FLOPs per token
             attention = 2 * self.d_attn * self.seq * tokens / tp / self.rate
             cp_b, cp_c = comm - attention, (cp - 1) * lat
-        sp0 = stage_params(model, tp, pp, ep, 0)
+        sp0 = stage_params(model, tp, pp, ep, 0, v_shaped(self.train.parallel.pp_schedule))
         dp_group = dp * cp
         return _LayoutCosts(
             f.tp_b,
@@ -1204,7 +1211,7 @@ class Planner:
         # the host's least time per micro-batch: the GPU's work hides it only when longer
         host_micro = max(0.0, passes * c.layers * c.host_layer - micro)
         micro += host_micro
-        bubble = self.bubble(pp, vpp) * micro
+        bubble = self.bubble(pp, vpp, m) * micro
         pipeline = m * micro + bubble
         # the optimizer step on the GPU: its state's traffic (read and write master and
         # moments, read the gradient, write the parameter)
@@ -1387,6 +1394,7 @@ class Planner:
             transfer = offloaded_numel * (base.param_bytes + grad_bytes) / price.link
             tail = gpu_opt + max(transfer, offloaded_numel / price.cpu_rate)
         fill = self.bubble(pp, vpp)
+        fill_by_count = self.train.parallel.pp_schedule in BY_COUNT
         scale = self.seq / cp / (tp * pp) / self.rate
         layers, moe_layers = c.layers, c.moe_layers
         for r in recomputes:
@@ -1438,6 +1446,8 @@ class Planner:
                 if micro < host:
                     micro = host
                 m = per_rank // mb
+                if fill_by_count:  # its fill depends on the count
+                    fill = self.bubble(pp, vpp, m)
                 pipeline = (m + fill) * micro
                 if streaming:
                     forward = micro * price.flops_recompute / flops
@@ -1804,14 +1814,15 @@ def explain_step(planner: Planner, cand: Candidate) -> list[StepTerm]:
             t.bubble,
             "the schedule's fill and drain in micro-batch times x one micro-batch's time (its "
             "compute and exposed communication): 1F1B and GPipe pp - 1, interleaved and looped "
-            "(pp - 1) / vpp (Narayanan et al. 2021), interleaved zero-bubble (pp - 1) / (3 vpp) "
-            "(Qi et al. 2024)",
+            "(pp - 1) / vpp (Narayanan et al. 2021), interleaved zero-bubble (pp - 1) / (3 vpp), "
+            "the V schedules (pp - 1) / 6, ZB-V with fewer than 3 pp / 2 micro-batches "
+            "(2 pp - 1 - m) / 3 (Qi et al. 2024)",
             {
                 "pp": lay.pp,
                 "vpp": lay.vpp,
                 "micro_batches": m,
                 "pp_schedule": schedule_of(planner.train.parallel.pp_schedule, lay.vpp),
-                "bubble_micro_batches": planner.bubble(lay.pp, lay.vpp),
+                "bubble_micro_batches": planner.bubble(lay.pp, lay.vpp, m),
             },
         ),
         (

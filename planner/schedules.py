@@ -23,16 +23,33 @@ retained). ``tests/planner/test_schedules.py`` replays torch's own orders and fi
   it, as Megatron-Core's count, which its theoretical memory reports).
 - ``InterleavedZeroBubble``: ``min((vpp - 1) x r + pp, m x vpp)`` chunks on every stage (the
   first stage's count: the deferred weight backwards keep the later stages' too).
+- ``ZBVZeroBubble``: ``min(2 pp, m + 1 + stage, 2 m)`` chunks.
+- ``DualPipeV``: ``2 pp + 1`` chunks on every rank (its overlapped forward and backward: the
+  forward's chunk is alive before the backward's is freed).
 
 **Bubble** (``bubble_micro_batches``), in micro-batch times of the stage, with a chunk's
 forward F, input backward B and weight backward W equal (a transformer's backward is twice its
-forward): 1F1B and GPipe ``pp - 1`` (Narayanan et al. 2021, eq. 1); interleaved and looped
-``(pp - 1) / vpp`` (eq. 2); the interleaved zero-bubble schedule (ZB-H1, Qi et al. 2024,
-arXiv:2401.10241: ``(pp - 1)(F + B - 2W)``) a third of interleaved 1F1B's.
+forward):
 
-The V schedules (``ZBVZeroBubble``, ``DualPipeV``) put the first and the last model chunks on
-the first rank (its embedding and its head), which the stages' parameters do not model yet:
-they are named by the spec and refused by the estimate (``check_schedule``).
+- 1F1B and GPipe: ``pp - 1`` (Narayanan et al. 2021, eq. 1).
+- Interleaved and looped: ``(pp - 1) / vpp`` (eq. 2); with fewer micro-batches than stages
+  (one round, which cannot fill the pipeline) ``(pp - 1 + (pp - m)(vpp - 1)) / vpp``.
+- The interleaved zero-bubble schedule (ZB-H1, Qi et al. 2024, arXiv:2401.10241:
+  ``(pp - 1)(F + B - W)``): a third of interleaved 1F1B's. With fewer than ``pp``
+  micro-batches torch's order leaves more idle than that (up to 4.5 micro-batch times at pp 8
+  and one micro-batch), which is not priced.
+- The V schedules (ZB-V, the same paper; DualPipeV, DeepSeek-V3's DualPipe cut to a V):
+  ``(pp - 1) / 6``; ``ZBVZeroBubble`` with fewer than ``3 pp / 2`` micro-batches
+  ``(2 pp - 1 - m) / 3``, where its warm-up cannot fill the V.
+
+``tests/planner/test_schedules.py`` runs every rank's action order from torch, each action as
+soon as its rank is free and its inputs are made, and finds each of these as the step beyond
+the work.
+
+**The V schedules** (``ZBVZeroBubble``, ``DualPipeV``: ``parallel.vpp`` 2) place the model in
+``2 pp`` chunks, rank ``r`` holding chunks ``r`` and ``2 pp - 1 - r``
+(``generate_stage_to_rank_mapping(..., style="v")``): the first rank holds the embedding and
+the head, so it runs the loss (``planner.stage.stage_params``, ``v_shaped``).
 """
 
 from __future__ import annotations
@@ -50,19 +67,26 @@ PipelineSchedule = Literal[
     "ZBVZeroBubble",
     "DualPipeV",
 ]
+#: schedules whose fill depends on the micro-batch count (``bubble_micro_batches``)
+BY_COUNT = ("ZBVZeroBubble", "Interleaved1F1B", "LoopedBFS")
 #: every schedule a spec can name
 SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 #: schedules of one stage per rank (``parallel.vpp`` 1)
 SINGLE_STAGE = ("1F1B", "GPipe")
 #: schedules of two stages per rank in a V (``parallel.vpp`` 2)
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
-#: schedules the estimate prices
-PRICED = tuple(s for s in SCHEDULES if s not in V_SHAPED)
+#: schedules the estimate prices: every one
+PRICED = SCHEDULES
 #: the schedules each framework runs (the others run torch.distributed.pipelining's)
 FRAMEWORK_SCHEDULES = {
     "megatron": ("1F1B", "Interleaved1F1B"),
     "deepspeed": ("1F1B",),
 }
+
+
+def v_shaped(named: str | None) -> bool:
+    """Whether the schedule places the model in a V (the first rank holds the head)."""
+    return named in V_SHAPED
 
 
 def schedule_of(named: str | None, vpp: int) -> str:
@@ -85,6 +109,10 @@ def in_flight(pp: int, vpp: int, stage: int, grad_accum: int, schedule: str | No
         return grad_accum
     if schedule == "1F1B":
         return min(pp - stage, grad_accum)
+    if schedule == "ZBVZeroBubble":
+        return -(-min(2 * pp, grad_accum + 1 + stage, 2 * grad_accum) // 2)
+    if schedule == "DualPipeV":
+        return -(-(2 * pp + 1) // 2)
     r = _round(pp, grad_accum)
     if schedule == "InterleavedZeroBubble":
         chunks = (vpp - 1) * r + pp
@@ -93,14 +121,24 @@ def in_flight(pp: int, vpp: int, stage: int, grad_accum: int, schedule: str | No
     return -(-min(chunks, grad_accum * vpp) // vpp)
 
 
-def bubble_micro_batches(pp: int, vpp: int, schedule: str | None = None) -> float:
+def bubble_micro_batches(
+    pp: int, vpp: int, schedule: str | None = None, grad_accum: int | None = None
+) -> float:
     """The pipeline's fill and drain in micro-batch times of a stage (module docstring;
-    ``schedule`` None: ``schedule_of``'s)."""
+    ``schedule`` None: ``schedule_of``'s; ``grad_accum`` None: enough micro-batches to fill
+    it)."""
     schedule = schedule_of(schedule, vpp)
     if schedule in ("1F1B", "GPipe"):
         return float(pp - 1)
+    if schedule in V_SHAPED:
+        steady = (pp - 1) / 6
+        if schedule == "ZBVZeroBubble" and grad_accum is not None:
+            return max(steady, (2 * pp - 1 - grad_accum) / 3)
+        return steady
     if schedule == "InterleavedZeroBubble":
         return (pp - 1) / (3 * vpp)
+    if grad_accum is not None and grad_accum < pp:  # one round that cannot fill the pipeline
+        return (pp - 1 + (pp - grad_accum) * (vpp - 1)) / vpp
     return (pp - 1) / vpp
 
 
@@ -168,10 +206,9 @@ def check_schedule(named: str | None, framework: str, vpp: int) -> None:
             f"got {vpp}; with more: " + ", ".join(s for s in SCHEDULES if s not in SINGLE_STAGE),
             field="parallel.pp_schedule",
         )
-    if named in V_SHAPED:
+    if named in V_SHAPED and vpp != 2:
         raise SpecError(
-            f"parallel.pp_schedule: {named} places two model chunks per rank in a V (the "
-            "embedding and the head on the first rank), which the estimate does not price; "
-            f"priced: {', '.join(PRICED)}",
+            f"parallel.pp_schedule: {named} runs two model chunks per rank in a V, so "
+            f"parallel.vpp must be 2, got {vpp}",
             field="parallel.pp_schedule",
         )

@@ -136,23 +136,48 @@ def stage_bytes(sp: StageParams) -> int:
     return 16384 + len(sp.moe_flags)
 
 
-def _stage_entry_bytes(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> int:
+def _stage_entry_bytes(
+    model: ModelSpec, tp: int, pp: int, ep: int, stage: int, v_shaped: bool = False
+) -> int:
     return spec_bytes(model) + 16384 + -(-model.num_layers // pp)
 
 
+def v_chunks(num_layers: int, pp: int, stage: int) -> tuple[range, range]:
+    """The two model chunks rank ``stage`` holds under a V schedule: chunks ``stage`` and
+    ``2 pp - 1 - stage`` of ``2 pp`` (torch.distributed.pipelining's
+    ``generate_stage_to_rank_mapping(..., style="v")``), split as ``stage_layer_ranges``."""
+    chunks = stage_layer_ranges(num_layers, 2 * pp)
+    return chunks[stage], chunks[2 * pp - 1 - stage]
+
+
 @identity_memo(1024, 8 << 20, nbytes=_stage_entry_bytes)
-def stage_params(model: ModelSpec, tp: int, pp: int, ep: int, stage: int) -> StageParams:
+def stage_params(
+    model: ModelSpec, tp: int, pp: int, ep: int, stage: int, v_shaped: bool = False
+) -> StageParams:
     """Local parameter facts of ``stage`` under the given TP/PP/EP degrees (which
-    ``check_layout`` must accept: it runs here, once per memoised entry).
+    ``check_layout`` must accept: it runs here, once per memoised entry). ``v_shaped``: the
+    rank holds two chunks in a V (``v_chunks``; ``planner.schedules.V_SHAPED``), so the
+    first rank holds the embedding and the head.
 
     Each kind of unit is read once and counted as often as the stage holds it, so a stage of
     4,096 layers costs what one of four does (but for its list of layer kinds)."""
     check_layout(model, tp, pp, ep)
+    if v_shaped and 2 * pp > model.num_layers:
+        raise SpecError(
+            f"train.parallel.pp: a V schedule splits the model into 2 x pp chunks, so pp must "
+            f"be between 1 and num_layers / 2 ({model.num_layers // 2}), got {pp}",
+            field="train.parallel.pp",
+        )
     kinds = unit_kinds(model)
-    layer_range = stage_layer_ranges(model.num_layers, pp)[stage]
     has_embedding = stage == 0
-    has_head = stage == pp - 1
-    moe_flags = model.moe_flags(layer_range.start, layer_range.stop)
+    if v_shaped:
+        low, high = v_chunks(model.num_layers, pp, stage)
+        has_head = stage == 0
+        moe_flags = model.moe_flags(low.start, low.stop) + model.moe_flags(high.start, high.stop)
+    else:
+        layer_range = stage_layer_ranges(model.num_layers, pp)[stage]
+        has_head = stage == pp - 1
+        moe_flags = model.moe_flags(layer_range.start, layer_range.stop)
     num_moe = sum(moe_flags)
     head = kinds.head
     if model.tied_embeddings and has_head and not has_embedding:

@@ -58,6 +58,8 @@ class StatesInputs(NamedTuple):
     embedding_grad_whole_vocab: bool = True
     # torchtune's optimizer_in_bwd: each parameter stepped and its gradient freed as it lands
     optimizer_in_backward: bool = False
+    # a V schedule's placement (``planner.stage.v_chunks``): the first rank holds the head
+    v_shaped: bool = False
 
 
 class ZeroShards(NamedTuple):
@@ -187,7 +189,7 @@ def _stepped_in_backward(
 
 def model_states(model: ModelSpec, stage: int, inputs: StatesInputs) -> ModelStates:
     """Persistent state of ``stage``'s rank under ``inputs``."""
-    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage)
+    sp = stage_params(model, inputs.tp, inputs.pp, inputs.ep, stage, inputs.v_shaped)
     if inputs.framework == "fsdp2":
         return fsdp2_states(sp, inputs)
     if inputs.framework == "deepspeed":

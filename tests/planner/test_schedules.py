@@ -123,8 +123,9 @@ def _train(**parallel: Any) -> dict[str, Any]:
             "allowed: 1F1B, got Interleaved1F1B",
         ),
         ({"parallel": {"pp_schedule": "1F1B", "vpp": 2}}, "parallel.vpp must be 1"),
-        ({"parallel": {"pp_schedule": "ZBVZeroBubble", "vpp": 2}}, "priced: 1F1B"),
-        ({"parallel": {"pp_schedule": "DualPipeV", "vpp": 2}}, "in a V"),
+        ({"parallel": {"pp_schedule": "ZBVZeroBubble"}}, "parallel.vpp must be 2, got 1"),
+        ({"parallel": {"pp_schedule": "DualPipeV", "vpp": 4}}, "in a V, so parallel.vpp must be 2"),
+        ({"framework": "megatron", "parallel": {"pp_schedule": "DualPipeV", "vpp": 2}}, "allowed"),
     ],
 )
 def test_a_schedule_the_stack_does_not_run_is_refused_naming_it(
@@ -195,8 +196,8 @@ def test_the_plan_keeps_the_named_schedule() -> None:
     assert bubble.inputs["bubble_micro_batches"] == gpipe.plan["parallel"]["pp"] - 1
 
 
-def test_every_schedule_is_named_and_the_v_ones_are_not_priced() -> None:
-    assert set(SCHEDULES) - set(PRICED) == {"ZBVZeroBubble", "DualPipeV"}
+def test_every_schedule_is_named_and_priced() -> None:
+    assert set(SCHEDULES) == set(PRICED)
     for name in SCHEDULES:
         assert torch_schedules.get_schedule_class(name).__name__.lower().endswith(name.lower())
 
@@ -216,3 +217,170 @@ pipeline_parallel_schedule = "gpipe"
 """
     found = from_texts([("llama3_8b.toml", toml)])
     assert found.train["parallel"]["pp_schedule"] == "GPipe"
+
+
+def _actions(action: Any) -> list[Any]:
+    """An action, or the two a DualPipeV overlapped forward and backward runs (in order)."""
+    if action.computation_type == _ComputationType.OVERLAP_F_B:
+        return list(action.sub_actions)
+    return [action]
+
+
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "DualPipeV"])
+def test_the_v_schedules_hold_what_torchs_orders_hold(name: str) -> None:
+    checked = 0
+    for pp in (2, 3, 4, 5, 8):
+        for m in range(1, 3 * pp + 2):
+            if micro_batch_rule(name, pp, 2, m) is not None:
+                continue  # DualPipeV refuses fewer than 2 pp
+            orders = _torch_orders(name, pp, 2, m)
+            for stage in range(pp):
+                flat = [
+                    a for action in orders[stage] if action is not None for a in _actions(action)
+                ]
+                chunks = _peak_chunks(flat)
+                assert in_flight(pp, 2, stage, m, name) == -(-chunks // 2), (pp, m, stage)
+                checked += 1
+    assert checked > 60
+
+
+#: a chunk's forward, input backward and weight backward take one time unit each (the
+#: planner's assumption); a full backward both
+_COST = {
+    _ComputationType.FORWARD: 1.0,
+    _ComputationType.BACKWARD_INPUT: 1.0,
+    _ComputationType.BACKWARD_WEIGHT: 1.0,
+    _ComputationType.FULL_BACKWARD: 2.0,
+}
+
+
+def _makespan(name: str, pp: int, vpp: int, m: int) -> float:
+    """The step of torch's action orders: each rank runs its actions in order, each as soon as
+    the rank is free and its inputs exist (a forward: the previous chunk's forward of the
+    micro-batch; an input backward: its own forward and the next chunk's input backward; a
+    weight backward: its input backward); sends take no time."""
+    orders = _torch_orders(name, pp, vpp, m)
+    chunks = pp * vpp
+    queues = {
+        r: [a for action in orders[r] if action is not None for a in _actions(action)]
+        for r in range(pp)
+    }
+    done: dict[tuple[int, int, str], float] = {}
+    free = dict.fromkeys(range(pp), 0.0)
+    position = dict.fromkeys(range(pp), 0)
+    left = sum(map(len, queues.values()))
+    while left:
+        moved = False
+        for r in range(pp):
+            while position[r] < len(queues[r]):
+                a = queues[r][position[r]]
+                s, mb, kind = a.stage_index, a.microbatch_index, a.computation_type
+                if kind == _ComputationType.FORWARD:
+                    needs = [(s - 1, mb, "F")] if s > 0 else []
+                    made = ["F"]
+                elif kind == _ComputationType.BACKWARD_WEIGHT:
+                    needs, made = [(s, mb, "I")], ["W"]
+                else:  # an input or a full backward
+                    needs = [(s, mb, "F")] + ([(s + 1, mb, "I")] if s < chunks - 1 else [])
+                    made = ["I", "W"] if kind == _ComputationType.FULL_BACKWARD else ["I"]
+                if any(n not in done for n in needs):
+                    break
+                end = max([free[r]] + [done[n] for n in needs]) + _COST[kind]
+                free[r] = end
+                for what in made:
+                    done[(s, mb, what)] = end
+                position[r] += 1
+                left -= 1
+                moved = True
+        assert moved, f"{name} deadlocks at pp {pp}, vpp {vpp}, m {m}"
+    return max(free.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "vpps"),
+    [
+        ("Interleaved1F1B", (2, 3, 4)),
+        ("LoopedBFS", (2, 3)),
+        ("InterleavedZeroBubble", (2, 3, 4)),
+        ("ZBVZeroBubble", (2,)),
+        ("DualPipeV", (2,)),
+    ],
+)
+def test_the_bubble_is_what_torchs_orders_leave_idle(name: str, vpps: tuple[int, ...]) -> None:
+    """Run each rank's torch order with unit-time chunks: the step beyond the work
+    (``m x 3 vpp`` units a rank) is the bubble, in micro-batch times of the stage."""
+    checked = 0
+    for pp in (2, 3, 4, 8):
+        for vpp in vpps:
+            for m in sorted({1, 2, pp - 1, pp, pp + 1, 3 * pp // 2, 2 * pp, 3 * pp, 4 * pp}):
+                if m < 1 or micro_batch_rule(name, pp, vpp, m) is not None:
+                    continue
+                if name == "InterleavedZeroBubble" and m < pp:
+                    continue  # not priced below a full round (the module docstring)
+                idle = _makespan(name, pp, vpp, m) / (3 * vpp) - m
+                assert bubble_micro_batches(pp, vpp, name, m) == pytest.approx(idle), (
+                    pp,
+                    vpp,
+                    m,
+                )
+                checked += 1
+    assert checked >= 12
+
+
+def test_a_v_schedule_puts_the_head_on_the_first_rank() -> None:
+    """ZBVZeroBubble and DualPipeV: rank 0 holds chunks 0 and 2 pp - 1, the embedding and the
+    head, and runs the loss; the last rank holds the middle chunks and neither."""
+    from headroom.planner.estimator import stage_peaks
+    from headroom.planner.stage import stage_params, v_chunks
+
+    model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
+    assert v_chunks(32, 4, 0) == (range(0, 4), range(28, 32))
+    assert v_chunks(32, 4, 3) == (range(12, 16), range(16, 20))
+    first, last = stage_params(model, 1, 4, 1, 0, True), stage_params(model, 1, 4, 1, 3, True)
+    assert first.has_embedding and first.has_head and first.num_layers == 8
+    assert not (last.has_embedding or last.has_head) and last.num_layers == 8
+    plain = planner.TrainSpec.model_validate(_train(pp_schedule="Interleaved1F1B", vpp=2))
+    peaks = {}
+    for name in ("ZBVZeroBubble", "DualPipeV"):
+        train = planner.TrainSpec.model_validate(_train(pp_schedule=name, vpp=2))
+        budget = planner.estimate(model, train, hw)
+        first_peak, last_peak = stage_peaks(model, train, hw)
+        assert budget.gpu.buckets["logits"] > 0  # the loss runs on the first rank
+        assert first_peak.peak_bytes > last_peak.peak_bytes
+        peaks[name] = first_peak.allocated_bytes
+    interleaved_first, _ = stage_peaks(model, plain, hw)
+    # the first rank's extra head and loss outweigh the micro-batches it holds fewer of
+    assert peaks["ZBVZeroBubble"] > interleaved_first.allocated_bytes
+    # DualPipeV holds 2 pp + 1 chunks on every rank, ZB-V min(2 pp, m + 1 + rank, 2 m)
+    assert peaks["DualPipeV"] >= peaks["ZBVZeroBubble"]
+
+
+def test_a_v_schedule_needs_chunks_that_split_the_layers() -> None:
+    model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
+    train = planner.TrainSpec.model_validate(
+        {
+            **_train(pp_schedule="ZBVZeroBubble", vpp=2),
+            "parallel": {"pp": 3, "dp": 2, "pp_schedule": "ZBVZeroBubble", "vpp": 2},
+        }
+    )
+    with pytest.raises(SpecError) as err:
+        planner.estimate(model, train, hw)
+    assert err.value.field == "train.parallel.vpp"
+
+
+def test_the_plan_prices_a_v_schedule_with_its_count() -> None:
+    """A plan naming ZBVZeroBubble tries vpp 2 only, and prices each candidate's bubble with
+    its micro-batch count."""
+    model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
+    cluster = cluster_for_gpu(hw)
+    spec = {"seq_len": 4096, "parallel": {"pp": 4, "vpp": 2, "pp_schedule": "ZBVZeroBubble"}}
+    found = planner.plan(model, planner.TrainSpec.model_validate(spec), cluster, hw, 16, 64, 4096)
+    assert found.fits and found.plan is not None
+    assert found.plan["parallel"]["vpp"] == 2
+    assert found.plan["parallel"]["pp_schedule"] == "ZBVZeroBubble"
+    bubble = next(t for t in found.step if t.term == "bubble")
+    pp, m = bubble.inputs["pp"], bubble.inputs["micro_batches"]
+    assert pp > 1 and bubble.inputs["bubble_micro_batches"] == pytest.approx(
+        bubble_micro_batches(pp, 2, "ZBVZeroBubble", m)
+    )
+    assert all(c.parallel["vpp"] == 2 for c in found.runners_up)
