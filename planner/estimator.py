@@ -721,10 +721,11 @@ def evaluate(
 
 def check_priced(model: ModelSpec, settings: Knobs, coeffs: Coefficients) -> None:
     """A SpecError naming the field where ``model`` under ``settings`` is something the
-    estimate does not price: an interleaved schedule that does not split the layers, an MoE
-    model under a profile traced on dense layers only, ``selective_op`` where it is not
-    priced (``estimate`` and ``evaluate`` both ask)."""
-    if settings.vpp > 1:
+    estimate does not price: an interleaved schedule that does not split the layers (a V
+    schedule's chunks may be uneven: ``planner.stage.v_chunks``), an MoE model under a profile
+    traced on dense layers only, ``selective_op`` where it is not priced (``estimate`` and
+    ``evaluate`` both ask)."""
+    if settings.vpp > 1 and settings.pp_schedule not in V_SHAPED:
         check_interleaving(model, settings.pp, settings.vpp)
     if model.moe is not None and not coeffs.moe_traced:
         raise_untraced_moe(coeffs)

@@ -186,7 +186,9 @@ _TITAN_NO_MEMORY = (
 )
 _TITAN_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 _TITAN_IMPL = {"fused": "fused", "foreach": "foreach", "for-loop": "for_loop"}
-_INTERLEAVED = ("interleaved1f1b", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+_INTERLEAVED = ("interleaved1f1b", "interleavedzerobubble")
+#: torchtitan's V schedules (two chunks per rank in a V), by their lower-case names
+_V_SCHEDULES = {"zbvzerobubble": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 #: torchtitan's schedules that run every forward before any backward, by their lower-case
 #: names (``torch.distributed.pipelining.get_schedule_class`` takes any case)
 _ALL_FORWARDS_FIRST = {"gpipe": "GPipe", "loopedbfs": "LoopedBFS"}
@@ -279,6 +281,15 @@ def from_torchtitan(data: Mapping[str, Any]) -> StackConfig:
             # every micro-batch's activations held before the first backward, whatever the
             # stages per rank: the schedule's memory, priced with one stage per rank
             parallel["pp_schedule"] = _ALL_FORWARDS_FIRST[schedule.lower()]
+        elif schedule.lower() in _V_SCHEDULES:
+            # the V: the first rank holds the embedding and the head (``planner.schedules``)
+            parallel["pp_schedule"] = _V_SCHEDULES[schedule.lower()]
+            parallel["vpp"] = 2
+            assumed.append(
+                f"pipeline schedule {schedule}: the layers split as evenly as possible into "
+                "2 x pp chunks, earlier chunks taking the remainder (torchtitan's own split "
+                "points are not in the file)"
+            )
         elif schedule.lower() in _INTERLEAVED:
             # its chunks hold the layers torchtitan splits, which the file does not say and
             # the interleaved price needs evenly split: the plain schedule's is taken

@@ -22,6 +22,7 @@ from headroom.planner.schedules import (
     micro_batch_rule,
 )
 from headroom.planner.stack_configs import from_texts
+from headroom.planner.stage import v_chunks
 
 
 def _torch_orders(name: str, pp: int, vpp: int, m: int) -> dict[int, list[Any]]:
@@ -331,7 +332,7 @@ def test_a_v_schedule_puts_the_head_on_the_first_rank() -> None:
     """ZBVZeroBubble and DualPipeV: rank 0 holds chunks 0 and 2 pp - 1, the embedding and the
     head, and runs the loss; the last rank holds the middle chunks and neither."""
     from headroom.planner.estimator import stage_peaks
-    from headroom.planner.stage import stage_params, v_chunks
+    from headroom.planner.stage import stage_params
 
     model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
     assert v_chunks(32, 4, 0) == (range(0, 4), range(28, 32))
@@ -355,17 +356,38 @@ def test_a_v_schedule_puts_the_head_on_the_first_rank() -> None:
     assert peaks["DualPipeV"] >= peaks["ZBVZeroBubble"]
 
 
-def test_a_v_schedule_needs_chunks_that_split_the_layers() -> None:
+def test_a_v_schedules_chunks_may_be_uneven_but_not_empty() -> None:
+    """torch splits the layers into 2 pp chunks whether or not they divide (torchtitan's
+    split points): 32 layers over 2 x 3 chunks price; 2 x 17 chunks do not exist."""
     model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
-    train = planner.TrainSpec.model_validate(
-        {
-            **_train(pp_schedule="ZBVZeroBubble", vpp=2),
-            "parallel": {"pp": 3, "dp": 2, "pp_schedule": "ZBVZeroBubble", "vpp": 2},
-        }
-    )
+    assert v_chunks(32, 3, 0) == (range(0, 6), range(27, 32))
+    parallel = {"dp": 2, "pp_schedule": "ZBVZeroBubble", "vpp": 2}
+    uneven = planner.TrainSpec.model_validate({**_train(), "parallel": {**parallel, "pp": 3}})
+    assert planner.estimate(model, uneven, hw).gpu_peak_bytes > 0
+    empty = planner.TrainSpec.model_validate({**_train(), "parallel": {**parallel, "pp": 17}})
     with pytest.raises(SpecError) as err:
-        planner.estimate(model, train, hw)
-    assert err.value.field == "train.parallel.vpp"
+        planner.estimate(model, empty, hw)
+    assert err.value.field == "train.parallel.pp" and "2 x pp chunks" in str(err.value)
+
+
+def test_torchtitans_v_schedules_are_priced_in_a_v() -> None:
+    toml = """
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 8
+seq_len = 4096
+[parallelism]
+pipeline_parallel_degree = 4
+pipeline_parallel_microbatch_size = 1
+pipeline_parallel_schedule = "ZBVZeroBubble"
+"""
+    found = from_texts([("llama3_8b.toml", toml)])
+    assert found.train["parallel"]["pp_schedule"] == "ZBVZeroBubble"
+    assert found.train["parallel"]["vpp"] == 2
+    dual = from_texts([("x.toml", toml.replace('"ZBVZeroBubble"', '"DualPipeV"'))])
+    assert dual.train["parallel"]["pp_schedule"] == "DualPipeV"
 
 
 def test_the_plan_prices_a_v_schedule_with_its_count() -> None:
