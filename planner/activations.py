@@ -77,13 +77,16 @@ def layer_activations(
     capacity_factor: float,
     imbalance: float,
     gathered_inputs: bool = False,
+    ring_attention: bool = False,
 ) -> LayerActivations:
     """Saved-activation bytes of one dense and one MoE layer (see module docstring).
 
     ``gathered_inputs``: the attention's and the MLP's column-wise projections save their
     input gathered over the sequence (DTensor's tensor parallelism, as torchtitan runs it:
     the all-gather of a sequence-sharded input is the saved tensor), where Megatron's sequence
-    parallelism saves the local shard."""
+    parallelism saves the local shard. ``ring_attention``: context parallelism runs torch's
+    ring attention (``context_parallel``, as torchtitan runs it), whose backward holds the
+    buffers of ``ring_attention_backward``."""
     s_local = -(-seq_len // cp)
     tokens = micro_batch * s_local
     h, e = model.hidden_size, act_bytes
@@ -194,6 +197,17 @@ def layer_activations(
         if moe.routing_weights_fp32:
             output_side += int(coeffs.routing_fp32_bytes_per_element * elements)
         back_moe = back_ffn_moe + int(back_hidden)
+    # the attention's backward, after the MLP's: under torch's context parallelism its ring
+    # buffers, beside all of the MLP's gradients (the larger of the two moments counts)
+    ring = 0
+    if ring_attention and cp > 1 and not eager:
+        head_dim = (
+            model.dim_per_head if mla is None else mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        )
+        ring = ring_attention_backward(tokens * (heads // tp) * head_dim, e, cp)
+    end_dense = (
+        int(coeffs.tp_backward_end_hidden_tensors * tokens * h * e) if gathered_inputs else 0
+    )
     return LayerActivations(
         dense=dense,
         moe=moe_bytes,
@@ -205,16 +219,26 @@ def layer_activations(
         backward_ffn_dense=int(back * ffn_tensor),
         backward_ffn_moe=back_ffn_moe,
         backward_start_moe=output_side,
-        backward_end_moe=end_slots,
+        backward_end_moe=max(end_slots, ring),
         mlp_dense=mlp_dense,
         mlp_moe=mlp_moe,
         # DTensor's tensor parallelism: as the MLP's backward ends, whole-sequence gradients
         # (the output's all-gathered one, the column-wise projections' input gradients as
         # partial sums before their reduce-scatter) beside all of the MLP's gradients
-        backward_end_dense=int(coeffs.tp_backward_end_hidden_tensors * tokens * h * e)
-        if gathered_inputs
-        else 0,
+        backward_end_dense=max(end_dense, ring),
     )
+
+
+def ring_attention_backward(elements: int, act_bytes: int, cp: int) -> int:
+    """What torch's ring attention backward (``_templated_ring_attention_backward``, torch
+    2.13) holds at its peak beyond its inputs and the three gradients a plain attention's
+    backward makes, for ``elements`` in each of the local queries, keys and values (keys and
+    values repeated to the queries' heads) of ``act_bytes`` each over ``cp`` ranks: every
+    rank's keys and values all-gathered (``2 x act_bytes x cp`` bytes an element), and the
+    rest as ``calibration.ring_attention`` traces it at its peak, ``4.5 x act_bytes + 28``:
+    the pair concatenated to send, a ring step's three gradients, the fp32 accumulators of
+    the three and the fp32 key/value gradients rotated to the next rank, sent and received."""
+    return elements * (4 * act_bytes * cp + 9 * act_bytes + 56) // 2
 
 
 class BlockMatmul(NamedTuple):
@@ -351,6 +375,7 @@ class ActivationInputs(NamedTuple):
     loss_impl: str  # the loss's implementation: standard (the profile's) or a derived one
     # (``planner.losses``)
     loss_chunks: int  # chunks it splits the tokens into (0: none by count)
+    ring_attention: bool  # context parallelism through torch's ring attention (FSDP2's stacks)
     # recompute last: the fields before them are ``layer_shape``'s key
     selective: bool  # selective recompute: each layer re-runs its attention scores
     selective_op: bool  # torchtitan's per-op selective checkpointing: every layer a block
@@ -480,6 +505,7 @@ def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         capacity_factor,
         inputs.imbalance,
         inputs.gathered_tp_inputs and tp > 1,
+        inputs.ring_attention,
     )
     saved_dense, saved_moe, scores, layer_input = (
         layer.dense,

@@ -460,6 +460,7 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         fsdp2,  # edges
         settings.loss_impl,
         settings.loss_chunks,
+        fsdp2 and settings.cp > 1,  # ring_attention
         settings.selective,
         settings.selective_op,
         settings.checkpoint_every,
