@@ -236,7 +236,7 @@ FRAMEWORK_RULES = {
 
 def _check(train: TrainSpec) -> None:
     p = train.parallel
-    check_schedule(p.pp_schedule, train.framework, p.vpp)
+    check_schedule(p.pp_schedule, train.framework, p.vpp, p.pp)
     rules = FRAMEWORK_RULES.get(train.framework)
     if rules is not None:
         if p.zero_stage not in rules.zero_stages:

@@ -884,7 +884,9 @@ class Planner:
         if self.train.parallel.pp_schedule in SINGLE_STAGE:
             return (1,) if self.want.vpp in (None, 1) else ()
         if v_shaped(self.train.parallel.pp_schedule):  # two chunks per rank, in a V
-            return (2,) if 1 < pp <= layers // 2 and self.want.vpp in (None, 2) else ()
+            if pp == 1:  # no pipeline: one stage, whatever the schedule
+                return (1,) if self.want.vpp in (None, 1) else ()
+            return (2,) if pp <= layers // 2 and self.want.vpp in (None, 2) else ()
         if self.want.vpp is not None:
             v = self.want.vpp
             ok = v == 1 or (

@@ -188,9 +188,10 @@ def micro_batch_rule(named: str | None, pp: int, vpp: int, grad_accum: int) -> s
     return None
 
 
-def check_schedule(named: str | None, framework: str, vpp: int) -> None:
+def check_schedule(named: str | None, framework: str, vpp: int, pp: int = 2) -> None:
     """A SpecError naming ``parallel.pp_schedule`` where the framework does not run the
-    schedule, its stages per rank are not ``vpp``, or the estimate does not price it."""
+    schedule or its stages per rank are not ``vpp`` (a V schedule without a pipeline, ``pp``
+    1, is one stage: ``vpp`` 1 or 2)."""
     if named is None:
         return
     runs = FRAMEWORK_SCHEDULES.get(framework)
@@ -206,7 +207,7 @@ def check_schedule(named: str | None, framework: str, vpp: int) -> None:
             f"got {vpp}; with more: " + ", ".join(s for s in SCHEDULES if s not in SINGLE_STAGE),
             field="parallel.pp_schedule",
         )
-    if named in V_SHAPED and vpp != 2:
+    if named in V_SHAPED and vpp != 2 and not (pp == 1 and vpp == 1):
         raise SpecError(
             f"parallel.pp_schedule: {named} runs two model chunks per rank in a V, so "
             f"parallel.vpp must be 2, got {vpp}",

@@ -7,7 +7,7 @@ flash attention, no recompute, no offload, every parallel degree 1, ZeRO 0.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, model_validator
 from pydantic.config import JsonDict, JsonValue
@@ -21,7 +21,7 @@ from headroom.planner.losses import (
     DEFAULT_LOSS_CHUNKS,
     LossImpl,
 )
-from headroom.planner.schedules import PipelineSchedule
+from headroom.planner.schedules import V_SHAPED, PipelineSchedule
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "none"]
 OptimizerName = Literal["adamw", "adam", "sgd", "sgd_momentum", "muon", "adafactor", "adamw_8bit"]
@@ -91,11 +91,26 @@ class Parallel(_Frozen):
         description="The pipeline schedule, by torch.distributed.pipelining's name "
         "(torchtitan's parallelism.pipeline_parallel_schedule): 1F1B and GPipe run one stage "
         "per rank (vpp 1); Interleaved1F1B, LoopedBFS and InterleavedZeroBubble run vpp; "
-        "ZBVZeroBubble and DualPipeV two in a V (named, not yet priced). Megatron-Core runs "
+        "ZBVZeroBubble and DualPipeV two in a V (vpp 2, its default with them), the first "
+        "rank holding the embedding and the head. Megatron-Core runs "
         "1F1B and Interleaved1F1B, DeepSpeed 1F1B. Default: 1F1B, or Megatron-Core's "
         "interleaved 1F1B where vpp > 1. Sets the micro-batches each stage holds in flight "
         "and the pipeline's bubble (planner/schedules.py).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v_chunks(cls, data: Any) -> Any:
+        """A V schedule runs two model chunks per rank of a pipeline: ``vpp`` 2 unless given."""
+        if (
+            isinstance(data, dict)
+            and data.get("pp_schedule") in V_SHAPED
+            and "vpp" not in data
+            and isinstance(data.get("pp"), int)
+            and data["pp"] > 1
+        ):
+            return {**data, "vpp": 2}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:

@@ -12,6 +12,7 @@ from torch.distributed.pipelining.schedules import _ComputationType
 
 from headroom import planner
 from headroom.planner.cluster import cluster_for_gpu
+from headroom.planner.constraints import PlanConstraints
 from headroom.planner.errors import SpecError
 from headroom.planner.layout import price_spec
 from headroom.planner.schedules import (
@@ -124,7 +125,7 @@ def _train(**parallel: Any) -> dict[str, Any]:
             "allowed: 1F1B, got Interleaved1F1B",
         ),
         ({"parallel": {"pp_schedule": "1F1B", "vpp": 2}}, "parallel.vpp must be 1"),
-        ({"parallel": {"pp_schedule": "ZBVZeroBubble"}}, "parallel.vpp must be 2, got 1"),
+        ({"parallel": {"pp_schedule": "ZBVZeroBubble", "vpp": 1}}, "parallel.vpp must be 2, got 1"),
         ({"parallel": {"pp_schedule": "DualPipeV", "vpp": 4}}, "in a V, so parallel.vpp must be 2"),
         ({"framework": "megatron", "parallel": {"pp_schedule": "DualPipeV", "vpp": 2}}, "allowed"),
     ],
@@ -396,7 +397,16 @@ def test_the_plan_prices_a_v_schedule_with_its_count() -> None:
     model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
     cluster = cluster_for_gpu(hw)
     spec = {"seq_len": 4096, "parallel": {"pp": 4, "vpp": 2, "pp_schedule": "ZBVZeroBubble"}}
-    found = planner.plan(model, planner.TrainSpec.model_validate(spec), cluster, hw, 16, 64, 4096)
+    found = planner.plan(
+        model,
+        planner.TrainSpec.model_validate(spec),
+        cluster,
+        hw,
+        16,
+        64,
+        4096,
+        constraints=PlanConstraints(pp=4),
+    )
     assert found.fits and found.plan is not None
     assert found.plan["parallel"]["vpp"] == 2
     assert found.plan["parallel"]["pp_schedule"] == "ZBVZeroBubble"
@@ -406,3 +416,25 @@ def test_the_plan_prices_a_v_schedule_with_its_count() -> None:
         bubble_micro_batches(pp, 2, "ZBVZeroBubble", m)
     )
     assert all(c.parallel["vpp"] == 2 for c in found.runners_up)
+
+
+def test_a_v_schedule_runs_two_chunks_unless_told_and_none_without_a_pipeline() -> None:
+    """Naming a V schedule gives a pipeline vpp 2; without a pipeline (pp 1) there is one
+    stage, which the estimate prices as such, and a plan may choose it."""
+    named = planner.TrainSpec.model_validate(_train(pp_schedule="DualPipeV"))
+    assert named.parallel.vpp == 2
+    model, hw = planner.load_model("llama-3-8b"), planner.gpu("H100-80GB")
+    alone = planner.TrainSpec.model_validate(
+        {**_train(), "parallel": {"pp": 1, "dp": 2, "pp_schedule": "ZBVZeroBubble"}}
+    )
+    assert alone.parallel.vpp == 1
+    plain = planner.TrainSpec.model_validate({**_train(), "parallel": {"pp": 1, "dp": 2}})
+    assert planner.estimate(model, alone, hw).gpu_peak_bytes == pytest.approx(
+        planner.estimate(model, plain, hw).gpu_peak_bytes
+    )
+    cluster = cluster_for_gpu(hw)
+    spec = {"seq_len": 4096, "parallel": {"pp_schedule": "DualPipeV"}}
+    found = planner.plan(model, planner.TrainSpec.model_validate(spec), cluster, hw, 16, 64, 4096)
+    assert found.fits and found.plan is not None
+    for parallel in [found.plan["parallel"], *(c.parallel for c in found.runners_up)]:
+        assert parallel["vpp"] == (2 if parallel["pp"] > 1 else 1)
