@@ -12,6 +12,7 @@ from headroom.planner.budget import GPU_BUCKETS, PHASES, Budget
 from headroom.planner.comparison import Comparison
 from headroom.planner.estimator import StagePeak
 from headroom.planner.explanation import Explanation
+from headroom.planner.schedules import V_SHAPED
 from headroom.planner.train import TrainSpec
 from headroom.planner.units import format_bytes
 
@@ -40,6 +41,11 @@ def assumptions(train: TrainSpec) -> str:
     layout = f"DP {par.dp} (ZeRO {par.zero_stage}), TP {par.tp}"
     layout += " with sequence parallel" if par.sequence_parallel else ""
     layout += f", PP {par.pp}" + (f" x {par.vpp} virtual" if par.vpp > 1 else "")
+    if par.pp > 1 and par.pp_schedule is not None:
+        layout += f" ({par.pp_schedule}"
+        if par.pp_schedule in V_SHAPED:
+            layout += ", in a V: the first stage holds the embedding and the head"
+        layout += ")"
     layout += f", CP {par.cp}, EP {par.ep}"
     recompute = train.recompute if isinstance(train.recompute, str) else "every_k"
     offload: str = train.offload.mode

@@ -252,3 +252,20 @@ def test_the_text_says_what_it_assumed_and_reads_without_a_legend() -> None:
     assert "--gpus-per-node counts the ranks" in verdict
     piped = run_wide("estimate", "llama-3-8b", "--set", "parallel.pp=2")
     assert "pipeline stage 1 (the heaviest)" in piped.stdout, piped.stdout
+    v = run_wide(
+        "estimate",
+        "llama-3-8b",
+        "--set",
+        "parallel.pp=2",
+        "--set",
+        "parallel.pp_schedule=DualPipeV",
+        "--set",
+        "grad_accum_steps=4",
+    )
+    assert v.returncode == 0, v.stderr
+    (assumed_v,) = [line for line in v.stdout.splitlines() if line.startswith("assumed: ")]
+    assert (
+        "PP 2 x 2 virtual (DualPipeV, in a V: the first stage holds the embedding and the head)"
+        in (assumed_v)
+    )
+    assert "pipeline stage 0 (the heaviest)" in v.stdout, v.stdout
