@@ -204,8 +204,8 @@ def test_every_schedule_is_named_and_priced() -> None:
         assert torch_schedules.get_schedule_class(name).__name__.lower().endswith(name.lower())
 
 
-def test_torchtitans_gpipe_is_priced_as_gpipe() -> None:
-    toml = """
+#: a torchtitan job of 4 pipeline stages, its schedule to be named
+_TITAN_TOML = """
 [model]
 name = "llama3"
 flavor = "8B"
@@ -215,10 +215,25 @@ seq_len = 4096
 [parallelism]
 pipeline_parallel_degree = 4
 pipeline_parallel_microbatch_size = 1
-pipeline_parallel_schedule = "gpipe"
+pipeline_parallel_schedule = "{schedule}"
 """
-    found = from_texts([("llama3_8b.toml", toml)])
-    assert found.train["parallel"]["pp_schedule"] == "GPipe"
+
+
+@pytest.mark.parametrize(
+    ("named", "schedule", "vpp"),
+    [
+        ("gpipe", "GPipe", None),
+        ("ZBVZeroBubble", "ZBVZeroBubble", 2),
+        ("DualPipeV", "DualPipeV", 2),
+    ],
+)
+def test_torchtitans_schedules_are_priced_as_torch_runs_them(
+    named: str, schedule: str, vpp: int | None
+) -> None:
+    """``gpipe`` every forward first; the V schedules two chunks per rank in a V."""
+    found = from_texts([("llama3_8b.toml", _TITAN_TOML.format(schedule=named))])
+    assert found.train["parallel"]["pp_schedule"] == schedule
+    assert found.train["parallel"].get("vpp") == vpp
 
 
 def _actions(action: Any) -> list[Any]:
@@ -369,26 +384,6 @@ def test_a_v_schedules_chunks_may_be_uneven_but_not_empty() -> None:
     with pytest.raises(SpecError) as err:
         planner.estimate(model, empty, hw)
     assert err.value.field == "train.parallel.pp" and "2 x pp chunks" in str(err.value)
-
-
-def test_torchtitans_v_schedules_are_priced_in_a_v() -> None:
-    toml = """
-[model]
-name = "llama3"
-flavor = "8B"
-[training]
-local_batch_size = 8
-seq_len = 4096
-[parallelism]
-pipeline_parallel_degree = 4
-pipeline_parallel_microbatch_size = 1
-pipeline_parallel_schedule = "ZBVZeroBubble"
-"""
-    found = from_texts([("llama3_8b.toml", toml)])
-    assert found.train["parallel"]["pp_schedule"] == "ZBVZeroBubble"
-    assert found.train["parallel"]["vpp"] == 2
-    dual = from_texts([("x.toml", toml.replace('"ZBVZeroBubble"', '"DualPipeV"'))])
-    assert dual.train["parallel"]["pp_schedule"] == "DualPipeV"
 
 
 def test_the_plan_prices_a_v_schedule_with_its_count() -> None:
