@@ -61,14 +61,26 @@ def claim(
         "owner_seen_at": now,
     }
     if max_running is None:
-        return _changed(session, run_id, "queued", **values, reason="starting")
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK})
-    other = aliased(Run)
-    running = (
-        select(func.count()).select_from(other).where(other.status == "running").scalar_subquery()
-    )
-    return _changed(session, run_id, "queued", running < max_running, **values, reason="starting")
+        claimed = _changed(session, run_id, "queued", **values, reason="starting")
+    else:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK})
+        other = aliased(Run)
+        running = (
+            select(func.count())
+            .select_from(other)
+            .where(other.status == "running")
+            .scalar_subquery()
+        )
+        claimed = _changed(
+            session, run_id, "queued", running < max_running, **values, reason="starting"
+        )
+    if claimed:
+        # stamped again once the claim has won: ``now`` was taken before the claim's update,
+        # and a place another replica's ``finish`` freed in between would make this run seem
+        # to start before that one ended (the finish stamps its time before it commits)
+        _changed(session, run_id, "running", Run.owner == owner, started_at=utcnow())
+    return claimed
 
 
 def note_probing(session: Session, run_id: int, *, pid: int, log_path: str) -> bool:
