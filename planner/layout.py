@@ -123,10 +123,10 @@ from headroom.planner.params import count_params
 from headroom.planner.schedules import (
     BY_COUNT,
     SINGLE_STAGE,
+    V_SHAPED,
     bubble_micro_batches,
     micro_batch_rule,
     schedule_of,
-    v_shaped,
 )
 from headroom.planner.stage import check_layout, stage_params
 from headroom.planner.steptime import StepModel, streaming_step_seconds
@@ -883,7 +883,7 @@ class Planner:
         layers = self.model.num_layers
         if self.train.parallel.pp_schedule in SINGLE_STAGE:
             return (1,) if self.want.vpp in (None, 1) else ()
-        if v_shaped(self.train.parallel.pp_schedule):  # two chunks per rank, in a V
+        if self.train.parallel.pp_schedule in V_SHAPED:  # two chunks per rank, in a V
             if pp == 1:  # no pipeline: one stage, whatever the schedule
                 return (1,) if self.want.vpp in (None, 1) else ()
             return (2,) if pp <= layers // 2 and self.want.vpp in (None, 2) else ()
@@ -1126,7 +1126,8 @@ class Planner:
             # the forward attention of a sequence's shard: 2 x d_attn x seq FLOPs per token
             attention = 2 * self.d_attn * self.seq * tokens / tp / self.rate
             cp_b, cp_c = comm - attention, (cp - 1) * lat
-        sp0 = stage_params(model, tp, pp, ep, 0, v_shaped(self.train.parallel.pp_schedule))
+        v = self.train.parallel.pp_schedule in V_SHAPED
+        sp0 = stage_params(model, tp, pp, ep, 0, v)
         dp_group = dp * cp
         return _LayoutCosts(
             f.tp_b,

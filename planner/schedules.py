@@ -84,11 +84,6 @@ FRAMEWORK_SCHEDULES = {
 }
 
 
-def v_shaped(named: str | None) -> bool:
-    """Whether the schedule places the model in a V (the first rank holds the head)."""
-    return named in V_SHAPED
-
-
 def schedule_of(named: str | None, vpp: int) -> str:
     """The schedule a spec runs: the one it names, else 1F1B (interleaved where vpp > 1)."""
     if named is not None:
@@ -188,7 +183,7 @@ def micro_batch_rule(named: str | None, pp: int, vpp: int, grad_accum: int) -> s
     return None
 
 
-def check_schedule(named: str | None, framework: str, vpp: int, pp: int = 2) -> None:
+def check_schedule(named: str | None, framework: str, vpp: int, pp: int) -> None:
     """A SpecError naming ``parallel.pp_schedule`` where the framework does not run the
     schedule or its stages per rank are not ``vpp`` (a V schedule without a pipeline, ``pp``
     1, is one stage: ``vpp`` 1 or 2)."""
