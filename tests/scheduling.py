@@ -1,7 +1,8 @@
 """How ``make test`` spreads the suite over its xdist workers (``-n 3 --dist loadgroup``): the
 tests that share one thing of the machine run on one worker, one after another (``SHARED``,
-``SharedGroups``); the longest start first (``FIRST``); every other test goes to whichever
-worker is free. ``tests/conftest.py`` hooks these in."""
+``SharedGroups``); so do the tests of a file that share a costly fixture (``WHOLE_FILE``); the
+longest start first (``FIRST``); every other test goes to whichever worker is free.
+``tests/conftest.py`` hooks these in."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ SHARED = {
     # a folder of its own, then comes from ccache
     "deepspeed_op": ("planner/test_deepspeed.py", "calibration/test_killed_build.py"),
 }
+#: files whose tests share one costly module-scoped fixture: each file is one unit of work, so
+#: the fixture is built once, not once on every worker that runs one of its tests (the GPU
+#: matrix's and the state design's simulated runs, 50-60 s of CPU each on a slow 2-core VM, had
+#: been built on two workers; the packaging tests' wheel on three)
+WHOLE_FILE = (
+    "calibration/test_sim_matrix.py",
+    "calibration/test_sim_states.py",
+    "test_packaging.py",
+)
 #: the longest tests (30 s and more on two workers), started before the rest so that the run
 #: does not end on one of them with the other worker idle
 FIRST = (
@@ -45,7 +55,7 @@ def _where(path: Path) -> str:
 
 def order(items: list[pytest.Item]) -> None:
     rank = {f: i for i, f in enumerate(f for files in SHARED.values() for f in files)}
-    rank |= {f: len(rank) + i for i, f in enumerate(FIRST)}
+    rank |= {f: len(rank) + i for i, f in enumerate(FIRST + WHOLE_FILE)}
     # a stable sort: the shared files in their groups' order, the longest tests, the rest as
     # collected (the scheduler hands out the groups first, the largest first, then the tests
     # one by one in this order)
@@ -63,6 +73,9 @@ class SharedGroups(LoadScopeScheduling):
 
 
 def scope(nodeid: str) -> str:
-    """A test's unit of work: its ``SHARED`` group, else the test itself."""
+    """A test's unit of work: its ``SHARED`` group, else its file if that is ``WHOLE_FILE``,
+    else the test itself."""
     where = _where(ROOT / nodeid.split("::", 1)[0])
+    if where in WHOLE_FILE:
+        return where
     return next((g for g, files in SHARED.items() if where in files), nodeid)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import processes
-from scheduling import SHARED, scope
+from scheduling import SHARED, WHOLE_FILE, scope
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a few quick tests of each group's files, and one of no group
@@ -43,3 +43,17 @@ def test_each_shared_group_runs_on_one_worker(tmp_path: Path) -> None:
         workers[scope(nodeid)].add(worker)
     for group in SHARED:
         assert len(workers[group]) == 1, (group, workers[group])
+
+
+def test_a_whole_file_is_one_unit_of_work_and_other_tests_are_their_own() -> None:
+    """The tests of a ``WHOLE_FILE`` file share one unit (its module fixture is built once);
+    two tests of any other file are two units."""
+    for where in WHOLE_FILE:
+        assert (ROOT / "tests" / where).is_file(), where
+    matrix = "tests/calibration/test_sim_matrix.py::"
+    assert scope(matrix + "test_the_grid_covers_the_gpu_matrix") == scope(
+        matrix + "test_the_optimizer_phase_holds_what_the_planner_counts"
+    )
+    plan = "tests/planner/test_plan.py::"
+    assert scope(plan + "test_a") != scope(plan + "test_b")
+    assert scope("tests/planner/test_deepspeed.py::test_x") == "deepspeed_op"
