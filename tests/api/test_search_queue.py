@@ -164,13 +164,12 @@ def test_the_default_deadline_answers_the_longest_searches(tmp_path: Path) -> No
 
 
 def test_a_search_past_its_deadline_stops_with_a_503(tmp_path: Path) -> None:
-    deep_fit = DEEP_FIT
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'b.db'}", launch_runs=False, search_deadline_s=0.001
     )
     app = create_app(settings)
     with TestClient(app) as client:
-        for path, body in (("plan", LONG_PLAN), ("fit", deep_fit)):
+        for path, body in (("plan", LONG_PLAN), ("fit", DEEP_FIT)):
             response = client.post(f"/api/v1/{path}", json=body)
             assert response.status_code == 503, response.text[:300]
             assert response.headers["content-type"] == "application/problem+json"
