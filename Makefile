@@ -52,9 +52,10 @@ $(STAMP): pyproject.toml
 	# Megatron-Core's own model code, for the megatron activation profile (its dependencies,
 	# torch, numpy and packaging, are installed already; no Transformer Engine on a CPU)
 	$(BIN)/python -m pip install --quiet --no-deps "megatron-core==0.16.1"
-	# torchtune's chunked cross-entropy, read by the loss traces from its own file (importing the
-	# torchtune package needs torchao, which no trace uses)
-	$(BIN)/python -m pip install --quiet --no-deps "torchtune==0.6.1"
+	# torchtune's model code (the torchtune activation profile) and chunked cross-entropy; its
+	# modules import torchao (its NF4 tensor), so the torchao of torchtune 0.6.1's time; the
+	# package's own __init__ imports its data stack, which calibration/torchtune.py skips
+	$(BIN)/python -m pip install --quiet --no-deps "torchtune==0.6.1" "torchao==0.9.0"
 	$(call INSTALLED,$(STAMP) $(SERVICE_STAMP))
 
 run: install-service

@@ -48,7 +48,7 @@ PURE_BF16 = {"params": "bf16", "grads": "bf16", "master": "none", "optimizer_sta
 #: fp32 sharded parameters and AdamW states
 FSDP2_PRECISION = {"params": "bf16", "grads": "fp32", "master": "fp32", "optimizer_states": "fp32"}
 #: the implementations that have a design
-IMPLS = ("runtime", "hf", "torchtitan", "megatron")
+IMPLS = ("runtime", "hf", "torchtitan", "megatron", "torchtune")
 #: the designs traced under a framework (implementation-framework)
 FRAMEWORK_DESIGNS = ("hf-fsdp2", "torchtitan-fsdp2")
 #: every design: one per implementation, and one per implementation and framework

@@ -81,6 +81,16 @@ STRUCTURAL: dict[str, dict[str, Any]] = {
         "routing_product_slab_elements": ROUTING_SLAB_ELEMENTS,
     },
     "hf": {},
+    # torchtune's layer under torch.compile (its compile: true), traced with real tensors on a
+    # CPU (``calibration.torchtune.compiled_layer_tensors``, solved from two shapes and held to
+    # others by tests/calibration/test_torchtune_profile.py): it saves 7 hidden-width and 1
+    # FFN-width 16-bit tensors a token fewer than eagerly. The two RMSNorms' fp32 input and
+    # output (8 in 16-bit units) and the SiLU output are recomputed in the compiled backward;
+    # the compiled graph returns one more hidden-width tensor of its own
+    "torchtune": {
+        "compiled_layer_hidden_tensors": 7.0,
+        "compiled_layer_ffn_tensors": 1.0,
+    },
     # both run the embedding on the rank's shard of the vocabulary under tensor parallelism
     # (torchtitan: ``local_map`` in ``set_decoder_sharding_config``; Megatron-Core:
     # ``VocabParallelEmbedding``), so its backward makes only that shard's gradient

@@ -28,6 +28,8 @@ ABOUT = {
     "kernels allocate it, its cross_entropy_loss and FullAC)",
     "megatron": "Megatron-Core's GPT with its local layers (flash attention as a GPU kernel "
     "allocates it, its vocab_parallel_cross_entropy)",
+    "torchtune": "torchtune's Llama 3.2 decoder code (fp32 RMSNorm, expanded grouped keys "
+    "and values, fp32 logits, its recipes' cross entropy and activation checkpointing)",
 }
 
 

@@ -67,6 +67,7 @@ PACKAGES = {
     "hf": ("transformers", "transformers"),
     "torchtitan": ("torchtitan", "torchtitan"),
     "megatron": ("megatron_core", "megatron-core"),
+    "torchtune": ("torchtune", "torchtune"),
 }
 
 
@@ -89,6 +90,8 @@ class TracesFile(BaseModel):
     torchtitan: str | None = None
     #: the megatron-core version of a ``megatron`` file
     megatron_core: str | None = None
+    #: the torchtune version of a ``torchtune`` file
+    torchtune: str | None = None
 
     def fitted(self) -> list[TraceRecord]:
         """The records a fit uses (those not held out)."""

@@ -103,7 +103,7 @@ def _categories(snapshot: dict[Any, dict[str, int]]) -> dict[str, int]:
     return out
 
 
-IMPLS = ("runtime", "hf", "torchtitan", "megatron")
+IMPLS = ("runtime", "hf", "torchtitan", "megatron", "torchtune")
 
 
 @contextlib.contextmanager
@@ -295,6 +295,19 @@ def _build(
             torchtitan.apply_full_ac(net)
         masks = torchtitan.attention_masks(net, train.micro_batch_size, train.seq_len)
         return net, lambda m, ids: torchtitan.loss(m, ids, masks)
+    if impl == "torchtune":
+        from headroom.calibration import torchtune
+
+        if every not in (None, 1):
+            raise SpecError(
+                "recompute: torchtune's recipes checkpoint every layer; allowed for --impl "
+                f"torchtune: none, selective, full (got every_k {every})",
+                field="recompute",
+            )
+        net = torchtune.build(model, train.seq_len)
+        if every == 1:
+            torchtune.apply_full_ac(net)
+        return net, torchtune.loss
     if impl == "megatron":
         from headroom.calibration import megatron
 
@@ -347,6 +360,10 @@ def trace(
         from headroom.calibration.torchtitan import flex_attention_as_on_a_gpu
 
         masks = flex_attention_as_on_a_gpu(compiled_region=True)
+    elif impl == "torchtune":
+        from headroom.calibration.torchtune import require_torchtune
+
+        require_torchtune()
     elif impl == "megatron":
         from headroom.calibration import megatron
 

@@ -78,6 +78,7 @@ def layer_activations(
     imbalance: float,
     gathered_inputs: bool = False,
     ring_attention: bool = False,
+    compiled: bool = False,
 ) -> LayerActivations:
     """Saved-activation bytes of one dense and one MoE layer (see module docstring).
 
@@ -86,7 +87,9 @@ def layer_activations(
     the all-gather of a sequence-sharded input is the saved tensor), where Megatron's sequence
     parallelism saves the local shard. ``ring_attention``: context parallelism runs torch's
     ring attention (``context_parallel``, as torchtitan runs it), whose backward holds the
-    buffers of ``ring_attention_backward``."""
+    buffers of ``ring_attention_backward``. ``compiled``: the layer runs under torch.compile,
+    saving the profile's ``compiled_layer_*_tensors`` fewer hidden- and FFN-width tensors
+    (the norms' and the MLP's, where AOTAutograd recomputes elementwise work instead)."""
     s_local = -(-seq_len // cp)
     tokens = micro_batch * s_local
     h, e = model.hidden_size, act_bytes
@@ -141,6 +144,10 @@ def layer_activations(
     attention = coeffs.attention_scale * (attn + scores)
     common = coeffs.norm_scale * norms + attention + coeffs.qk_norm_tensors * qk_norms
     mlp_dense = int(coeffs.mlp_scale * dense_mlp)
+    if compiled and coeffs.compiled_layer_hidden_tensors is not None:
+        common -= coeffs.compiled_layer_hidden_tensors * hidden_tokens * e
+        ffn_fewer = coeffs.compiled_layer_ffn_tensors or 0.0
+        mlp_dense -= int(ffn_fewer * tokens * model.ffn_hidden_size) * e // tp
     # the whole sequence's input of the attention's and the MLP's first projections, beside
     # the local shard the terms above count (a fact of the framework, not scaled)
     gathered = tokens * h * e - hidden_tokens * e if gathered_inputs else 0
@@ -376,6 +383,7 @@ class ActivationInputs(NamedTuple):
     # (``planner.losses``)
     loss_chunks: int  # chunks it splits the tokens into (0: none by count)
     ring_attention: bool  # context parallelism through torch's ring attention (FSDP2's stacks)
+    compiled_layers: bool  # the decoder layers run under torch.compile (TrainSpec.compile)
     # recompute last: the fields before them are ``layer_shape``'s key
     selective: bool  # selective recompute: each layer re-runs its attention scores
     selective_op: bool  # torchtitan's per-op selective checkpointing: every layer a block
@@ -506,6 +514,7 @@ def layer_shape(model: ModelSpec, coeffs: Coefficients, inputs: ActivationInputs
         inputs.imbalance,
         inputs.gathered_tp_inputs and tp > 1,
         inputs.ring_attention,
+        inputs.compiled_layers,
     )
     saved_dense, saved_moe, scores, layer_input = (
         layer.dense,

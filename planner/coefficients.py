@@ -83,6 +83,16 @@ class Coefficients(FewUnknownKeys):
         "checkpointing): traced (torchtitan) or derived from the policy (textbook). A profile "
         "whose traces have none refuses it rather than price it as another policy.",
     )
+    compiled_layer_hidden_tensors: float | None = Field(
+        default=None,
+        description="Hidden-width tensors (of the activation dtype, per token) a decoder layer "
+        "under torch.compile saves fewer than the eager one (TrainSpec.compile): traced from "
+        "the profile's layer compiled on a CPU; None: compile is not traced and is refused.",
+    )
+    compiled_layer_ffn_tensors: float | None = Field(
+        default=None,
+        description="The same in FFN-width tensors (the MLP's elementwise outputs).",
+    )
     selective_op_saves_attention_inputs: bool = Field(
         default=False,
         description="Under recompute: selective_op the attention operator the policy saves "

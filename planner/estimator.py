@@ -122,6 +122,7 @@ class Knobs(NamedTuple):
     loss_impl: str = "standard"  # the loss's implementation (``planner.losses``)
     loss_chunks: int = 0  # chunks it splits the tokens into (0: none by count)
     optimizer_in_backward: bool = False  # each parameter stepped as its gradient lands
+    compiled_layers: bool = False  # the decoder layers run under torch.compile
 
 
 #: a training spec and its knobs (its one free text, the profile, is at most 64 characters)
@@ -183,6 +184,7 @@ def knobs(train: TrainSpec) -> Knobs:
         loss_impl=train.loss.priced_impl,
         loss_chunks=train.loss.num_chunks,
         optimizer_in_backward=train.optimizer_in_backward,
+        compiled_layers=train.compile,
     )
 
 
@@ -461,6 +463,7 @@ def activation_inputs(settings: Knobs) -> ActivationInputs:
         settings.loss_impl,
         settings.loss_chunks,
         fsdp2 and settings.cp > 1,  # ring_attention
+        settings.compiled_layers,
         settings.selective,
         settings.selective_op,
         settings.checkpoint_every,
@@ -732,6 +735,34 @@ def check_priced(model: ModelSpec, settings: Knobs, coeffs: Coefficients) -> Non
         raise_untraced_moe(coeffs)
     if settings.selective_op:
         check_selective_op(model, coeffs)
+    if settings.compiled_layers:
+        check_compiled_layers(settings, coeffs)
+
+
+def check_compiled_layers(settings: Knobs, coeffs: Coefficients) -> None:
+    """``compile`` is priced by a profile whose compiled layer was traced
+    (``Coefficients.compiled_layer_hidden_tensors``), as traced: 16-bit activations, one
+    tensor-parallel rank. A SpecError naming ``compile`` otherwise."""
+    if coeffs.compiled_layer_hidden_tensors is None or coeffs.compiled_layer_ffn_tensors is None:
+        having = [p for p in profiles() if default_coefficients(p).compiled_layer_hidden_tensors]
+        raise SpecError(
+            f"compile: the {coeffs.profile} profile has no compiled layer traced (what "
+            "torch.compile saves depends on the model code); profiles that price it: "
+            f"{', '.join(having) or 'none'}; or set compile false",
+            field="compile",
+        )
+    if settings.param_bytes != 2:
+        raise SpecError(
+            "compile: a compiled layer is priced at 16-bit activations, as traced; allowed "
+            f"with precision.params bf16 or fp16 (got {settings.param_bytes}-byte params)",
+            field="compile",
+        )
+    if settings.tp > 1:
+        raise SpecError(
+            "compile: a compiled layer is priced on one tensor-parallel rank, as traced; "
+            f"allowed with parallel.tp 1 (got {settings.tp})",
+            field="compile",
+        )
 
 
 def raise_untraced_moe(coeffs: Coefficients) -> NoReturn:

@@ -365,6 +365,15 @@ class TrainSpec(_Frozen):
     expandable_segments: StrictBool = Field(
         default=False, description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."
     )
+    compile: StrictBool = Field(
+        default=False,
+        description="The decoder layers run under torch.compile (torchtune's compile: true "
+        "compiles each TransformerSelfAttentionLayer; its loss is loss.compiled). "
+        "AOTAutograd's partitioner recomputes cheap elementwise operations in the backward "
+        "rather than saving their outputs, so a compiled layer saves less. Priced for the "
+        "profiles whose compiled layer was traced (torchtune), at 16-bit precision, on one "
+        "tensor-parallel rank; refused otherwise.",
+    )
     optimizer_in_backward: StrictBool = Field(
         default=False,
         description="Step each parameter as its gradient lands and free the gradient "

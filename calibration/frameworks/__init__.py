@@ -14,7 +14,7 @@ from headroom.planner.errors import SpecError
 FRAMEWORKS = ("none", "fsdp2")
 #: the implementations each framework traces
 FRAMEWORK_IMPLS: dict[str, tuple[str, ...]] = {
-    "none": ("runtime", "hf", "torchtitan", "megatron"),
+    "none": ("runtime", "hf", "torchtitan", "megatron", "torchtune"),
     "fsdp2": ("hf", "torchtitan"),
 }
 

@@ -51,6 +51,7 @@ class Impl(StrEnum):
     hf = "hf"
     torchtitan = "torchtitan"
     megatron = "megatron"
+    torchtune = "torchtune"
 
 
 def _hf_config(model: str) -> dict[str, Any] | None:
@@ -72,8 +73,8 @@ def trace_command(
         Impl | None,
         typer.Option(
             "--impl",
-            help="Which implementation of the model to trace: runtime, hf, torchtitan or megatron "
-            "(default: runtime; hf under a framework).",
+            help="Which implementation of the model to trace: runtime, hf, torchtitan, megatron "
+            "or torchtune (default: runtime; hf under a framework).",
         ),
     ] = None,
     framework: Annotated[
@@ -99,7 +100,8 @@ def trace_command(
     headroom-planner[hf]) built from MODEL's config.json, or from the spec's shape; --impl
     torchtitan torchtitan's own Llama 3 model code of the spec's shape (make install adds
     torchtitan); --impl megatron Megatron-Core's GPT with its local layers (make install adds
-    megatron-core).
+    megatron-core); --impl torchtune torchtune's Llama 3.2 decoder code (make install adds
+    torchtune and torchao).
     --framework fsdp2 traces the hf model under FSDP2 (torchtitan's default run:
     parallel.zero_stage 3, fp32 master and optimizer states, precision.params the compute
     dtype, precision.grads the reduce dtype; tensor parallelism with parallel.tp and
@@ -146,6 +148,11 @@ def trace_command(
 
             megatron.require_megatron()
             megatron.check_model(spec)  # Megatron-Core's local layers, or the field they lack
+        elif chosen is Impl.torchtune:
+            from headroom.calibration import torchtune
+
+            torchtune.require_torchtune()
+            torchtune.check_model(spec)  # Llama 3.2's shape, or the field it lacks
         elif chosen is Impl.torchtitan:
             from headroom.calibration import torchtitan
 

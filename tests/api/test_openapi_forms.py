@@ -98,7 +98,7 @@ def test_a_plans_cluster_is_a_preset_name_or_alias_or_cluster(openapi: dict[str,
 def test_train_is_the_training_spec(openapi: dict[str, Any], body: str) -> None:
     assert _refs(_forms(openapi, body, "train")) == {"TrainSpec", "StackConfigTrain"}
     profile = openapi["components"]["schemas"]["TrainSpec"]["properties"]["activation_profile"]
-    assert profile["enum"] == ["hf", "megatron", "runtime", "textbook", "torchtitan"]
+    assert profile["enum"] == ["hf", "megatron", "runtime", "textbook", "torchtitan", "torchtune"]
 
 
 def test_every_bound_is_a_json_schema_keyword_and_fits_a_double(openapi: dict[str, Any]) -> None:
