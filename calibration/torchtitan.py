@@ -61,14 +61,11 @@ def _refuse(field: str, why: str) -> SpecError:
     )
 
 
-def config_for(spec: planner.ModelSpec, seq_len: int = 131072) -> Any:
-    """torchtitan's ``Llama3Model.Config`` of ``spec``'s shape (a SpecError naming the first
-    field Llama 3 cannot express), its RoPE caches ``seq_len`` positions long as torchtitan's
-    trainer makes them (``Decoder.Config.update_from_config``: the training sequence length;
-    every block keeps a cache of its own)."""
-    llama3 = require_torchtitan()
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-
+def llama_refusal(spec: planner.ModelSpec) -> tuple[str, str] | None:
+    """The first field of ``spec`` a dense Llama decoder (torchtitan's Llama 3, torchtune's
+    Llama 3.2) cannot express and why, or None: SwiGLU, RMSNorm, grouped-query attention
+    whose heads split the width, no biases, no dropout, no query/key norms, no MoE, MLA or
+    multi-token prediction."""
     checks = (
         ("ffn_kind", spec.ffn_kind == "swiglu", "its MLP is SwiGLU (allowed: swiglu)"),
         ("norm", spec.norm == "rmsnorm", "its norms are RMSNorm (allowed: rmsnorm)"),
@@ -84,12 +81,28 @@ def config_for(spec: planner.ModelSpec, seq_len: int = 131072) -> Any:
     )
     for field, ok, why in checks:
         if not ok:
-            raise _refuse(field, why)
+            return field, why
     head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
     if head_dim * spec.num_heads != spec.hidden_size:
-        raise _refuse(
-            "head_dim", f"its heads split the width (allowed: {spec.hidden_size // spec.num_heads})"
+        return (
+            "head_dim",
+            f"its heads split the width (allowed: {spec.hidden_size // spec.num_heads})",
         )
+    return None
+
+
+def config_for(spec: planner.ModelSpec, seq_len: int = 131072) -> Any:
+    """torchtitan's ``Llama3Model.Config`` of ``spec``'s shape (a SpecError naming the first
+    field Llama 3 cannot express), its RoPE caches ``seq_len`` positions long as torchtitan's
+    trainer makes them (``Decoder.Config.update_from_config``: the training sequence length;
+    every block keeps a cache of its own)."""
+    llama3 = require_torchtitan()
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+
+    refusal = llama_refusal(spec)
+    if refusal is not None:
+        raise _refuse(*refusal)
+    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
     dim, vocab = spec.hidden_size, spec.vocab_size
     layers = llama3._build_llama3_layers(
         fuse_qkv=True,

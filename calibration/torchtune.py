@@ -101,27 +101,11 @@ def _refuse(field: str, why: str) -> SpecError:
 
 def check_model(spec: planner.ModelSpec) -> None:
     """A SpecError naming the first field torchtune's Llama 3.2 builder cannot express."""
-    checks = (
-        ("ffn_kind", spec.ffn_kind == "swiglu", "its MLP is SwiGLU (allowed: swiglu)"),
-        ("norm", spec.norm == "rmsnorm", "its norms are RMSNorm (allowed: rmsnorm)"),
-        ("moe", spec.moe is None, "it is dense (allowed: null)"),
-        ("mla", spec.mla is None, "its attention is grouped-query (allowed: null)"),
-        ("qk_norm", not spec.qk_norm, "it has no query/key norms (allowed: false)"),
-        ("qkv_bias", not spec.qkv_bias, "its projections have no bias (allowed: false)"),
-        ("attention_out_bias", not spec.attention_out_bias, "no bias (allowed: false)"),
-        ("mlp_bias", not spec.mlp_bias, "no bias (allowed: false)"),
-        ("linear_bias", not spec.linear_bias, "no bias (allowed: false)"),
-        ("dropout", not spec.dropout, "no dropout (allowed: false)"),
-        ("num_mtp_layers", spec.num_mtp_layers == 0, "no multi-token prediction (allowed: 0)"),
-    )
-    for field, ok, why in checks:
-        if not ok:
-            raise _refuse(field, why)
-    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
-    if head_dim * spec.num_heads != spec.hidden_size:
-        raise _refuse(
-            "head_dim", f"its heads split the width (allowed: {spec.hidden_size // spec.num_heads})"
-        )
+    from headroom.calibration.torchtitan import llama_refusal
+
+    refusal = llama_refusal(spec)
+    if refusal is not None:
+        raise _refuse(*refusal)
 
 
 def build(spec: planner.ModelSpec, seq_len: int) -> torch.nn.Module:

@@ -188,3 +188,21 @@ def test_the_cli_refuses_compile_for_a_profile_without_it_with_exit_2() -> None:
     assert result.returncode == 2, result.stderr
     assert "compile" in result.stderr and "torchtune" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("update", "field"),
+    [
+        ({"ffn_kind": "gelu"}, "model.ffn_kind"),
+        ({"qk_norm": True}, "model.qk_norm"),
+        ({"qkv_bias": True}, "model.qkv_bias"),
+        ({"hidden_size": 500}, "model.head_dim"),
+    ],
+)
+def test_shapes_torchtunes_llama_cannot_express_are_refused_naming_the_field(
+    update: dict[str, object], field: str
+) -> None:
+    spec = planner.load_model("llama-3-8b").model_copy(update=update)
+    with pytest.raises(planner.SpecError, match="torchtune's Llama 3.2") as caught:
+        torchtune.check_model(spec)
+    assert caught.value.field == field
