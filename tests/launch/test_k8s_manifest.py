@@ -4,8 +4,8 @@ schema through the Kubeflow training SDK's models (generated from the CRD's Open
 printed by the command line without anything stored.
 
 The golden file is ``tests/launch/data/pytorchjob-golden.yaml``; regenerate it only for an
-intended change of the manifest (or of the specs it carries), with
-``PYTHONPATH=. python tests/launch/test_k8s_manifest.py --write`` from the repository's root.
+intended change of the manifest (or of the specs it carries), with ``PYTHONPATH=.:tests
+.venv/bin/python tests/launch/test_k8s_manifest.py --write`` from the repository's root.
 
 The SDK's ``ApiClient`` deserializes leniently: it reads only the keys its models name (an
 unknown key is dropped without a word) and casts a primitive to the declared type (``1`` where a
@@ -32,6 +32,8 @@ from headroom.launch import k8s
 from headroom.launch.plan import RunPlan
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "pytorchjob-golden.yaml"
+#: how to write the golden file again (from the repository's root)
+REGENERATE = "PYTHONPATH=.:tests .venv/bin/python tests/launch/test_k8s_manifest.py --write"
 #: the golden run: fixed specs (optimizer offload, so the host budget is not zero), uid and shape
 GOLDEN_UID = "0123456789abcdef0123456789abcdef"
 GOLDEN_SETTINGS = {
@@ -94,7 +96,7 @@ def test_the_golden_run_renders_byte_identical_to_the_committed_manifest() -> No
     rendered = k8s.render_yaml(golden_documents())
     assert rendered == GOLDEN.read_text(), (
         "the rendered PyTorchJob differs from tests/launch/data/pytorchjob-golden.yaml; if the "
-        "change is intended: PYTHONPATH=. python tests/launch/test_k8s_manifest.py --write"
+        f"change is intended: {REGENERATE}"
     )
 
 
@@ -345,7 +347,7 @@ def main(argv: list[str]) -> int:
         GOLDEN.write_text(k8s.render_yaml(golden_documents()))
         print(f"wrote {GOLDEN}")
         return 0
-    print("usage: PYTHONPATH=. python tests/launch/test_k8s_manifest.py --write", file=sys.stderr)
+    print(f"usage: {REGENERATE}", file=sys.stderr)
     return 2
 
 
