@@ -35,8 +35,8 @@ def _gib(value: int) -> str:
 
 
 def assumptions(train: TrainSpec) -> str:
-    """What the estimate assumed, on one line: batch, layout, framework, recompute, precision,
-    optimizer and offload."""
+    """What the estimate assumed, on one line: batch, layout, framework, recompute (and
+    compiled layers), precision, optimizer and offload."""
     par, prec = train.parallel, train.precision
     layout = f"DP {par.dp} (ZeRO {par.zero_stage}), TP {par.tp}"
     layout += " with sequence parallel" if par.sequence_parallel else ""
@@ -54,7 +54,8 @@ def assumptions(train: TrainSpec) -> str:
     return (
         f"assumed: micro-batch {train.micro_batch_size} x {train.seq_len:,} tokens, "
         f"grad accumulation {train.grad_accum_steps}; {layout}; framework {train.framework}; "
-        f"recompute {recompute}, attention {train.attention}, loss {train.loss.priced_impl}; "
+        f"recompute {recompute}, attention {train.attention}, loss {train.loss.priced_impl}"
+        f"{', compiled layers' if train.compile else ''}; "
         f"precision params {prec.params} / grads {prec.grads} / master {prec.master} / "
         f"optimizer {prec.optimizer_states}; {train.optimizer} ({train.optimizer_impl}); "
         f"offload {offload}; activation profile {train.activation_profile}"

@@ -206,3 +206,10 @@ def test_shapes_torchtunes_llama_cannot_express_are_refused_naming_the_field(
     with pytest.raises(planner.SpecError, match=r"torchtune's Llama 3\.2") as caught:
         torchtune.check_model(spec)
     assert caught.value.field == field
+
+
+def test_the_estimates_assumptions_name_compiled_layers() -> None:
+    from headroom.cli.render import assumptions
+
+    assert "loss standard, compiled layers;" in assumptions(_train(compile=True))
+    assert "compiled" not in assumptions(_train())
