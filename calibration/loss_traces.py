@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, cast
 
@@ -257,18 +256,9 @@ def torchtune_chunked_loss_class() -> type:
     """torchtune's own ``CEWithChunkedOutputLoss`` (0.6.1, ``make install`` installs it without
     its dependencies), loaded from its own file: the module imports only torch, while
     importing the torchtune package needs torchao, which no trace does."""
-    import importlib.util
-    from importlib.metadata import distribution
+    from headroom.calibration.torchtune import load_file
 
-    path = distribution("torchtune").locate_file("torchtune/modules/loss/ce_chunked_output_loss.py")
-    spec = importlib.util.spec_from_file_location("torchtune_ce_chunked_output_loss", str(path))
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        # registered, as an import would: torch.compile looks the class's module up by name
-        sys.modules[spec.name] = module
+    module = load_file("torchtune_ce_chunked_output_loss", "modules/loss/ce_chunked_output_loss.py")
     found: type = module.CEWithChunkedOutputLoss
     return found
 

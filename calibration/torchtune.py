@@ -74,20 +74,27 @@ def _version() -> str:
     return version("torchtune")
 
 
-def scaled_rope_class() -> type:
-    """torchtune's ``Llama3ScaledRoPE``, loaded from its own file (its package's ``__init__``
-    imports the model builders, and they the data stack)."""
-    root = _package_root()
-    name = "torchtune.models.llama3_1._position_embeddings"
+def load_file(name: str, relative: str) -> Any:
+    """The module of torchtune's file ``relative`` (to its package folder), loaded on its own
+    under ``name`` and registered as an import would register it (torch.compile looks a class's
+    module up by name): the package's ``__init__``, which imports its data stack, never runs."""
     module = sys.modules.get(name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(
-            name, f"{root}/models/llama3_1/_position_embeddings.py"
-        )
+        spec = importlib.util.spec_from_file_location(name, f"{_package_root()}/{relative}")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+    return module
+
+
+def scaled_rope_class() -> type:
+    """torchtune's ``Llama3ScaledRoPE``, loaded from its own file (its package's ``__init__``
+    imports the model builders, and they the data stack)."""
+    module = load_file(
+        "torchtune.models.llama3_1._position_embeddings",
+        "models/llama3_1/_position_embeddings.py",
+    )
     found: type = module.Llama3ScaledRoPE
     return found
 
